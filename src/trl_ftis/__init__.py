@@ -1,0 +1,60 @@
+"""trl-ftis: collaborative GRPO across heterogeneous models with Filtered Truncated Importance Sampling (F-TIS).
+
+The objective (`ftis_loss` and its parts) needs only torch; the trainer classes import TRL on first use, and the
+optional back-ends (vLLM, DeepSpeed, wandb, Redis) only when a run asks for them.
+"""
+
+from importlib import import_module
+
+from .objective import (
+    KL_REDUCTIONS,
+    VARIANTS,
+    FTISTerms,
+    clipped_surrogate,
+    filter_keep_mask,
+    filter_statistic,
+    ftis_loss,
+    ftis_terms,
+    grpo_aggregate,
+    k3_per_token,
+    parse_variant,
+    truncated_importance_weights,
+)
+
+__version__ = "0.1.0.dev0"
+
+_LAZY = {
+    "FTISConfig": "config",
+    "FTISTrainer": "trainer",
+    "PeerRow": "collator",
+}
+
+__all__ = [
+    "FTISConfig",
+    "FTISTerms",
+    "FTISTrainer",
+    "KL_REDUCTIONS",
+    "PeerRow",
+    "VARIANTS",
+    "clipped_surrogate",
+    "filter_keep_mask",
+    "filter_statistic",
+    "ftis_loss",
+    "ftis_terms",
+    "grpo_aggregate",
+    "k3_per_token",
+    "parse_variant",
+    "truncated_importance_weights",
+]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,176 @@
+"""Peer rows: what a trainer receives from other peers, and how they join a local GRPO batch.
+
+A :class:`PeerRow` is one completion sampled by another model: the prompt as the dataset gave it (the receiver
+renders it with its own chat template), the completion token ids, the generator's per-token log-probs and the
+reward. Rows sharing a ``group`` were sampled for one prompt; in vertical mode (the default) their advantages are
+normalised within that group only, exactly as the sender would, never across models.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from trl.trainer.utils import pad
+
+
+@dataclass
+class PeerRow:
+    """One completion produced by another peer (or by this trainer, when it shares its rows)."""
+
+    prompt: Any
+    """The prompt as the dataset gave it: a string, or a list of chat messages."""
+    completion_ids: Sequence[int]
+    """Completion token ids, without padding; EOS included when the completion ended with it."""
+    generator_logps: Sequence[float]
+    """The generator's full-softmax log-prob of each completion token at the shared temperature (fp32, <= 0)."""
+    reward: float
+    """Total (weighted) reward of the completion."""
+    group: Hashable
+    """Rows with the same group were sampled for the same prompt; advantages are normalised within a group."""
+    sender: str = "peer"
+    """Id of the peer that sampled the completion."""
+    rewards_per_func: dict[str, float] | None = None
+    """Optional per-reward-function rewards, by function name."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The dataset row's other columns (reward functions may read them)."""
+
+    def __post_init__(self):
+        n_ids, n_logps = len(self.completion_ids), len(self.generator_logps)
+        if n_ids == 0:
+            raise ValueError(f"PeerRow from {self.sender!r} has an empty completion.")
+        if n_ids != n_logps:
+            raise ValueError(
+                f"PeerRow from {self.sender!r} has {n_ids} completion ids but {n_logps} generator log-probs."
+            )
+        if not math.isfinite(float(self.reward)):
+            raise ValueError(f"PeerRow from {self.sender!r} has a non-finite reward {self.reward!r}.")
+
+
+def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
+    """Advantages normalised within each group: ``(r - mean_g) / (std_g + 1e-4)`` (``scale_rewards="none"``: no
+    division). ``group_index`` holds a group number per row. A group of one row gets advantage 0.
+
+    Matches TRL's ``sum_then_normalize`` per group (unbiased std). ``scale_rewards="batch"`` is treated as ``"group"``
+    here: normalising over a batch of mixed models is exactly what vertical F-TIS avoids.
+    """
+    rewards = rewards.to(torch.float32)
+    advantages = torch.zeros_like(rewards)
+    for g in torch.unique(group_index):
+        rows = group_index == g
+        r = rewards[rows]
+        centred = r - r.mean()
+        if scale_rewards != "none" and r.numel() > 1:
+            centred = centred / (r.std() + 1e-4)
+        advantages[rows] = centred if r.numel() > 1 else torch.zeros_like(r)
+    return advantages
+
+
+def group_max_lengths_by_index(lengths: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """Per row, the longest length among the rows of its group (any order of rows)."""
+    result = torch.zeros_like(lengths)
+    for g in torch.unique(group_index):
+        rows = group_index == g
+        result[rows] = lengths[rows].max()
+    return result
+
+
+@dataclass
+class PeerBatch:
+    """Peer rows turned into tensors shaped like TRL's batch (before merging)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    generator_logps: torch.Tensor
+    advantages: torch.Tensor
+    group_max_lengths: torch.Tensor
+    rewards: torch.Tensor
+    senders: list[str]
+
+    def __len__(self) -> int:
+        return self.completion_ids.shape[0]
+
+
+def build_peer_batch(
+    rows: Sequence[PeerRow],
+    prompt_ids: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    scale_rewards: str = "group",
+    device: torch.device | str = "cpu",
+) -> PeerBatch:
+    """Tensors for ``rows``, whose prompts the caller already rendered and tokenized into ``prompt_ids``.
+
+    Prompts are padded on the left and completions on the right, like TRL's own rows. Advantages come from each
+    group's rewards alone.
+    """
+    if len(rows) != len(prompt_ids):
+        raise ValueError(f"{len(rows)} peer rows but {len(prompt_ids)} tokenized prompts.")
+    group_keys: dict[tuple, int] = {}
+    group_index = torch.tensor(
+        [group_keys.setdefault((row.sender, row.group), len(group_keys)) for row in rows], dtype=torch.long
+    )
+    rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float32)
+    lengths = torch.tensor([len(row.completion_ids) for row in rows], dtype=torch.long)
+
+    prompts = [torch.tensor(list(ids), dtype=torch.long) for ids in prompt_ids]
+    completions = [torch.tensor(list(row.completion_ids), dtype=torch.long) for row in rows]
+    logps = [torch.tensor(list(row.generator_logps), dtype=torch.float32) for row in rows]
+    return PeerBatch(
+        prompt_ids=pad(prompts, padding_value=pad_token_id, padding_side="left").to(device),
+        prompt_mask=pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device),
+        completion_ids=pad(completions, padding_value=pad_token_id, padding_side="right").to(device),
+        completion_mask=pad([torch.ones_like(c) for c in completions], padding_value=0, padding_side="right").to(
+            device
+        ),
+        # Padded log-probs are 0 plus mask, never -inf.
+        generator_logps=pad(logps, padding_value=0.0, padding_side="right").to(device),
+        advantages=group_advantages(rewards, group_index, scale_rewards).to(device),
+        group_max_lengths=group_max_lengths_by_index(lengths, group_index).to(device),
+        rewards=rewards.to(device),
+        senders=[row.sender for row in rows],
+    )
+
+
+def _pad_columns(x: torch.Tensor, width: int, value: float, side: str) -> torch.Tensor:
+    missing = width - x.shape[1]
+    if missing <= 0:
+        return x
+    filler = torch.full((x.shape[0], missing), value, dtype=x.dtype, device=x.device)
+    return torch.cat([filler, x] if side == "left" else [x, filler], dim=1)
+
+
+def concat_rows(
+    local: dict[str, Any],
+    extra: dict[str, Any],
+    *,
+    pad_token_id: int,
+    left_padded: Sequence[str] = ("prompt_ids", "prompt_mask"),
+) -> dict[str, Any]:
+    """Concatenate two TRL batch dicts row-wise.
+
+    Keys in ``left_padded`` are widened on the left (prompts: the completion must start at the same column for every
+    row), every other ``(B, T)`` tensor on the right. Id tensors are padded with ``pad_token_id``, masks and log-probs
+    with 0. Scalars (``num_items_in_batch``) are left to the caller.
+    """
+    merged: dict[str, Any] = {}
+    for key, value in local.items():
+        other = extra.get(key)
+        if not isinstance(value, torch.Tensor) or value.ndim == 0:
+            merged[key] = value
+            continue
+        if other is None:
+            raise KeyError(f"Cannot merge peer rows: they lack the batch field {key!r}.")
+        if value.ndim == 2:
+            width = max(value.shape[1], other.shape[1])
+            side = "left" if key in left_padded else "right"
+            fill = pad_token_id if key.endswith("_ids") else 0
+            value = _pad_columns(value, width, fill, side)
+            other = _pad_columns(other.to(value.dtype), width, fill, side)
+        merged[key] = torch.cat([value, other.to(value.device, value.dtype)], dim=0)
+    return merged

@@ -1,0 +1,64 @@
+"""Generator log-probs recorded during the generation pass itself (no extra forward)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor
+
+# Options that make `generate` insert logits processors *before* user-supplied ones. With any of them set, a recorder
+# would see processed scores, which differ from the learner's full-softmax log-probs.
+_PRE_PROCESSING_OPTIONS = {
+    "repetition_penalty": (None, 1.0),
+    "encoder_repetition_penalty": (None, 1.0),
+    "no_repeat_ngram_size": (None, 0),
+    "encoder_no_repeat_ngram_size": (None, 0),
+    "bad_words_ids": (None,),
+    "min_new_tokens": (None, 0),
+    "sequence_bias": (None,),
+    "suppress_tokens": (None,),
+    "begin_suppress_tokens": (None,),
+    "forced_bos_token_id": (None,),
+    "forced_eos_token_id": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "guidance_scale": (None, 1.0),
+    "watermarking_config": (None,),
+}
+
+
+def records_raw_logits(generation_config: GenerationConfig) -> bool:
+    """Whether a logits processor passed to ``generate`` sees the model's raw logits under this config."""
+    for name, neutral in _PRE_PROCESSING_OPTIONS.items():
+        value = getattr(generation_config, name, None)
+        if value not in neutral and value != []:
+            return False
+    min_length = getattr(generation_config, "min_length", None)
+    return not min_length  # min_length > 0 suppresses EOS before user processors run
+
+
+class GeneratorLogpsRecorder(LogitsProcessor):
+    """A pass-through logits processor that records ``log_softmax(logits / T)`` of each sampled token.
+
+    At step ``t`` it sees the scores for token ``t`` and, in ``input_ids``, the token sampled at step ``t-1``, so it
+    only keeps one step of log-probs in memory. Call :meth:`finish` with the returned sequences to score the last token.
+    """
+
+    def __init__(self, temperature: float = 1.0):
+        self.temperature = float(temperature)
+        self._steps: list[torch.Tensor] = []
+        self._pending: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._pending is not None:
+            self._steps.append(self._pending.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.LongTensor) -> torch.Tensor:
+        """Per-token log-probs of the generated part, shape ``(B, new_tokens)``, fp32."""
+        if self._pending is not None:
+            self._steps.append(self._pending.gather(1, sequences[:, -1:]).squeeze(1))
+            self._pending = None
+        steps, self._steps = self._steps, []
+        if not steps:
+            return torch.zeros((sequences.shape[0], 0), dtype=torch.float32, device=sequences.device)
+        return torch.stack(steps, dim=1)

@@ -1,0 +1,300 @@
+"""The F-TIS objective as small pure tensor functions.
+
+Notation (see ``docs/objective.md``): for completion ``i`` and token ``t``,
+``ℓθ`` is the learner's log-prob (with gradient), ``ℓold`` the learner's log-prob when the batch was formed,
+``ℓgen`` the generating model's log-prob (a constant received with the sample), ``Â_i`` the group advantage.
+
+    L = -(1/B) Σ_i (1/|a_i|) Σ_t  w_{i,t} · min( R_{i,t} Ã_i , clip(R_{i,t}, 1-ε, 1+ε) Ã_i )
+
+* ``R = exp(ℓθ - ℓref)`` with ``ℓref = ℓold`` (or ``ℓgen`` for the ``vis`` variants); the *ratio* is clipped.
+* ``w = min(exp(ℓθ - ℓgen), C)``, stop-gradient, for the ``tis`` variants; 1 otherwise.
+* ``Ã_i = 0`` when ``Â_i <= 0`` and the filter statistic ``D_i > g`` (``f-*`` variants); ``Â_i`` otherwise.
+
+The trainer builds its loss from exactly these functions: :func:`ftis_terms` turns the raw quantities into
+per-token advantages ``w·Ã`` and a ratio reference, which TRL's clipped surrogate then consumes unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+VARIANTS = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
+"""The objective variants of the paper's ablation, ``f-tis`` being the method itself."""
+
+KL_REDUCTIONS = ("group_max_len", "mean", "sum")
+"""How the per-token k3 values of a completion are reduced to its filter statistic ``D_i``."""
+
+MAX_LOG_RATIO = 20.0
+"""Largest log importance ratio ever exponentiated: keeps ``exp`` finite for arbitrarily off-policy samples."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What an objective variant does, parsed from its name (see :data:`VARIANTS`)."""
+
+    name: str
+    truncated_weight: bool
+    """Multiply each token by ``w = min(sg exp(ℓθ - ℓgen), C)`` (the ``tis`` variants)."""
+    ratio_against_generator: bool
+    """Clip ``exp(ℓθ - ℓgen)`` instead of ``exp(ℓθ - ℓold)`` (the ``vis`` variants)."""
+    filtered: bool
+    """Zero the advantage of negative-advantage completions whose filter statistic exceeds the threshold."""
+
+
+def parse_variant(name: str) -> Variant:
+    """Parse a variant name such as ``"f-tis"`` (case and ``_``/``-`` insensitive)."""
+    key = str(name).strip().lower().replace("_", "-")
+    if key not in VARIANTS:
+        raise ValueError(f"Unknown F-TIS variant {name!r}; expected one of {', '.join(VARIANTS)}.")
+    base = key.removeprefix("f-")
+    return Variant(
+        name=key,
+        truncated_weight=base == "tis",
+        ratio_against_generator=base == "vis",
+        filtered=key.startswith("f-"),
+    )
+
+
+def compute_group_max_lengths(completion_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Longest completion length of each row's group, for rows ordered in contiguous groups. Shape ``(B,)``."""
+    return group_max_of_lengths(completion_mask.sum(-1), num_generations)
+
+
+def group_max_of_lengths(lengths: torch.Tensor, num_generations: int) -> torch.Tensor:
+    """Like :func:`compute_group_max_lengths`, from completion lengths of shape ``(B,)``."""
+    if num_generations < 1 or lengths.shape[0] % num_generations != 0:
+        raise ValueError(
+            f"The batch has {lengths.shape[0]} rows, which is not a whole number of groups of "
+            f"num_generations={num_generations}."
+        )
+    group_max = lengths.view(-1, num_generations).amax(dim=1)
+    return group_max.repeat_interleave(num_generations)
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+    # `torch.where` (not multiplication) so that -inf or NaN on padded positions never leaks into a result.
+    return torch.where(mask, x, torch.full_like(x, fill))
+
+
+@torch.no_grad()
+def k3_per_token(
+    per_token_logps: torch.Tensor, gen_per_token_logps: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """Schulman's k3 estimator per token, ``r - log r - 1`` with ``r = πgen / πθ``; 0 on padding. No gradient."""
+    mask = completion_mask.bool()
+    log_r = _masked(gen_per_token_logps.float() - per_token_logps.detach().float(), mask)
+    # expm1(x) - x is exp(x) - x - 1 without the cancellation error near 0; +inf when πθ is far below πgen.
+    return _masked(torch.expm1(log_r) - log_r, mask)
+
+
+@torch.no_grad()
+def filter_statistic(
+    per_token_logps: torch.Tensor,
+    gen_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    kl_reduction: str = "group_max_len",
+    group_max_lengths: torch.Tensor | None = None,
+    num_generations: int | None = None,
+) -> torch.Tensor:
+    """The per-completion filter statistic ``D_i`` (shape ``(B,)``), computed without gradient.
+
+    ``group_max_len`` (default, the authors' code): ``Σ_t k3 / L_max`` with ``L_max`` the longest completion of the
+    row's group, taken from ``group_max_lengths`` or, for contiguous groups, from ``num_generations``.
+    ``mean``: ``Σ_t k3 / |a_i|``. ``sum``: ``Σ_t k3``.
+    """
+    total = k3_per_token(per_token_logps, gen_per_token_logps, completion_mask).sum(-1)
+    if kl_reduction == "sum":
+        return total
+    if kl_reduction == "mean":
+        return total / completion_mask.sum(-1).clamp(min=1).to(total.dtype)
+    if kl_reduction == "group_max_len":
+        if group_max_lengths is None:
+            if num_generations is None:
+                raise ValueError("kl_reduction='group_max_len' needs group_max_lengths or num_generations.")
+            group_max_lengths = compute_group_max_lengths(completion_mask, num_generations)
+        return total / group_max_lengths.clamp(min=1).to(total.dtype)
+    raise ValueError(f"Unknown kl_reduction {kl_reduction!r}; expected one of {', '.join(KL_REDUCTIONS)}.")
+
+
+@torch.no_grad()
+def truncated_importance_weights(
+    per_token_logps: torch.Tensor,
+    gen_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    is_cap: float = 2.0,
+) -> torch.Tensor:
+    """``w = min(exp(ℓθ - ℓgen), C)`` per token, stop-gradient; 0 on padding and on unscorable (NaN) tokens."""
+    mask = completion_mask.bool()
+    log_ratio = _masked(per_token_logps.detach().float() - gen_per_token_logps.float(), mask)
+    # Clamping the log-ratio at log C before exp is exactly min(exp(.), C) and can never overflow.
+    weights = torch.exp(torch.clamp(log_ratio, max=math.log(is_cap)))
+    return _masked(torch.nan_to_num(weights, nan=0.0), mask)
+
+
+def filter_keep_mask(advantages: torch.Tensor, filter_stat: torch.Tensor, kl_threshold: float) -> torch.Tensor:
+    """``True`` for completions kept; ``False`` where ``Â <= 0`` and ``D > g`` (a non-finite ``D`` exceeds any ``g``)."""
+    too_far = ~(filter_stat <= kl_threshold)  # NaN <= g and inf <= g are both False
+    return ~((advantages <= 0) & too_far)
+
+
+@dataclass
+class FTISTerms:
+    """Everything the clipped surrogate needs, plus the statistics worth logging. All tensors carry no gradient."""
+
+    token_advantages: torch.Tensor
+    """``w_{i,t} · Ã_i``, shape ``(B, T)``; 0 on padding."""
+    ratio_reference_logps: torch.Tensor
+    """``ℓref`` of the ratio ``exp(ℓθ - ℓref)``: ``ℓold`` or ``ℓgen``, shape ``(B, T)``."""
+    weights: torch.Tensor
+    """The truncated importance weights ``min(exp(ℓθ - ℓgen), C)``, shape ``(B, T)``, computed for every variant."""
+    capped: torch.Tensor
+    """Where the weight hit the cap ``C``, shape ``(B, T)``, bool."""
+    filter_statistic: torch.Tensor
+    """``D_i``, shape ``(B,)``."""
+    keep: torch.Tensor
+    """``False`` for completions whose advantage the filter zeroed, shape ``(B,)``, bool (all ``True`` unfiltered)."""
+
+
+@torch.no_grad()
+def ftis_terms(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor | None,
+    gen_per_token_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    variant: str | Variant = "f-tis",
+    is_cap: float = 2.0,
+    kl_threshold: float = 50.0,
+    kl_reduction: str = "group_max_len",
+    group_max_lengths: torch.Tensor | None = None,
+    num_generations: int | None = None,
+) -> FTISTerms:
+    """Turn learner, batch-time and generator log-probs into per-token advantages and a ratio reference.
+
+    ``old_per_token_logps=None`` means one update per batch (``ℓold = sg ℓθ``); ``gen_per_token_logps=None`` means
+    on-policy rows (``ℓgen = ℓold``). ``advantages`` has shape ``(B,)``.
+    """
+    spec = variant if isinstance(variant, Variant) else parse_variant(variant)
+    mask = completion_mask.bool()
+    current = per_token_logps.detach()
+    old = current if old_per_token_logps is None else old_per_token_logps.to(current.dtype)
+    gen = old if gen_per_token_logps is None else gen_per_token_logps.to(current.dtype)
+
+    weights = truncated_importance_weights(current, gen, mask, is_cap)
+    capped = mask & (current - gen >= math.log(is_cap))
+    stat = filter_statistic(
+        current,
+        gen,
+        mask,
+        kl_reduction=kl_reduction,
+        group_max_lengths=group_max_lengths,
+        num_generations=num_generations,
+    )
+    if spec.filtered:
+        keep = filter_keep_mask(advantages, stat, kl_threshold)
+    else:
+        keep = torch.ones_like(advantages, dtype=torch.bool)
+
+    row_advantages = torch.where(keep, advantages, torch.zeros_like(advantages)).unsqueeze(-1)
+    token_weights = weights if spec.truncated_weight else mask.to(weights.dtype)
+    token_advantages = _masked(token_weights.to(current.dtype) * row_advantages.to(current.dtype), mask)
+
+    reference = gen if spec.ratio_against_generator else old
+    reference = torch.where(torch.isnan(reference), current, reference)  # an unscorable token gets ratio 1
+    # Keep exp(ℓθ - ℓref) finite: the reference never sits more than MAX_LOG_RATIO below the current log-prob.
+    reference = _masked(torch.maximum(reference, current - MAX_LOG_RATIO), mask)
+    return FTISTerms(
+        token_advantages=token_advantages,
+        ratio_reference_logps=reference,
+        weights=weights,
+        capped=capped,
+        filter_statistic=stat,
+        keep=keep,
+    )
+
+
+def clipped_surrogate(
+    per_token_logps: torch.Tensor,
+    ratio_reference_logps: torch.Tensor,
+    token_advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float | None = None,
+) -> torch.Tensor:
+    """``-min(R A, clip(R, 1-ε_low, 1+ε_high) A)`` per token (the ratio is clipped, never the product); 0 on padding."""
+    mask = completion_mask.bool()
+    epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
+    current = _masked(per_token_logps, mask)
+    ratio = torch.exp(current - ratio_reference_logps)
+    clipped = torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high)
+    return _masked(-torch.minimum(ratio * token_advantages, clipped * token_advantages), mask)
+
+
+def grpo_aggregate(per_token_loss: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """The paper's aggregation (TRL's ``loss_type="grpo"``): mean over completions of each completion's token mean."""
+    mask = completion_mask.bool()
+    per_row = _masked(per_token_loss, mask).sum(-1) / mask.sum(-1).clamp(min=1).to(per_token_loss.dtype)
+    return per_row.mean()
+
+
+def ftis_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor | None,
+    gen_per_token_logps: torch.Tensor | None,
+    advantages: torch.Tensor,
+    completion_mask: torch.Tensor,
+    *,
+    num_generations: int,
+    variant: str = "f-tis",
+    is_cap: float = 2.0,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    kl_threshold: float = 50.0,
+    kl_reduction: str = "group_max_len",
+    group_max_lengths: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The F-TIS loss to minimise, a scalar.
+
+    Args:
+        per_token_logps: ``ℓθ``, shape ``(B, T)``, with gradient.
+        old_per_token_logps: ``ℓold``, shape ``(B, T)``, or ``None`` for one update per batch.
+        gen_per_token_logps: ``ℓgen``, shape ``(B, T)``, or ``None`` for on-policy rows.
+        advantages: ``Â``, shape ``(B,)``.
+        completion_mask: 1 for completion tokens, 0 for padding, shape ``(B, T)``.
+        num_generations: ``G``; rows are ordered in contiguous groups of ``G``.
+        variant: one of :data:`VARIANTS`.
+        is_cap: ``C``, the upper bound of the truncated importance weight.
+        epsilon: ``ε``, the ratio clipping range (``epsilon_high`` overrides the upper side).
+        kl_threshold: ``g``, the filter threshold on ``D_i``.
+        kl_reduction: one of :data:`KL_REDUCTIONS`.
+        group_max_lengths: per-row longest completion length of its group, shape ``(B,)``, for rows that are not
+            in contiguous groups (``num_generations`` is then only used when this is ``None``).
+    """
+    terms = ftis_terms(
+        per_token_logps,
+        old_per_token_logps,
+        gen_per_token_logps,
+        advantages,
+        completion_mask,
+        variant=variant,
+        is_cap=is_cap,
+        kl_threshold=kl_threshold,
+        kl_reduction=kl_reduction,
+        group_max_lengths=group_max_lengths,
+        num_generations=num_generations,
+    )
+    per_token = clipped_surrogate(
+        per_token_logps,
+        terms.ratio_reference_logps,
+        terms.token_advantages,
+        completion_mask,
+        epsilon_low=epsilon,
+        epsilon_high=epsilon_high,
+    )
+    return grpo_aggregate(per_token, completion_mask)

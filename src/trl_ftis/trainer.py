@@ -1,0 +1,455 @@
+"""`FTISTrainer`: TRL's `GRPOTrainer` with the F-TIS objective and peer rows from other models."""
+
+from __future__ import annotations
+
+import logging
+import math
+import textwrap
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import torch
+from transformers import LogitsProcessorList
+from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
+from trl.trainer.utils import get_config_model_id, use_adapter
+
+from .collator import PeerRow, build_peer_batch, concat_rows
+from .config import FTISConfig
+from .generation import GeneratorLogpsRecorder, records_raw_logits
+from .objective import ftis_terms, group_max_of_lengths, parse_variant
+
+logger = logging.getLogger(__name__)
+
+RowListener = Callable[[list[PeerRow]], None]
+
+# Batch fields that peer rows cannot provide (multimodal inputs, tool masks): merging them is refused clearly.
+_UNMERGEABLE_FIELDS = (
+    "tool_mask",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+    "num_images",
+    "num_tiles",
+)
+
+
+class FTISTrainer(GRPOTrainer):
+    """GRPO with Filtered Truncated Importance Sampling, for training on completions sampled by other models.
+
+    A drop-in replacement for [`~trl.GRPOTrainer`]: same constructor, same features (PEFT, gradient accumulation,
+    `num_iterations`, vLLM, logging, saving, `push_to_hub`). Two things change:
+
+    * The loss is the F-TIS objective (`trl_ftis.objective`): each token's advantage is multiplied by the truncated
+      importance weight `min(exp(ℓθ - ℓgen), C)` (stop-gradient) and negative-advantage completions whose filter
+      statistic exceeds `kl_threshold` get advantage 0. For the trainer's own rows `ℓgen = ℓold`, so with no peer
+      rows it trains exactly like `GRPOTrainer(loss_type="grpo", beta=0)`.
+    * Peer rows (completions sampled by other models that share this model's tokenizer) can be added with
+      [`add_peer_rows`]; they join the next generation batch, with advantages normalised within their own group.
+      [`add_row_listener`] hands out this trainer's own rows (with their generator log-probs) in the same format.
+
+    Metrics are logged under `ftis/own/...` and `ftis/peer/...`: `filtered_frac` (completions whose advantage the
+    filter zeroed), `is_weight_mean`/`is_weight_max`/`is_weight_capped_frac` (the truncated weight, per token),
+    `kl_mean`/`kl_max` (the filter statistic `D`, finite values) and `kl_nonfinite_frac`, plus `ftis/peer_rows`.
+    """
+
+    _tag_names = ["trl", "grpo", "ftis"]
+    _name = "F-TIS"
+    _paper = {
+        "title": "F-TIS: Harnessing Diverse Models in Collaborative GRPO",
+        "id": "2605.22537",
+        # docstyle-ignore
+        "citation": textwrap.dedent("""\
+            @article{blagoev2026ftis,
+                title        = {{F-TIS: Harnessing Diverse Models in Collaborative GRPO}},
+                author       = {Nikolay Blagoev and O{\\u{g}}uzhan Ersoy and Wendelin Boehmer and Lydia Yiyu Chen},
+                year         = 2026,
+                eprint       = {arXiv:2605.22537}
+            }"""),
+    }
+
+    def __init__(self, model, reward_funcs, args: FTISConfig | None = None, **kwargs):
+        if args is None:
+            model_name = model if isinstance(model, str) else get_config_model_id(model.config)
+            args = FTISConfig(f"{model_name.split('/')[-1]}-FTIS")
+        elif not isinstance(args, FTISConfig):
+            raise TypeError(
+                f"FTISTrainer needs an FTISConfig, got {type(args).__name__}. FTISConfig is a GRPOConfig with the F-TIS "
+                "options: replace `GRPOConfig(...)` with `trl_ftis.FTISConfig(...)` (same arguments)."
+            )
+        self._variant = parse_variant(args.variant)
+        self._pending_peer_rows: list[PeerRow] = []
+        self._peer_rows_dropped = 0
+        self._row_listeners: list[RowListener] = []
+        self._loss_inputs: dict[str, Any] | None = None
+        self._recorder: GeneratorLogpsRecorder | None = None
+        self._recorded_logps: list[list[float]] | None = None
+        self._last_rewards_per_func: torch.Tensor | None = None
+        self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
+        super().__init__(model, reward_funcs, args=args, **kwargs)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Public API: peer rows in, own rows out
+    # ------------------------------------------------------------------------------------------------------------
+    @property
+    def vocab_limit(self) -> int:
+        """Token ids must be below this: the smaller of the tokenizer's size and the input embedding's rows."""
+        embeddings = self.accelerator.unwrap_model(self.model).get_input_embeddings()
+        return min(len(self._tokenizer), embeddings.num_embeddings)
+
+    def add_peer_rows(self, rows: Iterable[PeerRow]) -> int:
+        """Queue completions sampled by other models; they join the next generation batch of this trainer.
+
+        Every row is checked before any is accepted: completion ids inside the local vocabulary and embedding,
+        generator log-probs finite and <= 0, a finite reward. A bad row raises `ValueError` and nothing is queued.
+        Completions longer than `max_completion_length` are dropped (counted in `ftis/peer_rows_dropped`).
+        Returns the number of rows queued.
+
+        In a multi-process job every process merges the rows added to it; [`~trl_ftis`]'s exchange shares received
+        rows out evenly.
+        """
+        rows = list(rows)
+        limit = self.vocab_limit
+        for row in rows:
+            if not isinstance(row, PeerRow):
+                raise TypeError(f"add_peer_rows takes PeerRow objects, got {type(row).__name__}.")
+            ids = torch.as_tensor(list(row.completion_ids))
+            if ids.dtype not in (torch.int32, torch.int64) or ids.min() < 0 or ids.max() >= limit:
+                raise ValueError(
+                    f"Peer row from {row.sender!r} has token ids outside this model's vocabulary [0, {limit}): "
+                    "peers must share a tokenizer."
+                )
+            logps = torch.as_tensor(list(row.generator_logps), dtype=torch.float64)
+            if not torch.isfinite(logps).all() or (logps > 1e-4).any():
+                raise ValueError(
+                    f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0."
+                )
+        kept = [row for row in rows if len(row.completion_ids) <= self.max_completion_length]
+        self._peer_rows_dropped += len(rows) - len(kept)
+        if len(kept) < len(rows):
+            logger.warning(
+                "Dropped %d peer rows longer than max_completion_length=%d.",
+                len(rows) - len(kept),
+                self.max_completion_length,
+            )
+        self._pending_peer_rows.extend(kept)
+        return len(kept)
+
+    @property
+    def num_pending_peer_rows(self) -> int:
+        """Peer rows queued for the next generation batch."""
+        return len(self._pending_peer_rows)
+
+    def add_row_listener(self, listener: RowListener) -> None:
+        """Call `listener(rows)` with this process's own freshly generated rows (as `PeerRow`s) at every training
+        generation, after scoring. The rows carry the generator log-probs, computed only while a listener is
+        registered: from the generation pass itself when `generate` exposes raw logits, else by reusing the
+        batch-time log-probs or one no-grad forward. This is what an exchange publishes to other peers."""
+        self._row_listeners.append(listener)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Generation: record own generator log-probs when someone listens
+    # ------------------------------------------------------------------------------------------------------------
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        recorder = self._recorder
+        if recorder is None or self.use_vllm or self.use_transformers_continuous_batching or self.tools:
+            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+        with self._generate_with(recorder) as recorded:
+            completion_ids, logprobs = super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        per_token = recorded["logps"]
+        self._recorded_logps = [per_token[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]
+        return completion_ids, logprobs
+
+    @contextmanager
+    def _generate_with(self, recorder: GeneratorLogpsRecorder):
+        """Temporarily route the model's `generate` through `recorder` (a pass-through logits processor)."""
+        model = self.accelerator.unwrap_model(self.model_wrapped)
+        original = model.generate
+        recorded: dict[str, torch.Tensor] = {}
+
+        def generate(*args, **kwargs):
+            processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+            processors.append(recorder)
+            sequences = original(*args, logits_processor=processors, **kwargs)
+            recorded["logps"] = recorder.finish(sequences).cpu()
+            return sequences
+
+        model.generate = generate
+        try:
+            yield recorded
+        finally:
+            del model.generate  # back to the class method
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # TRL does not keep raw rewards in the batch; the rows handed to listeners need them.
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._last_rewards_per_func = rewards_per_func
+        return rewards_per_func
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Batch formation: F-TIS fields, own rows out, peer rows in
+    # ------------------------------------------------------------------------------------------------------------
+    def _generate_and_score_completions(self, inputs):
+        mode = "train" if self.model.training else "eval"
+        listening = mode == "train" and bool(self._row_listeners)
+        can_record = (
+            listening
+            and not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and records_raw_logits(self.generation_config)
+        )
+        self._recorder = GeneratorLogpsRecorder(self.temperature) if can_record else None
+        self._recorded_logps = None
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._recorder = None
+
+        num_generations = self.num_generations if mode == "train" else self.num_generations_eval
+        output = self._add_ftis_fields(output, num_generations)
+        if listening:
+            self._publish_own_rows(inputs, output, num_generations)
+        if mode == "train":
+            rows, self._pending_peer_rows = self._pending_peer_rows, []
+            output = self._merge_peer_rows(output, rows)
+        return output
+
+    def _add_ftis_fields(self, output: dict[str, Any], num_generations: int) -> dict[str, Any]:
+        completion_mask = output["completion_mask"]
+        batch, device = completion_mask.shape[0], completion_mask.device
+        # Groups may span processes, so the longest completion of a group is found on the gathered lengths.
+        lengths = self.accelerator.gather(completion_mask.sum(-1))
+        group_max = group_max_of_lengths(lengths, num_generations)
+        start = self.accelerator.process_index * batch
+        output["ftis_group_max_len"] = group_max[start : start + batch].to(device)
+        output["ftis_gen_logps"] = torch.zeros(completion_mask.shape, dtype=torch.float32, device=device)
+        output["ftis_gen_valid"] = torch.zeros(batch, dtype=torch.bool, device=device)
+        output["ftis_source"] = torch.zeros(batch, dtype=torch.long, device=device)
+        return output
+
+    @torch.no_grad()
+    def _completion_logps(self, model, batch: dict[str, Any], rows: slice | None = None) -> torch.Tensor:
+        """Teacher-forced per-token log-probs (at the sampling temperature, fp32 head) of `batch`'s completions."""
+        rows = rows or slice(None)
+        prompt_ids, completion_ids = batch["prompt_ids"][rows], batch["completion_ids"][rows]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([batch["prompt_mask"][rows], batch["completion_mask"][rows]], dim=1)
+        with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+            logps, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+                self,
+                model,
+                input_ids,
+                attention_mask,
+                completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        return logps.float()
+
+    def _own_generator_logps(self, output: dict[str, Any]) -> list[list[float]]:
+        lengths = output["completion_mask"].sum(-1).tolist()
+        if self._recorded_logps is not None and [len(x) for x in self._recorded_logps] == lengths:
+            return self._recorded_logps
+        # The batch-time log-probs of the current model are exactly the generator's: reuse them when TRL made them.
+        logps = output.get("old_per_token_logps")
+        if logps is None:
+            logps = self._completion_logps(self.model, output)
+        return [row[:n].tolist() for row, n in zip(logps.float().cpu(), lengths, strict=True)]
+
+    def _publish_own_rows(self, inputs: list[dict[str, Any]], output: dict[str, Any], num_generations: int) -> None:
+        batch = output["completion_ids"].shape[0]
+        generator_logps = self._own_generator_logps(output)
+        start = self.accelerator.process_index * batch
+        rewards_per_func = self._last_rewards_per_func[start : start + batch].float().cpu()
+        weights = self.reward_weights.float().cpu()
+        totals = torch.nansum(rewards_per_func * weights, dim=1)
+        rows = []
+        for i, example in enumerate(inputs):
+            n = int(output["completion_mask"][i].sum())
+            rows.append(
+                PeerRow(
+                    prompt=example["prompt"],
+                    completion_ids=output["completion_ids"][i, :n].tolist(),
+                    generator_logps=generator_logps[i],
+                    reward=float(totals[i]),
+                    group=(self.state.global_step, (start + i) // num_generations),
+                    sender=self.args.run_name or "self",
+                    rewards_per_func={
+                        name: float(rewards_per_func[i, k]) for k, name in enumerate(self.reward_func_names)
+                    },
+                    extra={key: value for key, value in example.items() if key != "prompt"},
+                )
+            )
+        for listener in self._row_listeners:
+            listener(rows)
+
+    def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
+        # Every generation batch must split into `steps_per_generation` equal micro-batches.
+        keep = len(rows) - len(rows) % self.args.steps_per_generation
+        if keep < len(rows):
+            self._peer_rows_dropped += len(rows) - keep
+            rows = list(rows)[:keep]
+        self._metrics["train"]["ftis/peer_rows"].append(
+            self.accelerator.reduce(torch.tensor(float(len(rows)), device=self.accelerator.device), "sum").item()
+        )
+        self._metrics["train"]["ftis/peer_rows_dropped"].append(float(self._peer_rows_dropped))
+        self._peer_rows_dropped = 0
+        if rows:
+            unsupported = [key for key in _UNMERGEABLE_FIELDS if output.get(key) is not None]
+            if unsupported:
+                raise ValueError(
+                    f"Peer rows cannot be merged into batches with {unsupported}: F-TIS peers exchange text-only, "
+                    "single-turn completions."
+                )
+            output = self._merge_rows(output, rows)
+        # `num_items_in_batch` counts loss tokens over all processes; recomputed on every process (a collective).
+        loss_mask = output["completion_mask"]
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        return output
+
+    def _merge_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
+        device = self.accelerator.device
+        prompt_ids, images, _ = self._tokenize_prompts([row.prompt for row in rows])
+        if images is not None:
+            raise ValueError("Peer rows with images are not supported.")
+        peer = build_peer_batch(
+            rows, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, scale_rewards=self.scale_rewards, device=device
+        )
+        for sender in peer.senders:
+            if sender not in self._sources:
+                self._sources.append(sender)
+        fields = {
+            "prompt_ids": peer.prompt_ids,
+            "prompt_mask": peer.prompt_mask,
+            "completion_ids": peer.completion_ids,
+            "completion_mask": peer.completion_mask,
+            "advantages": peer.advantages,
+            "ftis_gen_logps": peer.generator_logps,
+            "ftis_gen_valid": torch.ones(len(peer), dtype=torch.bool, device=device),
+            "ftis_source": torch.tensor([self._sources.index(s) + 1 for s in peer.senders], device=device),
+            "ftis_group_max_len": peer.group_max_lengths,
+        }
+        if "sampling_per_token_logps" in output:
+            fields["sampling_per_token_logps"] = peer.generator_logps
+        if "importance_sampling_ratio" in output:  # vLLM's own correction does not apply to other models' rows
+            fields["importance_sampling_ratio"] = torch.ones_like(peer.generator_logps)
+        # Placeholders, filled below on the merged (re-padded) tensors.
+        for key in ("old_per_token_logps", "ref_per_token_logps"):
+            if key in output and output[key] is not None:
+                fields[key] = torch.zeros_like(peer.generator_logps)
+        local_rows = output["completion_ids"].shape[0]
+        merged = concat_rows(output, fields, pad_token_id=self._tokenizer.pad_token_id)
+        peer_rows = slice(local_rows, None)
+        if merged.get("old_per_token_logps") is not None:
+            merged["old_per_token_logps"][peer_rows] = self._completion_logps(self.model, merged, peer_rows)
+        if merged.get("ref_per_token_logps") is not None:
+            merged["ref_per_token_logps"][peer_rows] = self._reference_logps(merged, peer_rows)
+        return merged
+
+    def _reference_logps(self, batch: dict[str, Any], rows: slice) -> torch.Tensor:
+        if self.ref_model is not None:
+            return self._completion_logps(self.ref_model, batch, rows)
+        model = self.accelerator.unwrap_model(self.model)
+        adapter = "ref" if "ref" in getattr(model, "peft_config", {}) else None
+        with use_adapter(model, adapter_name=adapter) if hasattr(model, "peft_config") else nullcontext():
+            return self._completion_logps(self.model, batch, rows)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Loss: the F-TIS terms, fed to TRL's clipped surrogate
+    # ------------------------------------------------------------------------------------------------------------
+    def _compute_loss(self, model, inputs):
+        # A shallow copy: the buffered batch is reused across `num_iterations`, so it must stay untouched.
+        self._loss_inputs = dict(inputs)
+        try:
+            return super()._compute_loss(model, self._loss_inputs)
+        finally:
+            self._loss_inputs = None
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+        )
+        # The first call inside `_compute_loss` yields ℓθ; TRL reads `advantages` and `old_per_token_logps` only after
+        # it, so replacing them here applies F-TIS without copying TRL's loss.
+        inputs, self._loss_inputs = self._loss_inputs, None
+        if inputs is not None:
+            self._apply_ftis(inputs, result[0])
+        return result
+
+    def _apply_ftis(self, inputs: dict[str, Any], per_token_logps: torch.Tensor) -> None:
+        completion_mask = inputs["completion_mask"]
+        mask = completion_mask if inputs.get("tool_mask") is None else completion_mask * inputs["tool_mask"]
+        advantages = inputs["advantages"]
+        if advantages.dim() != 1:
+            raise ValueError(f"F-TIS expects one advantage per completion, got shape {tuple(advantages.shape)}.")
+        old = inputs.get("old_per_token_logps")
+        gen = inputs.get("ftis_gen_logps")
+        if gen is not None:
+            batch_time = per_token_logps.detach() if old is None else old
+            gen = torch.where(inputs["ftis_gen_valid"].unsqueeze(-1), gen.to(batch_time.dtype), batch_time)
+        group_max = inputs.get("ftis_group_max_len")
+        if group_max is None:  # a batch that did not come from this trainer's batch formation
+            group_max = mask.sum(-1)
+        terms = ftis_terms(
+            per_token_logps,
+            old,
+            gen,
+            advantages,
+            mask,
+            variant=self._variant,
+            is_cap=self.args.is_cap,
+            kl_threshold=self.args.kl_threshold,
+            kl_reduction=self.args.kl_reduction,
+            group_max_lengths=group_max,
+        )
+        inputs["advantages"] = terms.token_advantages
+        inputs["old_per_token_logps"] = terms.ratio_reference_logps
+        source = inputs.get("ftis_source")
+        if source is None:
+            source = torch.zeros_like(advantages, dtype=torch.long)
+        self._log_ftis_metrics(terms, mask.bool(), source)
+
+    def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor) -> None:
+        """Own/peer statistics of the F-TIS terms; two collectives, run by every process whatever its rows."""
+        mode = "train" if self.model.training else "eval"
+        sums, maxes = [], []
+        for rows in (source == 0, source > 0):
+            tokens = mask & rows.unsqueeze(-1)
+            finite = torch.isfinite(terms.filter_statistic) & rows
+            sums += [
+                rows.sum(),
+                (~terms.keep & rows).sum(),
+                tokens.sum(),
+                terms.weights[tokens].sum(),
+                (terms.capped & tokens).sum(),
+                terms.filter_statistic[finite].sum(),
+                finite.sum(),
+            ]
+            maxes += [
+                terms.weights[tokens].max() if tokens.any() else torch.tensor(-math.inf, device=mask.device),
+                terms.filter_statistic[finite].max() if finite.any() else torch.tensor(-math.inf, device=mask.device),
+            ]
+        sums = self.accelerator.reduce(torch.stack([s.float() for s in sums]), reduction="sum").tolist()
+        maxes = self.accelerator.gather(torch.stack([m.float() for m in maxes]).unsqueeze(0)).amax(dim=0).tolist()
+        for k, name in enumerate(("own", "peer")):
+            n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = sums[7 * k : 7 * k + 7]
+            w_max, d_max = maxes[2 * k : 2 * k + 2]
+            if n_rows == 0:
+                continue
+            metrics = self._metrics[mode]
+            metrics[f"ftis/{name}/filtered_frac"].append(n_filtered / n_rows)
+            metrics[f"ftis/{name}/kl_nonfinite_frac"].append(1.0 - n_finite / n_rows)
+            if n_tokens > 0:
+                metrics[f"ftis/{name}/is_weight_mean"].append(w_sum / n_tokens)
+                metrics[f"ftis/{name}/is_weight_max"].append(w_max)
+                metrics[f"ftis/{name}/is_weight_capped_frac"].append(n_capped / n_tokens)
+            if n_finite > 0:
+                metrics[f"ftis/{name}/kl_mean"].append(d_sum / n_finite)
+                metrics[f"ftis/{name}/kl_max"].append(d_max)

@@ -1,0 +1,368 @@
+"""FTISTrainer on tiny local models: drop-in equivalence, the loss it optimises, peer rows, PEFT, saving."""
+
+import copy
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from trl_ftis import FTISConfig, FTISTrainer, PeerRow, ftis_loss
+from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
+
+
+@pytest.fixture(scope="module")
+def dataset():
+    return addition_dataset(64, seed=1)
+
+
+def make_trainer(tokenizer, args, dataset, *, hidden_size=64, seed=0, model=None, **kwargs):
+    model = model if model is not None else build_tiny_llama(tokenizer, hidden_size=hidden_size, seed=seed)
+    return FTISTrainer(
+        model, digit_match_reward, args=args, train_dataset=dataset, processing_class=tokenizer, **kwargs
+    )
+
+
+def record_rows(trainer, steps):
+    """Run `steps` training steps of `trainer` and return the own rows it published at each generation."""
+    published = []
+    trainer.add_row_listener(published.append)
+    trainer.args.max_steps = steps
+    trainer.train()
+    return published
+
+
+def params(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def last_metrics(trainer):
+    return [entry for entry in trainer.state.log_history if "loss" in entry]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------------------------------
+def test_config_defaults_follow_the_paper(make_args):
+    args = make_args()
+    assert (args.variant, args.is_cap, args.kl_threshold, args.kl_reduction) == ("f-tis", 2.0, 50.0, "group_max_len")
+    assert (args.loss_type, args.beta, args.disable_dropout, args.epsilon) == ("grpo", 0.0, True, 0.2)
+    assert args.cast_lm_head_to_fp32 is True
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"variant": "ftis2"}, "Unknown F-TIS variant"),
+        ({"is_cap": 0.5}, "is_cap"),
+        ({"is_cap": float("nan")}, "is_cap"),
+        ({"kl_threshold": -1.0}, "kl_threshold"),
+        ({"kl_reduction": "max"}, "kl_reduction"),
+        ({"loss_type": "cispo"}, "not supported by F-TIS"),
+        ({"importance_sampling_level": "sequence"}, "importance_sampling_level"),
+    ],
+)
+def test_config_rejects_invalid_values(make_args, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        make_args(**overrides)
+
+
+def test_config_variant_names_are_normalised(make_args):
+    assert make_args(variant="F_TIS").variant == "f-tis"
+
+
+def test_every_ftis_field_is_documented_and_parsable():
+    from transformers import HfArgumentParser
+
+    for name in ("variant", "is_cap", "kl_threshold", "kl_reduction"):
+        field = FTISConfig.__dataclass_fields__[name]
+        assert field.metadata.get("help"), name
+        assert name in FTISConfig.__doc__
+    (args,) = HfArgumentParser(FTISConfig).parse_args_into_dataclasses(
+        ["--output_dir", "/tmp/x", "--bf16", "false", "--use_cpu", "true", "--variant", "tis", "--is_cap", "3"]
+    )
+    assert (args.variant, args.is_cap) == ("tis", 3.0)
+
+
+def test_trainer_requires_an_ftis_config(tokenizer, dataset, make_args):
+    with pytest.raises(TypeError, match="FTISConfig"):
+        make_trainer(tokenizer, make_args(GRPOConfig), dataset)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Drop-in equivalence and the loss
+# --------------------------------------------------------------------------------------------------------------------
+def test_without_peers_it_trains_exactly_like_grpo(tokenizer, dataset, make_args):
+    model = build_tiny_llama(tokenizer, seed=0)
+    common = dict(max_steps=3, loss_type="grpo", beta=0.0, disable_dropout=True, cast_lm_head_to_fp32=True)
+    grpo = GRPOTrainer(
+        copy.deepcopy(model),
+        digit_match_reward,
+        args=make_args(GRPOConfig, **common),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    grpo.train()
+    ftis = make_trainer(tokenizer, make_args(**common), dataset, model=copy.deepcopy(model))
+    ftis.train()
+
+    start, after_grpo, after_ftis = params(model), params(grpo.model), params(ftis.model)
+    assert any(not torch.equal(start[k], after_grpo[k]) for k in start), "GRPO did not move: the test is vacuous"
+    for name in start:
+        assert torch.equal(after_grpo[name], after_ftis[name]), name
+    grpo_losses = [e["loss"] for e in last_metrics(grpo)]
+    ftis_losses = [e["loss"] for e in last_metrics(ftis)]
+    assert grpo_losses == ftis_losses
+
+
+def peer_rows_from(tokenizer, dataset, make_args, *, steps=1, hidden_size=32, seed=7, **overrides):
+    peer = make_trainer(tokenizer, make_args(**overrides), dataset, hidden_size=hidden_size, seed=seed)
+    published = record_rows(peer, steps)
+    for rows in published:
+        for row in rows:
+            row.sender = "small"
+    return [row for rows in published for row in rows]
+
+
+@pytest.mark.parametrize("variant", ["tis", "vis", "f-tis", "f-nois"])
+def test_trainer_loss_is_the_ftis_loss(tokenizer, dataset, make_args, variant):
+    rows = peer_rows_from(tokenizer, dataset, make_args)
+    # A low threshold so that the filter acts on some peer rows.
+    trainer = make_trainer(tokenizer, make_args(variant=variant, kl_threshold=0.01), dataset)
+    trainer.add_peer_rows(rows)
+    batch_inputs = next(iter(trainer.get_train_dataloader()))
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(batch_inputs)
+    assert batch["ftis_gen_valid"].sum() == len(rows)
+
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop during train()
+    loss = trainer.compute_loss(trainer.model, batch)
+
+    # Recompute ℓθ without F-TIS and call the pure function on the same tensors.
+    input_ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+    logps, _, _ = GRPOTrainer._get_per_token_logps_and_entropies(
+        trainer, trainer.model, input_ids, attention, batch["completion_ids"].shape[1]
+    )
+    gen = torch.where(batch["ftis_gen_valid"].unsqueeze(-1), batch["ftis_gen_logps"], logps.detach())
+    expected = ftis_loss(
+        logps,
+        None,
+        gen,
+        batch["advantages"],
+        batch["completion_mask"],
+        num_generations=8,
+        variant=variant,
+        kl_threshold=0.01,
+        group_max_lengths=batch["ftis_group_max_len"],
+    )
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
+    if variant.startswith("f-"):
+        assert trainer._metrics["train"]["ftis/peer/filtered_frac"][-1] > 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Generator log-probs of the trainer's own rows
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_published_generator_logps_match_a_teacher_forced_forward(tokenizer, dataset, make_args, temperature):
+    trainer = make_trainer(tokenizer, make_args(temperature=temperature), dataset, hidden_size=32, seed=3)
+    start = build_tiny_llama(tokenizer, hidden_size=32, seed=3)  # the weights that generated the rows
+    published = record_rows(trainer, 1)
+    (rows,) = published
+    assert trainer._recorded_logps is not None, "the generation pass should have recorded the log-probs"
+    assert len(rows) == 16 and all(len(r.completion_ids) == len(r.generator_logps) for r in rows)
+
+    for row in rows[:4]:
+        prompt = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + list(row.completion_ids)])
+        with torch.no_grad():
+            logits = start(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(row.completion_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(row.generator_logps), expected, atol=2e-4, rtol=1e-4)
+    assert {r.group for r in rows} == {(0, 0), (0, 1)}
+    assert all(set(r.rewards_per_func) == {"digit_match_reward"} for r in rows)
+
+
+def test_no_listener_means_no_generator_logps_work(tokenizer, dataset, make_args):
+    trainer = make_trainer(tokenizer, make_args(max_steps=1), dataset)
+    trainer.train()
+    assert trainer._recorded_logps is None
+
+
+def test_listener_rows_carry_rewards_and_dataset_columns(tokenizer, dataset, make_args):
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    (rows,) = record_rows(trainer, 1)
+    answers = {example["prompt"]: example["answer"] for example in dataset}
+    for row in rows:
+        assert row.extra == {"answer": answers[row.prompt]}
+        text = tokenizer.decode(row.completion_ids, skip_special_tokens=True)
+        assert row.reward == pytest.approx(digit_match_reward([text], [answers[row.prompt]])[0])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Peer rows
+# --------------------------------------------------------------------------------------------------------------------
+def a_row(**overrides):
+    row = dict(prompt="12+34=", completion_ids=[8, 9, 2], generator_logps=[-0.5, -1.0, -0.1], reward=1.0, group="g")
+    row.update(overrides)
+    return PeerRow(**row)
+
+
+@pytest.mark.parametrize(
+    "overrides, error, message",
+    [
+        ({"completion_ids": [8, 999, 2]}, ValueError, "vocabulary"),
+        ({"completion_ids": [8, -1, 2]}, ValueError, "vocabulary"),
+        ({"generator_logps": [-0.5, 0.5, -0.1]}, ValueError, "<= 0"),
+        ({"generator_logps": [-0.5, float("nan"), -0.1]}, ValueError, "finite"),
+        ({"generator_logps": [-0.5, float("-inf"), -0.1]}, ValueError, "finite"),
+    ],
+)
+def test_bad_peer_rows_are_refused_whole(tokenizer, dataset, make_args, overrides, error, message):
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    with pytest.raises(error, match=message):
+        trainer.add_peer_rows([a_row(), a_row(**overrides)])
+    assert trainer.num_pending_peer_rows == 0
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"completion_ids": []}, "empty"),
+        ({"generator_logps": [-0.5]}, "3 completion ids but 1"),
+        ({"reward": float("inf")}, "non-finite reward"),
+    ],
+)
+def test_malformed_peer_rows_cannot_be_built(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        a_row(**overrides)
+
+
+def test_overlong_peer_rows_are_dropped_and_counted(tokenizer, dataset, make_args):
+    trainer = make_trainer(tokenizer, make_args(max_steps=1), dataset)
+    long = a_row(completion_ids=[8] * 7, generator_logps=[-0.1] * 7)
+    assert trainer.add_peer_rows([a_row(), a_row(reward=0.0), long]) == 2
+    trainer.train()
+    (entry,) = last_metrics(trainer)
+    assert entry["ftis/peer_rows"] == 2 and entry["ftis/peer_rows_dropped"] == 1
+
+
+def test_heterogeneous_peer_rows_reach_the_loss_and_change_the_update(tokenizer, dataset, make_args):
+    """A hidden-64 learner trains on rows sampled by a hidden-32 model that shares its tokenizer."""
+    rows = peer_rows_from(tokenizer, dataset, make_args, steps=2)
+    assert len(rows) == 32
+
+    alone = make_trainer(tokenizer, make_args(max_steps=2), dataset)
+    alone.train()
+    helped = make_trainer(tokenizer, make_args(max_steps=2), dataset)
+    helped.add_peer_rows(rows[:16])
+    helped.add_row_listener(lambda _: helped.add_peer_rows(rows[16:]) if helped.state.global_step == 1 else None)
+    start = params(build_tiny_llama(tokenizer, seed=0))
+    helped.train()
+
+    entries = last_metrics(helped)
+    assert [e["ftis/peer_rows"] for e in entries] == [16, 16]
+    for entry in entries:
+        assert 0 < entry["ftis/peer/is_weight_mean"] <= 2.0
+        assert entry["ftis/peer/kl_mean"] > 0  # a different model: the filter statistic is positive
+        assert entry["ftis/own/kl_mean"] == pytest.approx(0.0, abs=1e-6)  # own rows are on-policy
+        assert entry["ftis/own/is_weight_mean"] == pytest.approx(1.0)
+    after_alone, after_helped = params(alone.model), params(helped.model)
+    assert any(not torch.equal(start[k], after_helped[k]) for k in start)
+    assert any(not torch.equal(after_alone[k], after_helped[k]) for k in start), "peer rows had no effect"
+
+
+def test_peer_rows_with_accumulation_and_several_iterations(tokenizer, dataset, make_args):
+    """num_iterations > 1 needs old log-probs for peer rows too; steps_per_generation needs equal micro-batches."""
+    rows = peer_rows_from(tokenizer, dataset, make_args)
+    args = make_args(max_steps=2, num_iterations=2, gradient_accumulation_steps=2, per_device_train_batch_size=8)
+    trainer = make_trainer(tokenizer, args, dataset)
+    trainer.add_peer_rows(rows[:15])  # an odd count: one row is dropped to split into 2 micro-batches
+    batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    assert batch["completion_ids"].shape[0] == 16 + 14
+    old = batch["old_per_token_logps"][16:]
+    mask = batch["completion_mask"][16:].bool()
+    assert torch.isfinite(old[mask]).all() and (old[mask] < 0).all()
+    # The peers' old log-probs are the learner's, not the generator's.
+    assert not torch.allclose(old[mask], batch["ftis_gen_logps"][16:][mask])
+    trainer.add_peer_rows(rows[:16])
+    trainer.train()
+    assert math.isfinite(last_metrics(trainer)[-1]["loss"])
+
+
+def test_merged_batch_is_padded_like_trl(tokenizer, dataset, make_args):
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    trainer.add_peer_rows(
+        [a_row(prompt="1234+5678=", group="x"), a_row(prompt="1+2=", completion_ids=[5, 2], generator_logps=[-1, -2], group="x")]
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    peer_prompt_mask, peer_completion_mask = batch["prompt_mask"][16:], batch["completion_mask"][16:]
+    assert peer_prompt_mask[:, -1].all(), "prompts are left-padded: every completion starts at the same column"
+    assert peer_completion_mask[:, 0].all() and peer_completion_mask.sum(-1).tolist() == [3, 2]
+    assert batch["prompt_ids"][16, -10:].tolist() == tokenizer("1234+5678=", add_special_tokens=False)["input_ids"]
+    # One group of two rewards (1, 1): advantages 0. Longest completion of the group: 3.
+    assert batch["advantages"][16:].tolist() == [0.0, 0.0]
+    assert batch["ftis_group_max_len"][16:].tolist() == [3, 3]
+    assert batch["num_items_in_batch"] == batch["completion_mask"].sum()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# TRL features that must keep working
+# --------------------------------------------------------------------------------------------------------------------
+def test_lora_peer_trains_on_peer_rows_and_saves_an_adapter(tokenizer, dataset, make_args, tmp_path):
+    from peft import LoraConfig, PeftModel
+
+    rows = peer_rows_from(tokenizer, dataset, make_args)
+    trainer = make_trainer(
+        tokenizer,
+        make_args(max_steps=1),
+        dataset,
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.1),
+    )
+    lora_before = {k: v for k, v in params(trainer.model).items() if "lora_B" in k}
+    trainer.add_peer_rows(rows)
+    trainer.train()
+    lora_after = {k: v for k, v in params(trainer.model).items() if "lora_B" in k}
+    assert lora_before and any(not torch.equal(lora_before[k], lora_after[k]) for k in lora_before)
+    assert last_metrics(trainer)[-1]["ftis/peer_rows"] == 16
+
+    trainer.save_model(str(tmp_path / "adapter"))
+    base = build_tiny_llama(tokenizer, seed=0)
+    loaded = PeftModel.from_pretrained(base, str(tmp_path / "adapter"))
+    for name, value in lora_after.items():
+        torch.testing.assert_close(dict(loaded.named_parameters())[name], value)
+
+
+def test_full_model_saves_a_checkpoint_that_from_pretrained_loads(tokenizer, dataset, make_args, tmp_path):
+    trainer = make_trainer(tokenizer, make_args(max_steps=1), dataset)
+    trainer.train()
+    trainer.save_model(str(tmp_path / "model"))
+    loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "model"))
+    for name, value in params(trainer.model).items():
+        torch.testing.assert_close(dict(loaded.named_parameters())[name], value)
+
+
+def test_model_card_names_ftis_and_the_paper(tokenizer, dataset, make_args):
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    trainer.create_model_card(model_name="tiny-ftis")
+    card = (Path(trainer.args.output_dir) / "README.md").read_text()
+    assert "F-TIS" in card and "2605.22537" in card and "ftis" in card
+
+
+def test_without_raw_logits_the_generator_logps_come_from_a_forward(tokenizer, dataset, make_args):
+    """With a repetition penalty, generate's processors alter the logits: the recorder stands aside and the published
+    log-probs are the teacher-forced full-softmax ones, not the penalised scores."""
+    trainer = make_trainer(tokenizer, make_args(repetition_penalty=1.5), dataset, hidden_size=32, seed=3)
+    start = build_tiny_llama(tokenizer, hidden_size=32, seed=3)
+    (rows,) = record_rows(trainer, 1)
+    assert trainer._recorded_logps is None
+    for row in rows[:4]:
+        prompt = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            logits = start(input_ids=torch.tensor([prompt + list(row.completion_ids)])).logits[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(row.completion_ids)[:, None]).squeeze(1)
+        torch.testing.assert_close(torch.tensor(row.generator_logps), expected, atol=2e-4, rtol=1e-4)
