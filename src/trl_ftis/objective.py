@@ -74,6 +74,11 @@ def group_max_of_lengths(lengths: torch.Tensor, num_generations: int) -> torch.T
     return group_max.repeat_interleave(num_generations)
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
+    # bf16/fp16 log-probs are too coarse for ratios; fp64 inputs keep their precision.
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def _masked(x: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
     # `torch.where` (not multiplication) so that -inf or NaN on padded positions never leaks into a result.
     return torch.where(mask, x, torch.full_like(x, fill))
@@ -85,7 +90,7 @@ def k3_per_token(
 ) -> torch.Tensor:
     """Schulman's k3 estimator per token, ``r - log r - 1`` with ``r = πgen / πθ``; 0 on padding. No gradient."""
     mask = completion_mask.bool()
-    log_r = _masked(gen_per_token_logps.float() - per_token_logps.detach().float(), mask)
+    log_r = _masked(_at_least_fp32(gen_per_token_logps) - _at_least_fp32(per_token_logps.detach()), mask)
     # expm1(x) - x is exp(x) - x - 1 without the cancellation error near 0; +inf when πθ is far below πgen.
     return _masked(torch.expm1(log_r) - log_r, mask)
 
@@ -129,7 +134,7 @@ def truncated_importance_weights(
 ) -> torch.Tensor:
     """``w = min(exp(ℓθ - ℓgen), C)`` per token, stop-gradient; 0 on padding and on unscorable (NaN) tokens."""
     mask = completion_mask.bool()
-    log_ratio = _masked(per_token_logps.detach().float() - gen_per_token_logps.float(), mask)
+    log_ratio = _masked(_at_least_fp32(per_token_logps.detach()) - _at_least_fp32(gen_per_token_logps), mask)
     # Clamping the log-ratio at log C before exp is exactly min(exp(.), C) and can never overflow.
     weights = torch.exp(torch.clamp(log_ratio, max=math.log(is_cap)))
     return _masked(torch.nan_to_num(weights, nan=0.0), mask)
