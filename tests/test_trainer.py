@@ -366,3 +366,22 @@ def test_without_raw_logits_the_generator_logps_come_from_a_forward(tokenizer, d
             logits = start(input_ids=torch.tensor([prompt + list(row.completion_ids)])).logits[0, len(prompt) - 1 : -1]
         expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(row.completion_ids)[:, None]).squeeze(1)
         torch.testing.assert_close(torch.tensor(row.generator_logps), expected, atol=2e-4, rtol=1e-4)
+
+
+def test_kl_to_reference_and_evaluation_work_with_peer_rows(tokenizer, dataset, make_args, tmp_path):
+    rows = peer_rows_from(tokenizer, dataset, make_args)
+    build_tiny_llama(tokenizer, seed=0).save_pretrained(tmp_path / "tiny")  # beta > 0 loads the reference by path
+    args = make_args(max_steps=1, beta=0.1, eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=16)
+    trainer = make_trainer(
+        tokenizer, args, dataset, model=str(tmp_path / "tiny"), eval_dataset=addition_dataset(16, seed=5)
+    )
+    trainer.add_peer_rows(rows)
+    batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    ref = batch["ref_per_token_logps"][16:]
+    mask = batch["completion_mask"][16:].bool()
+    assert torch.isfinite(ref[mask]).all() and (ref[mask] < 0).all()
+    trainer.add_peer_rows(rows)
+    trainer.train()
+    history = trainer.state.log_history
+    assert any("eval_loss" in entry and math.isfinite(entry["eval_loss"]) for entry in history)
+    assert any("kl" in entry for entry in history if "loss" in entry)
