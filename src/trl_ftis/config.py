@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -9,6 +11,10 @@ from trl import GRPOConfig
 from .objective import KL_REDUCTIONS, VARIANTS, parse_variant
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+COLLABORATION_MODES = ("vertical", "horizontal")
+SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
+"""Environment variable read for the swarm secret when `swarm_secret` is not set."""
+_PEER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """TRL aggregations whose per-token term is ``-min(R A, clip(R) A)``, so that ``A = w·Ã`` is exactly F-TIS."""
 
 
@@ -41,6 +47,43 @@ class FTISConfig(GRPOConfig):
             How the per-token k3 estimates `exp(ℓgen - ℓθ) - (ℓgen - ℓθ) - 1` of a completion become its filter
             statistic: `"group_max_len"` (sum divided by the longest completion of its group, the authors' code),
             `"mean"` (divided by its own length) or `"sum"`.
+
+    > Swarm (see `docs/swarm.md`)
+
+    Parameters:
+        peer_id (`str`, *optional*):
+            This peer's name in the swarm (letters, digits, `_ . -`, at most 64). Defaults to `run_name` when it is
+            a valid id, else `"peer"`.
+        exchange_url (`str`, *optional*):
+            Where peers exchange completions: `dir:///shared/path` (a shared directory, no server),
+            `redis://[:password@]host:port/db` or `rediss://...` (Redis Streams), `memory://name` (in-process, for
+            tests). `None`: train alone.
+        peer_timeout (`float`, *optional*, defaults to `60.0`):
+            Seconds a round waits for the expected peers before training on what arrived. Without expected peers a
+            round never waits.
+        expected_peers (`list[str]`, *optional*):
+            Peer ids a round waits for (up to `peer_timeout`). Others are accepted whenever their messages arrive.
+        num_expected_peers (`int`, *optional*):
+            Alternatively, how many other peers a round waits for.
+        swarm_secret (`str`, *optional*):
+            Shared secret that signs and verifies every message (HMAC-SHA256); unsigned or wrongly signed messages
+            are refused. Defaults to the `FTIS_SWARM_SECRET` environment variable. Never logged or saved.
+        max_staleness (`int`, *optional*, defaults to `2`):
+            Messages from rounds older than `current_round - max_staleness` are dropped.
+        max_peer_rows (`int`, *optional*):
+            At most this many peer rows per generation batch (whole groups, shared fairly between peers).
+        max_peer_ratio (`float`, *optional*, defaults to `4.0`):
+            At most this many peer rows per local row in a generation batch (bounds memory). `None`: no bound.
+        trust_peer_rewards (`bool`, *optional*, defaults to `False`):
+            Use the rewards peers send. By default they are recomputed with this trainer's own reward functions, so a
+            peer cannot inflate its rewards.
+        collaboration_mode (`str`, *optional*, defaults to `"vertical"`):
+            `"vertical"`: each peer samples full groups for its own prompts and received groups keep their own
+            advantage normalisation. `"horizontal"` (ablation): peers share prompts and groups of the same prompt
+            are normalised together over all models.
+        exchange_compact (`bool`, *optional*, defaults to `False`):
+            Send 16-bit log-probs and compressed messages (about half the bytes, log-prob error below 0.01 nats);
+            the default sends exact fp32 log-probs (8 bytes a token).
     """
 
     variant: str = field(
@@ -68,6 +111,64 @@ class FTISConfig(GRPOConfig):
             "the group), 'mean' or 'sum'.",
             "choices": list(KL_REDUCTIONS),
         },
+    )
+
+    peer_id: str | None = field(
+        default=None,
+        metadata={"help": "This peer's name in the swarm (letters, digits, _ . -). Defaults to run_name or 'peer'."},
+    )
+    exchange_url: str | None = field(
+        default=None,
+        metadata={
+            "help": "Where peers exchange completions: dir:///path, redis://host:port/db, rediss://..., memory://name. "
+            "None: train alone."
+        },
+    )
+    peer_timeout: float = field(
+        default=60.0,
+        metadata={"help": "Seconds a round waits for the expected peers before training on what arrived."},
+    )
+    expected_peers: list[str] | None = field(
+        default=None,
+        metadata={"help": "Peer ids a round waits for (up to peer_timeout)."},
+    )
+    num_expected_peers: int | None = field(
+        default=None,
+        metadata={"help": "How many other peers a round waits for (up to peer_timeout)."},
+    )
+    swarm_secret: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Shared secret signing every message (HMAC). Defaults to ${SWARM_SECRET_ENV}. Never logged."
+        },
+    )
+    max_staleness: int = field(
+        default=2,
+        metadata={"help": "Drop messages from rounds older than current_round - max_staleness."},
+    )
+    max_peer_rows: int | None = field(
+        default=None,
+        metadata={"help": "At most this many peer rows per generation batch (whole groups, shared between peers)."},
+    )
+    max_peer_ratio: float | None = field(
+        default=4.0,
+        metadata={"help": "At most this many peer rows per local row in a generation batch (bounds memory)."},
+    )
+    trust_peer_rewards: bool = field(
+        default=False,
+        metadata={"help": "Use the rewards peers send instead of recomputing them with this trainer's reward functions."},
+    )
+    collaboration_mode: str = field(
+        default="vertical",
+        metadata={
+            "help": "'vertical': received groups keep their own normalisation; 'horizontal' (ablation): groups of the "
+            "same prompt are normalised together over all models.",
+            "choices": list(COLLABORATION_MODES),
+        },
+    )
+    exchange_compact: bool = field(
+        default=False,
+        metadata={"help": "Send 16-bit log-probs, compressed (about half the bytes); default: exact fp32."},
     )
 
     # Inherited options whose defaults follow the paper.
@@ -114,3 +215,55 @@ class FTISConfig(GRPOConfig):
             )
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0 (log-probs are compared at it), got {self.temperature}.")
+        self._validate_swarm()
+
+    def _validate_swarm(self):
+        if self.peer_id is None:
+            self.peer_id = self.run_name if self.run_name and _PEER_ID.match(self.run_name) else "peer"
+        if not _PEER_ID.match(str(self.peer_id)):
+            raise ValueError(f"peer_id must be 1-64 letters, digits, '_', '.' or '-', got {self.peer_id!r}.")
+        if self.exchange_url is not None:
+            scheme = str(self.exchange_url).split("://", 1)[0] if "://" in str(self.exchange_url) else ""
+            if scheme not in ("dir", "redis", "rediss", "memory"):
+                raise ValueError(
+                    f"exchange_url must start with dir://, redis://, rediss:// or memory://, got {self.exchange_url!r}."
+                )
+        if not self.peer_timeout >= 0:
+            raise ValueError(f"peer_timeout must be >= 0 seconds, got {self.peer_timeout}.")
+        if self.num_expected_peers is not None and self.num_expected_peers < 0:
+            raise ValueError(f"num_expected_peers must be >= 0, got {self.num_expected_peers}.")
+        for peer in self.expected_peers or []:
+            if not _PEER_ID.match(str(peer)):
+                raise ValueError(f"expected_peers holds an invalid peer id {peer!r}.")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0 rounds, got {self.max_staleness}.")
+        if self.max_peer_rows is not None and self.max_peer_rows < 0:
+            raise ValueError(f"max_peer_rows must be >= 0, got {self.max_peer_rows}.")
+        if self.max_peer_ratio is not None and not self.max_peer_ratio >= 0:
+            raise ValueError(f"max_peer_ratio must be >= 0, got {self.max_peer_ratio}.")
+        if self.collaboration_mode not in COLLABORATION_MODES:
+            raise ValueError(
+                f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
+            )
+        if self.swarm_secret is None:
+            self.swarm_secret = os.environ.get(SWARM_SECRET_ENV) or None
+
+    def to_dict(self):
+        # The secret must never reach logs, trackers or saved training arguments.
+        data = super().to_dict()
+        if data.get("swarm_secret"):
+            data["swarm_secret"] = "<redacted>"
+        return data
+
+    def __str__(self):
+        text = super().__str__()
+        return text.replace(f"swarm_secret={self.swarm_secret},", "swarm_secret=<redacted>,") if self.swarm_secret else text
+
+    __repr__ = __str__
+
+    def __getstate__(self):
+        # Trainer saves its arguments with torch.save (training_args.bin, also pushed to the Hub): never the secret.
+        state = self.__dict__.copy()
+        if state.get("swarm_secret"):
+            state["swarm_secret"] = "<redacted>"
+        return state
