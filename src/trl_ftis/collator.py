@@ -37,6 +37,12 @@ class PeerRow:
     """Optional per-reward-function rewards, by function name."""
     extra: dict[str, Any] = field(default_factory=dict)
     """The dataset row's other columns (reward functions may read them)."""
+    round: int | None = None
+    """The sender's training step when it sampled the row."""
+    advantage: float | None = None
+    """Set by :func:`assign_group_statistics` before rows are shared out between processes (groups may split)."""
+    group_max_length: int | None = None
+    """Longest completion of the row's group, set with ``advantage``."""
 
     def __post_init__(self):
         n_ids, n_logps = len(self.completion_ids), len(self.generator_logps)
@@ -67,6 +73,52 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_rew
             centred = centred / (r.std() + 1e-4)
         advantages[rows] = centred if r.numel() > 1 else torch.zeros_like(r)
     return advantages
+
+
+def group_indices(rows: Sequence[PeerRow]) -> torch.Tensor:
+    """A group number per row: rows with the same ``(sender, group)`` share one."""
+    keys: dict[tuple, int] = {}
+    return torch.tensor([keys.setdefault((row.sender, row.group), len(keys)) for row in rows], dtype=torch.long)
+
+
+def assign_group_statistics(rows: Sequence[PeerRow], scale_rewards: str = "group") -> None:
+    """Set each row's ``advantage`` (normalised within its group) and ``group_max_length``, in place.
+
+    Done once, on all received rows, before they are shared out between the processes of a job: a group split over
+    two processes would otherwise be normalised in two halves.
+    """
+    if not rows:
+        return
+    index = group_indices(rows)
+    rewards = torch.tensor([float(row.reward) for row in rows])
+    lengths = torch.tensor([len(row.completion_ids) for row in rows])
+    advantages = group_advantages(rewards, index, scale_rewards).tolist()
+    max_lengths = group_max_lengths_by_index(lengths, index).tolist()
+    for row, advantage, max_length in zip(rows, advantages, max_lengths, strict=True):
+        row.advantage, row.group_max_length = advantage, max_length
+
+
+def select_rows(rows: Sequence[PeerRow], max_rows: int | None) -> list[PeerRow]:
+    """At most ``max_rows`` rows, taken as whole groups, newest round first, alternating between senders so that
+    one fast peer cannot crowd out the others. ``None``: all rows."""
+    if max_rows is None or len(rows) <= max_rows:
+        return list(rows)
+    groups: dict[tuple, list[PeerRow]] = {}
+    for row in rows:
+        groups.setdefault((row.sender, row.group), []).append(row)
+    by_sender: dict[str, list[list[PeerRow]]] = {}
+    for (sender, _), members in groups.items():
+        by_sender.setdefault(sender, []).append(members)
+    for queue in by_sender.values():
+        queue.sort(key=lambda members: -(members[0].round or 0))  # stable: arrival order within a round
+    selected: list[PeerRow] = []
+    while len(selected) < max_rows and any(by_sender.values()):
+        for queue in by_sender.values():
+            if queue:
+                members = queue.pop(0)
+                if len(selected) + len(members) <= max_rows:  # a group that does not fit is skipped whole
+                    selected.extend(members)
+    return selected
 
 
 def group_max_lengths_by_index(lengths: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
@@ -111,12 +163,15 @@ def build_peer_batch(
     """
     if len(rows) != len(prompt_ids):
         raise ValueError(f"{len(rows)} peer rows but {len(prompt_ids)} tokenized prompts.")
-    group_keys: dict[tuple, int] = {}
-    group_index = torch.tensor(
-        [group_keys.setdefault((row.sender, row.group), len(group_keys)) for row in rows], dtype=torch.long
-    )
+    group_index = group_indices(rows)
     rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float32)
     lengths = torch.tensor([len(row.completion_ids) for row in rows], dtype=torch.long)
+    if all(row.advantage is not None and row.group_max_length is not None for row in rows):
+        advantages = torch.tensor([float(row.advantage) for row in rows], dtype=torch.float32)
+        group_max = torch.tensor([int(row.group_max_length) for row in rows], dtype=torch.long)
+    else:
+        advantages = group_advantages(rewards, group_index, scale_rewards)
+        group_max = group_max_lengths_by_index(lengths, group_index)
 
     prompts = [torch.tensor(list(ids), dtype=torch.long) for ids in prompt_ids]
     completions = [torch.tensor(list(row.completion_ids), dtype=torch.long) for row in rows]
@@ -130,8 +185,8 @@ def build_peer_batch(
         ),
         # Padded log-probs are 0 plus mask, never -inf.
         generator_logps=pad(logps, padding_value=0.0, padding_side="right").to(device),
-        advantages=group_advantages(rewards, group_index, scale_rewards).to(device),
-        group_max_lengths=group_max_lengths_by_index(lengths, group_index).to(device),
+        advantages=advantages.to(device),
+        group_max_lengths=group_max.to(device),
         rewards=rewards.to(device),
         senders=[row.sender for row in rows],
     )

@@ -2,23 +2,42 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import math
+import os
 import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
+from accelerate.utils import broadcast_object_list, gather_object
+from torch import nn
+from transformers import LogitsProcessorList, TrainerCallback
 from trl import GRPOTrainer
+from trl.data_utils import apply_chat_template, is_conversational
 from trl.models.utils import disable_gradient_checkpointing
-from trl.trainer.utils import get_config_model_id, use_adapter
+from trl.trainer.utils import get_config_model_id, is_async_callable, use_adapter
 
-from .collator import PeerRow, build_peer_batch, concat_rows
+from .collator import (
+    PeerRow,
+    assign_group_statistics,
+    build_peer_batch,
+    concat_rows,
+    group_advantages,
+    group_max_lengths_by_index,
+    select_rows,
+)
 from .config import FTISConfig
 from .generation import GeneratorLogpsRecorder, records_raw_logits
 from .objective import ftis_terms, group_max_of_lengths, parse_variant
+from .swarm import RoundResult, Swarm, prompt_key
+
+SUMMARY_FILE = "ftis_summary.json"
+"""Written to `output_dir` at the end of training: what this peer sent, received and trained on."""
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +111,35 @@ class FTISTrainer(GRPOTrainer):
         self._recorded_logps: list[list[float]] | None = None
         self._last_rewards_per_func: torch.Tensor | None = None
         self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
+        self._filtered_in_step: dict[str, float] = {}
+        self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
+        self._last_round_peers: dict[str, dict[str, float]] = {}
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        self.swarm: Swarm | None = None
+        if args.exchange_url is not None and self.accelerator.is_main_process:
+            self.swarm = self._connect_swarm(args)
+        self.add_callback(_SummaryCallback(self))
+
+    def _connect_swarm(self, args: FTISConfig) -> Swarm:
+        from .exchange import tokenizer_fingerprint
+
+        if self.use_vllm and self.vllm_importance_sampling_correction is False:
+            logger.warning("vLLM log-probs are not used for peers; generator log-probs come from the trainer model.")
+        return Swarm(
+            args.exchange_url,
+            peer_id=args.peer_id,
+            tokenizer_fingerprint=tokenizer_fingerprint(self._tokenizer),
+            tokenizer_name=str(getattr(self._tokenizer, "name_or_path", "") or type(self._tokenizer).__name__),
+            vocab_limit=self.vocab_limit,
+            temperature=self.temperature,
+            reward_names=self.reward_func_names,
+            secret=args.swarm_secret,
+            expected_peers=args.expected_peers,
+            num_expected_peers=args.num_expected_peers,
+            peer_timeout=args.peer_timeout,
+            max_staleness=args.max_staleness,
+            compact=args.exchange_compact,
+        )
 
     # ------------------------------------------------------------------------------------------------------------
     # Public API: peer rows in, own rows out
@@ -199,7 +246,8 @@ class FTISTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
-        listening = mode == "train" and bool(self._row_listeners)
+        in_swarm = mode == "train" and self.args.exchange_url is not None
+        listening = mode == "train" and (bool(self._row_listeners) or in_swarm)
         can_record = (
             listening
             and not self.use_vllm
@@ -215,12 +263,15 @@ class FTISTrainer(GRPOTrainer):
 
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         output = self._add_ftis_fields(output, num_generations)
-        if listening:
-            self._publish_own_rows(inputs, output, num_generations)
-        if mode == "train":
-            rows, self._pending_peer_rows = self._pending_peer_rows, []
-            output = self._merge_peer_rows(output, rows)
-        return output
+        if mode != "train":
+            return output
+        own_rows = self._own_rows(inputs, output, num_generations) if listening else []
+        for listener in self._row_listeners:
+            listener(own_rows)
+        rows, self._pending_peer_rows = self._pending_peer_rows, []
+        if in_swarm:
+            rows = rows + self._exchange_round(own_rows, output)
+        return self._merge_peer_rows(output, rows)
 
     def _add_ftis_fields(self, output: dict[str, Any], num_generations: int) -> dict[str, Any]:
         completion_mask = output["completion_mask"]
@@ -263,7 +314,8 @@ class FTISTrainer(GRPOTrainer):
             logps = self._completion_logps(self.model, output)
         return [row[:n].tolist() for row, n in zip(logps.float().cpu(), lengths, strict=True)]
 
-    def _publish_own_rows(self, inputs: list[dict[str, Any]], output: dict[str, Any], num_generations: int) -> None:
+    def _own_rows(self, inputs: list[dict[str, Any]], output: dict[str, Any], num_generations: int) -> list[PeerRow]:
+        """This process's freshly scored rows as `PeerRow`s, with generator log-probs and rewards."""
         batch = output["completion_ids"].shape[0]
         generator_logps = self._own_generator_logps(output)
         start = self.accelerator.process_index * batch
@@ -280,15 +332,183 @@ class FTISTrainer(GRPOTrainer):
                     generator_logps=generator_logps[i],
                     reward=float(totals[i]),
                     group=(self.state.global_step, (start + i) // num_generations),
-                    sender=self.args.run_name or "self",
+                    sender=self.args.peer_id,
                     rewards_per_func={
                         name: float(rewards_per_func[i, k]) for k, name in enumerate(self.reward_func_names)
                     },
                     extra={key: value for key, value in example.items() if key != "prompt"},
+                    round=self.state.global_step,
                 )
             )
-        for listener in self._row_listeners:
-            listener(rows)
+        return rows
+
+    # ------------------------------------------------------------------------------------------------------------
+    # The swarm round: publish, collect, score, select, share out (main process talks; every process takes part)
+    # ------------------------------------------------------------------------------------------------------------
+    def _exchange_round(self, own_rows: list[PeerRow], output: dict[str, Any]) -> list[PeerRow]:
+        """Publish this job's rows and return this process's equal share of the accepted peer rows.
+
+        Only the main process talks to the swarm; all processes run the same collectives (one gather, one
+        broadcast) whatever arrived. In horizontal mode the local rows' advantages are renormalised over the mixed
+        groups (written into `output`).
+        """
+        accelerator = self.accelerator
+        everyone = gather_object(own_rows) if accelerator.num_processes > 1 else own_rows
+        payload = [None]
+        if accelerator.is_main_process:
+            payload = [self._run_round(everyone)]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        rows, own_statistics, metrics = payload[0]
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(value)
+        if own_statistics is not None:  # horizontal mode
+            start = accelerator.process_index * len(own_rows)
+            advantages, group_max = own_statistics
+            device = output["advantages"].device
+            output["advantages"] = torch.tensor(advantages[start : start + len(own_rows)], device=device)
+            output["ftis_group_max_len"] = torch.tensor(group_max[start : start + len(own_rows)], device=device)
+        # Equal shares: every process merges the same number of rows (unequal micro-batches deadlock DDP/ZeRO).
+        share = len(rows) // accelerator.num_processes
+        return rows[accelerator.process_index * share : (accelerator.process_index + 1) * share]
+
+    def _run_round(self, own_rows: list[PeerRow]):
+        """Main process only: publish, collect, score, select. Returns (rows, own statistics, metrics)."""
+        args, swarm, round = self.args, self.swarm, self.state.global_step
+        bytes_sent = swarm.publish(own_rows, round)
+        result = swarm.collect(round)
+        received = result.rows
+        rows = select_rows(received, self._peer_row_cap(len(own_rows)))
+        if not args.trust_peer_rewards:
+            rows = self._rescore(rows)
+        own_statistics = None
+        if args.collaboration_mode == "horizontal":
+            own_statistics = self._horizontal_statistics(own_rows, rows)
+        else:
+            assign_group_statistics(rows, self.scale_rewards)
+        self._totals["rows_sent"] += len(own_rows)
+        self._totals["bytes_sent"] += bytes_sent
+        self._totals["rows_received"] += len(received)
+        self._totals["rows_accepted"] += len(rows)
+        return rows, own_statistics, self._round_metrics(result, rows, bytes_sent)
+
+    def _peer_row_cap(self, local_rows: int) -> int | None:
+        caps = [self.args.max_peer_rows]
+        if self.args.max_peer_ratio is not None:
+            caps.append(int(self.args.max_peer_ratio * local_rows))
+        caps = [cap for cap in caps if cap is not None]
+        return min(caps) if caps else None
+
+    def _round_metrics(self, result: RoundResult, rows: list[PeerRow], bytes_sent: int) -> dict[str, float]:
+        accepted: dict[str, list[PeerRow]] = {}
+        for row in rows:
+            accepted.setdefault(row.sender, []).append(row)
+        metrics = {
+            "ftis/peer_rows_received": float(sum(p.rows_received for p in result.peers.values())),
+            "ftis/peer_rows_accepted": float(len(rows)),
+            "ftis/exchange/bytes_sent": float(bytes_sent),
+            "ftis/exchange/wait_seconds": result.waited,
+            "ftis/exchange/peers_missing": float(len(result.missing)),
+            "ftis/exchange/messages_refused": float(sum(result.refused.values())),
+        }
+        for reason, count in result.refused.items():
+            metrics[f"ftis/exchange/refused/{reason}"] = float(count)
+        self._last_round_peers = {}
+        for sender, stats in result.peers.items():
+            mine = accepted.get(sender, [])
+            peer = {
+                "rows_received": float(stats.rows_received),
+                "rows_accepted": float(len(mine)),
+                "rows_stale": float(stats.rows_stale),
+                "bytes_received": float(stats.bytes_received),
+            }
+            if stats.staleness:
+                peer["staleness"] = sum(stats.staleness) / len(stats.staleness)
+            if mine:
+                peer["reward"] = sum(row.reward for row in mine) / len(mine)
+            self._last_round_peers[sender] = peer
+            metrics.update({f"ftis/peers/{sender}/{name}": value for name, value in peer.items()})
+        return metrics
+
+    def _rescore(self, rows: list[PeerRow]) -> list[PeerRow]:
+        """Recompute the rewards of peer rows with this trainer's reward functions; drop rows none can score."""
+        if not rows:
+            return rows
+        scores = self.score_rows(rows)
+        kept = []
+        for row, (total, per_func) in zip(rows, scores, strict=True):
+            if math.isfinite(total):
+                row.reward, row.rewards_per_func = total, per_func
+                kept.append(row)
+        if len(kept) < len(rows):
+            logger.warning("Dropped %d peer rows that no reward function could score.", len(rows) - len(kept))
+        return kept
+
+    def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
+        """Score rows with this trainer's reward functions: `(weighted total, per-function rewards)` per row.
+
+        Prompts are passed as the dataset gave them, completions decoded with this trainer's tokenizer (as chat
+        messages for conversational prompts), and the rows' other columns as keyword arguments, as in GRPOTrainer.
+        Runs on the calling process only (no collectives). A row every function declines (None) scores NaN.
+        """
+        prompts = [row.prompt for row in rows]
+        texts = self._tokenizer.batch_decode([list(row.completion_ids) for row in rows], skip_special_tokens=True)
+        completions = [
+            [{"role": "assistant", "content": text}] if is_conversational({"prompt": prompt}) else text
+            for prompt, text in zip(prompts, texts, strict=True)
+        ]
+        columns = sorted({key for row in rows for key in row.extra} - {"prompt", "completion", "completion_ids"})
+        kwargs = {key: [row.extra.get(key) for row in rows] for key in columns}
+        kwargs.update(trainer_state=self.state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
+        completion_ids = [list(row.completion_ids) for row in rows]
+        table = torch.full((len(rows), len(self.reward_funcs)), math.nan)
+        for k, (func, processor) in enumerate(zip(self.reward_funcs, self.reward_processing_classes, strict=True)):
+            if isinstance(func, nn.Module):
+                if is_conversational({"prompt": prompts[0]}):
+                    messages = [{"messages": p + c} for p, c in zip(prompts, completions, strict=True)]
+                    inputs = [apply_chat_template(m, processor, **self.chat_template_kwargs)["text"] for m in messages]
+                else:
+                    inputs = [p + c for p, c in zip(prompts, completions, strict=True)]
+                encoded = processor(text=inputs, return_tensors="pt", padding=True, padding_side="right",
+                                    add_special_tokens=False).to(next(func.parameters()).device)
+                with torch.inference_mode():
+                    table[:, k] = func(**encoded).logits[:, 0].float().cpu()
+                continue
+            call = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
+            if is_async_callable(func):
+                call = asyncio.run_coroutine_threadsafe(call, self.async_loop).result()
+            values = list(call)
+            if len(values) != len(rows):
+                raise ValueError(f"Reward function {self.reward_func_names[k]!r} returned {len(values)} rewards for "
+                                 f"{len(rows)} peer rows.")
+            table[:, k] = torch.tensor([math.nan if v is None else float(v) for v in values])
+        weights = self.reward_weights.float().cpu()
+        totals = torch.nansum(table * weights, dim=1)
+        totals[torch.isnan(table).all(dim=1)] = math.nan
+        names = self.reward_func_names
+        return [
+            (float(totals[i]), {name: float(table[i, k]) for k, name in enumerate(names)}) for i in range(len(rows))
+        ]
+
+    def _horizontal_statistics(self, own_rows: list[PeerRow], rows: list[PeerRow]):
+        """Horizontal mode: groups of the same prompt are normalised together over every model's completions.
+
+        Sets the peer rows' statistics in place and returns the own rows' `(advantages, group max lengths)`.
+        Peer rows whose prompt no local group has keep their own (vertical) normalisation.
+        """
+        own_keys = {prompt_key(row.prompt) for row in own_rows}
+        mixed = [row for row in rows if prompt_key(row.prompt) in own_keys]
+        assign_group_statistics([row for row in rows if prompt_key(row.prompt) not in own_keys], self.scale_rewards)
+        union = list(own_rows) + mixed
+        keys: dict[str, int] = {}
+        index = torch.tensor([keys.setdefault(prompt_key(row.prompt), len(keys)) for row in union])
+        rewards = torch.tensor([float(row.reward) for row in union])
+        lengths = torch.tensor([len(row.completion_ids) for row in union])
+        advantages = group_advantages(rewards, index, self.scale_rewards).tolist()
+        group_max = group_max_lengths_by_index(lengths, index).tolist()
+        for row, advantage, max_length in zip(mixed, advantages[len(own_rows):], group_max[len(own_rows):], strict=True):
+            row.advantage, row.group_max_length = advantage, max_length
+        return advantages[: len(own_rows)], group_max[: len(own_rows)]
 
     def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
         # Every generation batch must split into `steps_per_generation` equal micro-batches.
@@ -301,6 +521,11 @@ class FTISTrainer(GRPOTrainer):
         )
         self._metrics["train"]["ftis/peer_rows_dropped"].append(float(self._peer_rows_dropped))
         self._peer_rows_dropped = 0
+        # Per-peer loss metrics are reductions over a source list that must be the same on every process.
+        senders = sorted({row.sender for row in rows})
+        if self.accelerator.num_processes > 1:
+            senders = sorted(set(gather_object(senders)))
+        self._sources.extend(sender for sender in senders if sender not in self._sources)
         if rows:
             unsupported = [key for key in _UNMERGEABLE_FIELDS if output.get(key) is not None]
             if unsupported:
@@ -322,9 +547,6 @@ class FTISTrainer(GRPOTrainer):
         peer = build_peer_batch(
             rows, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, scale_rewards=self.scale_rewards, device=device
         )
-        for sender in peer.senders:
-            if sender not in self._sources:
-                self._sources.append(sender)
         fields = {
             "prompt_ids": peer.prompt_ids,
             "prompt_mask": peer.prompt_mask,
@@ -417,39 +639,98 @@ class FTISTrainer(GRPOTrainer):
         self._log_ftis_metrics(terms, mask.bool(), source)
 
     def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor) -> None:
-        """Own/peer statistics of the F-TIS terms; two collectives, run by every process whatever its rows."""
+        """Statistics of the F-TIS terms for own rows, all peer rows and each peer; two collectives, run by every
+        process whatever its rows (the source list is the same everywhere)."""
         mode = "train" if self.model.training else "eval"
-        sums, maxes = [], []
-        for rows in (source == 0, source > 0):
+        num_sources = len(self._sources) + 1
+        sums = torch.zeros(num_sources, 7, device=mask.device)
+        maxes = torch.full((num_sources, 2), -math.inf, device=mask.device)
+        finite = torch.isfinite(terms.filter_statistic)
+        for k in range(num_sources):
+            rows = source == k
+            if not rows.any():
+                continue
             tokens = mask & rows.unsqueeze(-1)
-            finite = torch.isfinite(terms.filter_statistic) & rows
-            sums += [
-                rows.sum(),
-                (~terms.keep & rows).sum(),
-                tokens.sum(),
-                terms.weights[tokens].sum(),
-                (terms.capped & tokens).sum(),
-                terms.filter_statistic[finite].sum(),
-                finite.sum(),
-            ]
-            maxes += [
-                terms.weights[tokens].max() if tokens.any() else torch.tensor(-math.inf, device=mask.device),
-                terms.filter_statistic[finite].max() if finite.any() else torch.tensor(-math.inf, device=mask.device),
-            ]
-        sums = self.accelerator.reduce(torch.stack([s.float() for s in sums]), reduction="sum").tolist()
-        maxes = self.accelerator.gather(torch.stack([m.float() for m in maxes]).unsqueeze(0)).amax(dim=0).tolist()
-        for k, name in enumerate(("own", "peer")):
-            n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = sums[7 * k : 7 * k + 7]
-            w_max, d_max = maxes[2 * k : 2 * k + 2]
+            kept_stats = finite & rows
+            sums[k] = torch.stack(
+                [
+                    rows.sum().float(),
+                    (~terms.keep & rows).sum().float(),
+                    tokens.sum().float(),
+                    terms.weights[tokens].sum().float(),
+                    (terms.capped & tokens).sum().float(),
+                    terms.filter_statistic[kept_stats].sum().float(),
+                    kept_stats.sum().float(),
+                ]
+            )
+            if tokens.any():
+                maxes[k, 0] = terms.weights[tokens].max()
+            if kept_stats.any():
+                maxes[k, 1] = terms.filter_statistic[kept_stats].max()
+        sums = self.accelerator.reduce(sums, reduction="sum").cpu()
+        maxes = self.accelerator.gather(maxes.unsqueeze(0)).amax(dim=0).cpu()
+        groups = [("own", sums[0], maxes[0])]
+        if num_sources > 1:
+            groups.append(("peer", sums[1:].sum(dim=0), maxes[1:].amax(dim=0)))
+            groups += [(f"peers/{name}", sums[k + 1], maxes[k + 1]) for k, name in enumerate(self._sources)]
+        metrics = self._metrics[mode]
+        for name, totals, peaks in groups:
+            n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = totals.tolist()
             if n_rows == 0:
                 continue
-            metrics = self._metrics[mode]
+            if mode == "train" and name != "own":
+                key = "rows_filtered" if name == "peer" else f"{name}/rows_filtered"
+                self._filtered_in_step[key] = self._filtered_in_step.get(key, 0.0) + n_filtered
             metrics[f"ftis/{name}/filtered_frac"].append(n_filtered / n_rows)
             metrics[f"ftis/{name}/kl_nonfinite_frac"].append(1.0 - n_finite / n_rows)
             if n_tokens > 0:
                 metrics[f"ftis/{name}/is_weight_mean"].append(w_sum / n_tokens)
-                metrics[f"ftis/{name}/is_weight_max"].append(w_max)
+                metrics[f"ftis/{name}/is_weight_max"].append(peaks[0].item())
                 metrics[f"ftis/{name}/is_weight_capped_frac"].append(n_capped / n_tokens)
             if n_finite > 0:
                 metrics[f"ftis/{name}/kl_mean"].append(d_sum / n_finite)
-                metrics[f"ftis/{name}/kl_max"].append(d_max)
+                metrics[f"ftis/{name}/kl_max"].append(peaks[1].item())
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
+        if self._step % self.current_gradient_accumulation_steps == 0:
+            self._metrics["train"]["ftis/peer_rows_filtered"].append(self._filtered_in_step.pop("rows_filtered", 0.0))
+            self._totals["rows_filtered"] += self._metrics["train"]["ftis/peer_rows_filtered"][-1]
+            for key, count in self._filtered_in_step.items():
+                self._metrics["train"][f"ftis/{key}"].append(count)
+            self._filtered_in_step = {}
+        return loss
+
+    def summary(self) -> dict[str, Any]:
+        """What this peer has done so far: steps, rows sent / received / accepted / filtered, last reward, peers."""
+        rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
+        return {
+            "peer_id": self.args.peer_id,
+            "steps": self.state.global_step,
+            **{key: int(value) for key, value in self._totals.items()},
+            "reward": rewards[-1] if rewards else None,
+            "peers": sorted(set(self._sources) | set(self._last_round_peers)),
+            "exchange_url": _redact_url(self.args.exchange_url),
+        }
+
+
+def _redact_url(url: str | None) -> str | None:
+    if url and "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return url
+
+
+class _SummaryCallback(TrainerCallback):
+    """Writes `ftis_summary.json` (main process) when training ends, and closes the swarm connection."""
+
+    def __init__(self, trainer: FTISTrainer):
+        self.trainer = trainer
+
+    def on_train_end(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        if trainer.accelerator.is_main_process:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            path = Path(args.output_dir) / SUMMARY_FILE
+            path.write_text(json.dumps(trainer.summary(), indent=2, default=str))

@@ -1,0 +1,116 @@
+"""One swarm peer training a tiny local model on 2-digit addition; start several with different sizes.
+
+    python examples/tiny_peer.py --peer_id big --hidden_size 64 --exchange_url dir:///tmp/swarm --output_dir runs/big
+    python examples/tiny_peer.py --peer_id small --hidden_size 32 --exchange_url dir:///tmp/swarm --output_dir runs/small
+    python examples/tiny_peer.py --peer_id lora --use_peft --lora_target_modules q_proj v_proj ...
+
+or all at once: `trl-ftis swarm examples/swarms/tiny.yaml`. Every FTISConfig / GRPOConfig option is a flag
+(`--kl_threshold 5`, `--variant f-nois`, `--expected_peers big small`, ...). Models and tokenizer are built locally,
+so this runs offline in seconds; `--model_name_or_path` loads a saved model instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
+
+from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
+from trl_ftis.trainer import SUMMARY_FILE  # noqa: E402
+from trl_ftis.tiny import (  # noqa: E402
+    addition_dataset,
+    addition_problems,
+    build_char_tokenizer,
+    build_tiny_llama,
+    digit_match_reward,
+    exact_answer_reward,
+    greedy_accuracy,
+    supervised_warmup,
+)
+
+REWARDS = {"exact": exact_answer_reward, "digit_match": digit_match_reward}
+
+
+@dataclass
+class TinyPeerArguments:
+    """The tiny model and task of this peer."""
+
+    hidden_size: int = field(default=64, metadata={"help": "Hidden size of the tiny Llama (64: ~134k parameters)."})
+    num_layers: int = field(default=2, metadata={"help": "Decoder layers of the tiny Llama."})
+    model_seed: int = field(default=0, metadata={"help": "Seed of the tiny model's initial weights."})
+    sft_warmup_steps: int = field(default=0, metadata={"help": "Supervised warm-up steps before GRPO (0: none)."})
+    sft_target_accuracy: float = field(
+        default=0.25, metadata={"help": "Stop the warm-up once greedy dev accuracy reaches this."}
+    )
+    train_size: int = field(default=2048, metadata={"help": "Training problems."})
+    dataset_seed: int | None = field(
+        default=None, metadata={"help": "Seed of this peer's prompt stream (default: derived from peer_id)."}
+    )
+    eval_size: int = field(default=0, metadata={"help": "Held-out problems for greedy accuracy before/after (0: skip)."})
+    reward: str = field(default="exact", metadata={"help": "Reward: 'exact' (1 if correct) or 'digit_match' (dense)."})
+
+
+def main() -> None:
+    parser = TrlParser((TinyPeerArguments, FTISConfig, ModelConfig))
+    peer_args, training_args, model_args = parser.parse_args_and_config()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+
+    tokenizer = build_char_tokenizer()
+    if model_args.model_name_or_path:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
+    else:
+        model = build_tiny_llama(
+            tokenizer, hidden_size=peer_args.hidden_size, num_layers=peer_args.num_layers, seed=peer_args.model_seed
+        )
+    # Each peer draws its own prompts (vertical mode); horizontal mode needs the same seed everywhere.
+    seed = peer_args.dataset_seed
+    if seed is None:
+        seed = zlib.crc32(training_args.peer_id.encode()) % 10_000
+    train = addition_problems(peer_args.train_size, seed=seed)
+    held_out = addition_problems(peer_args.eval_size, seed=99_999, exclude={p["prompt"] for p in train})
+
+    if peer_args.sft_warmup_steps:
+        supervised_warmup(
+            model,
+            tokenizer,
+            train,
+            steps=peer_args.sft_warmup_steps,
+            target_accuracy=peer_args.sft_target_accuracy,
+            dev_problems=held_out[:100] or addition_problems(100, seed=seed + 1),
+            seed=peer_args.model_seed,
+            eval_every=25,
+        )
+    before = greedy_accuracy(model, tokenizer, held_out) if held_out else None
+
+    trainer = FTISTrainer(
+        model,
+        REWARDS[peer_args.reward],
+        args=training_args,
+        train_dataset=addition_dataset(peer_args.train_size, seed=seed),
+        processing_class=tokenizer,
+        peft_config=get_peft_config(model_args),
+    )
+    trainer.train()
+    trainer.save_model(training_args.output_dir)
+
+    if trainer.accelerator.is_main_process:
+        summary_path = Path(training_args.output_dir) / SUMMARY_FILE
+        summary = json.loads(summary_path.read_text())
+        if held_out:
+            summary["accuracy_before"] = before
+            summary["accuracy_after"] = greedy_accuracy(trainer.model, tokenizer, held_out)
+        summary_path.write_text(json.dumps(summary, indent=2))
+        print(f"[{training_args.peer_id}] done: {json.dumps(summary)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
