@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import textwrap
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -34,6 +35,7 @@ from .collator import (
 from .config import FTISConfig
 from .generation import GeneratorLogpsRecorder, records_raw_logits
 from .objective import ftis_terms, group_max_of_lengths, parse_variant
+from .exchange.transports import redact_url
 from .swarm import RoundResult, Swarm, prompt_key
 
 SUMMARY_FILE = "ftis_summary.json"
@@ -114,6 +116,7 @@ class FTISTrainer(GRPOTrainer):
         self._filtered_in_step: dict[str, float] = {}
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
         self._last_round_peers: dict[str, dict[str, float]] = {}
+        self._refused_totals: Counter = Counter()
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.swarm: Swarm | None = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
@@ -390,6 +393,7 @@ class FTISTrainer(GRPOTrainer):
         self._totals["bytes_sent"] += bytes_sent
         self._totals["rows_received"] += len(received)
         self._totals["rows_accepted"] += len(rows)
+        self._refused_totals.update(result.refused)
         return rows, own_statistics, self._round_metrics(result, rows, bytes_sent)
 
     def _peer_row_cap(self, local_rows: int) -> int | None:
@@ -710,16 +714,10 @@ class FTISTrainer(GRPOTrainer):
             "steps": self.state.global_step,
             **{key: int(value) for key, value in self._totals.items()},
             "reward": rewards[-1] if rewards else None,
+            "refused": dict(self._refused_totals),
             "peers": sorted(set(self._sources) | set(self._last_round_peers)),
-            "exchange_url": _redact_url(self.args.exchange_url),
+            "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
-
-
-def _redact_url(url: str | None) -> str | None:
-    if url and "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return url
 
 
 class _SummaryCallback(TrainerCallback):

@@ -1,0 +1,162 @@
+"""Real swarms: tiny peers as separate processes exchanging rows over dir:// and Redis."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from redis_server import redis_url  # noqa: F401  (pytest fixture)
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER_SCRIPT = str(ROOT / "examples" / "tiny_peer.py")
+
+COMMON = {
+    "max_steps": 3,
+    "per_device_train_batch_size": 16,
+    "num_generations": 8,
+    "max_completion_length": 6,
+    "learning_rate": 1.0e-3,
+    "reward": "digit_match",
+    "bf16": False,
+    "use_cpu": True,
+    "gradient_checkpointing": False,
+    "report_to": "none",
+    "save_strategy": "no",
+    "logging_steps": 1,
+    "disable_tqdm": True,
+}
+
+
+def peer_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "FTIS_SWARM_SECRET"}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def summary(run_dir, peer):
+    return json.loads((Path(run_dir) / peer / "ftis_summary.json").read_text())
+
+
+def run_launcher(tmp_path, config):
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return subprocess.run(
+        [sys.executable, "-m", "trl_ftis.cli", "swarm", str(path), "--run-dir", str(tmp_path / "run")],
+        cwd=ROOT,
+        env=peer_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+
+
+def three_peer_config(exchange_url):
+    return {
+        "script": PEER_SCRIPT,
+        "exchange_url": exchange_url,
+        "args": {**COMMON, "expected_peers": ["big", "small", "lora"], "peer_timeout": 120},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "peers": [
+            {"id": "big", "args": {"hidden_size": 64}},
+            {"id": "small", "args": {"hidden_size": 32}},
+            {"id": "lora", "lora": True, "args": {"hidden_size": 64, "lora_target_modules": ["q_proj", "v_proj"]}},
+        ],
+    }
+
+
+def check_three_peers(run_dir, output):
+    for peer in ("big", "small", "lora"):
+        result = summary(run_dir, peer)
+        others = {"big", "small", "lora"} - {peer}
+        assert result["steps"] == 3, output
+        assert set(result["peers"]) == others
+        # Each round every peer publishes 16 rows; with expected peers, every round gets both others' rows.
+        assert result["rows_sent"] == 48
+        assert result["rows_received"] == 96 and result["rows_accepted"] == 96
+        log = (Path(run_dir) / "logs" / f"{peer}.log").read_text()
+        for other in others:
+            assert f"'ftis/peers/{other}/rows_accepted': '16'" in log
+            assert f"'ftis/peers/{other}/is_weight_mean'" in log  # their rows reached the loss
+    assert (Path(run_dir) / "lora" / "adapter_config.json").exists()
+    assert (Path(run_dir) / "big" / "model.safetensors").exists()
+
+
+def test_three_heterogeneous_peers_over_a_shared_directory(tmp_path):
+    result = run_launcher(tmp_path, three_peer_config(f"dir://{tmp_path / 'exchange'}"))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    check_three_peers(tmp_path / "run", result.stdout[-3000:])
+    assert "[big" in result.stdout and "[lora" in result.stdout  # prefixed, interleaved logs
+
+
+@pytest.mark.redis
+def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):  # noqa: F811
+    result = run_launcher(tmp_path, three_peer_config(f"{redis_url}?swarm=test-{tmp_path.name}"))
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    check_three_peers(tmp_path / "run", result.stdout[-3000:])
+
+
+def start_peer(tmp_path, peer_id, exchange, *, hidden_size, steps=3, env=None, **args):
+    settings = {**COMMON, "max_steps": steps, **args}
+    command = [sys.executable, PEER_SCRIPT, "--peer_id", peer_id, "--exchange_url", exchange,
+               "--output_dir", str(tmp_path / peer_id), "--hidden_size", str(hidden_size)]
+    for key, value in settings.items():
+        command += [f"--{key}"] + ([str(v) for v in value] if isinstance(value, list) else [str(value).lower() if isinstance(value, bool) else str(value)])
+    log = open(tmp_path / f"{peer_id}.log", "w")
+    return subprocess.Popen(command, cwd=ROOT, env=peer_env(**(env or {})), stdout=log, stderr=subprocess.STDOUT)
+
+
+def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
+    exchange = tmp_path / "exchange"
+    peers = ["a", "b", "victim"]
+    common = dict(expected_peers=peers, peer_timeout=4)
+    a = start_peer(tmp_path, "a", f"dir://{exchange}", hidden_size=64, steps=4, **common)
+    b = start_peer(tmp_path, "b", f"dir://{exchange}", hidden_size=32, steps=4, **common)
+    victim = start_peer(tmp_path, "victim", f"dir://{exchange}", hidden_size=32, steps=50, **common)
+    deadline = time.time() + 200
+    while not list(exchange.glob("*.victim.*.ftis")) and time.time() < deadline and victim.poll() is None:
+        time.sleep(0.2)
+    victim.send_signal(signal.SIGKILL)
+    assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    assert b.wait(timeout=300) == 0, (tmp_path / "b.log").read_text()[-3000:]
+    for peer in ("a", "b"):
+        result = summary(tmp_path, peer)
+        assert result["steps"] == 4 and "victim" in result["peers"]
+        log = (tmp_path / f"{peer}.log").read_text()
+        assert "nothing new from victim" in log
+        assert "'ftis/exchange/peers_missing': '1'" in log
+
+
+def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
+    from trl_ftis import PeerRow
+    from trl_ftis.exchange import encode_message, tokenizer_fingerprint
+    from trl_ftis.swarm import rows_to_message
+    from trl_ftis.tiny import build_char_tokenizer
+
+    exchange = tmp_path / "exchange"
+    exchange.mkdir()
+    (exchange / "0000000000.noise.0.ftis").write_bytes(b"not a message at all")
+    (exchange / "notes.txt").write_text("garbage")
+    stranger = rows_to_message(
+        [PeerRow(prompt="12+34=", completion_ids=[8, 9, 2], generator_logps=[-0.1] * 3, reward=1.0, group=0)] * 8,
+        sender="stranger", round=0, tokenizer_fingerprint=tokenizer_fingerprint(build_char_tokenizer()),
+        tokenizer_name="char", temperature=1.0, reward_names=["digit_match_reward"],
+    )
+    (exchange / "0000000000.stranger.1.ftis").write_bytes(encode_message(stranger))  # unsigned
+    secret = {"FTIS_SWARM_SECRET": "let-me-in"}
+    common = dict(expected_peers=["a", "b"], peer_timeout=60)
+    a = start_peer(tmp_path, "a", f"dir://{exchange}", hidden_size=64, env=secret, **common)
+    b = start_peer(tmp_path, "b", f"dir://{exchange}", hidden_size=32, env=secret, **common)
+    assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
+    assert b.wait(timeout=300) == 0, (tmp_path / "b.log").read_text()[-3000:]
+    for peer, other in (("a", "b"), ("b", "a")):
+        result = summary(tmp_path, peer)
+        assert result["peers"] == [other] and result["rows_accepted"] == 48
+        assert result["refused"]["unsigned"] == 1 and result["refused"]["unrecognised"] == 1
+        assert sum(result["refused"].values()) == 3
+        assert "let-me-in" not in (tmp_path / f"{peer}.log").read_text()
+        assert b"let-me-in" not in (tmp_path / peer / "training_args.bin").read_bytes()
