@@ -259,3 +259,11 @@ def test_horizontal_mode_normalises_mixed_groups(tokenizer, make_args, url):
     # The oracle's perfect answers are the best of every mixed group (in vertical mode, a group of equal rewards,
     # they would all get advantage 0).
     assert len(peer) == 8 and (peer > 0).all() and own.max() < peer.min()
+
+
+def test_a_message_delivered_twice_is_used_once(tokenizer, url):
+    a, b = make_swarm(url, "a", tokenizer), make_swarm(url, "b", tokenizer)
+    b.publish(rows("b"), 0)
+    b.publish(rows("b"), 0)  # a retried publish
+    result = a.collect(0)
+    assert len(result.rows) == 4 and result.refused["duplicate"] == 1

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from redis_server import redis_url  # noqa: F401  (pytest fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = str(ROOT / "examples" / "tiny_peer.py")
@@ -94,7 +93,7 @@ def test_three_heterogeneous_peers_over_a_shared_directory(tmp_path):
 
 
 @pytest.mark.redis
-def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):  # noqa: F811
+def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
     result = run_launcher(tmp_path, three_peer_config(f"{redis_url}?swarm=test-{tmp_path.name}"))
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     check_three_peers(tmp_path / "run", result.stdout[-3000:])

@@ -182,6 +182,7 @@ class Swarm:
         # timeout, not one per round.
         self._absent: set[str] = set()
         self._absent_count = 0
+        self._delivered: set[tuple[str, int]] = set()  # (sender, round): a sender publishes once per round
         self._warned: set[tuple[str, str]] = set()
 
     # -- publishing ----------------------------------------------------------------------------------------------
@@ -313,6 +314,12 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
+        if (sender, message.round) in self._delivered:  # e.g. a Redis publish retried after a dropped connection
+            result.refused["duplicate"] += 1
+            return None
+        self._delivered.add((sender, message.round))
+        if len(self._delivered) > 10_000:
+            self._delivered = {key for key in self._delivered if key[1] >= round - self.max_staleness - 1}
         stats = result.peers[sender]
         stats.messages += 1
         stats.bytes_received += envelope.size

@@ -1,0 +1,544 @@
+"""Transports (memory://, dir://, redis://): delivery, ordering, timeouts, retention and hostile input.
+
+Redis tests use the `redis_url` fixture of tests/redis_server.py (a throwaway local redis-server, or
+$FTIS_TEST_REDIS_URL) and are skipped with the reason when no server can be started.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from trl_ftis.exchange.transports import (
+    DirTransport,
+    Envelope,
+    MemoryTransport,
+    TransportError,
+    open_transport,
+    redact_url,
+    validate_sender,
+)
+
+try:  # tests/ is on sys.path in pytest's default (prepend) import mode; be robust to the others too
+    from redis_server import redis_url  # noqa: F401,F811  (registers the session fixture for this module)
+except ImportError:  # pragma: no cover
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from redis_server import redis_url  # noqa: F401,F811
+
+KINDS = ["memory", "dir", pytest.param("redis", marks=pytest.mark.redis)]
+
+
+def _redis_client(url):
+    redis = pytest.importorskip("redis")
+    return redis.Redis.from_url(url, socket_timeout=5)
+
+
+@pytest.fixture(params=KINDS)
+def make_transport(request, tmp_path):
+    """make(**options) -> a new Transport instance (a new "peer") on one shared channel for this test."""
+    kind = request.param
+    opened = []
+    cleanup = []
+    if kind == "memory":
+        url = f"memory://{uuid.uuid4().hex}"
+        cleanup.append(lambda: MemoryTransport.reset(url[len("memory://") :]))
+        defaults = {}
+    elif kind == "dir":
+        url = f"dir://{tmp_path / 'exchange'}"
+        defaults = {"poll_interval": 0.01}
+    else:
+        url = request.getfixturevalue("redis_url")
+        swarm = f"test-{uuid.uuid4().hex}"  # own stream per test: the server may be shared
+        defaults = {"swarm": swarm, "connect_timeout": 2.0}
+        cleanup.append(lambda: _redis_client(url).delete(f"ftis:{swarm}"))
+
+    def make(**options):
+        transport = open_transport(url, **{**defaults, **options})
+        opened.append(transport)
+        return transport
+
+    make.kind = kind
+    yield make
+    for transport in opened:
+        transport.close()
+    for fn in cleanup:
+        fn()
+
+
+def _payloads(envelopes):
+    return [e.data for e in envelopes]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# All transports
+
+
+def test_publish_poll_round_trip(make_transport):
+    t = make_transport()
+    t.publish(b"hello \x00 world", sender="alice", round=3)
+    (envelope,) = t.poll()
+    assert isinstance(envelope, Envelope)
+    assert envelope.data == b"hello \x00 world"
+    assert envelope.sender_hint == "alice"
+    assert envelope.round_hint == 3
+    assert envelope.size == len(b"hello \x00 world")
+    assert envelope.error is None
+    assert envelope.source
+
+
+def test_each_message_returned_once_per_instance(make_transport):
+    t = make_transport()
+    t.publish(b"one", sender="alice", round=0)
+    t.publish(b"two", sender="alice", round=1)
+    assert _payloads(t.poll()) == [b"one", b"two"]
+    assert t.poll() == []
+    t.publish(b"three", sender="alice", round=2)
+    assert _payloads(t.poll()) == [b"three"]
+    assert t.poll() == []
+
+
+def test_two_peers_both_see_all_messages_including_their_own(make_transport):
+    alice, bob = make_transport(), make_transport()
+    alice.publish(b"from alice", sender="alice", round=0)
+    bob.publish(b"from bob", sender="bob", round=0)
+    for peer in (alice, bob):
+        envelopes = peer.poll()
+        assert sorted(_payloads(envelopes)) == [b"from alice", b"from bob"]
+        assert {e.sender_hint for e in envelopes} == {"alice", "bob"}
+        assert len({e.source for e in envelopes}) == 2  # sources are unique per message
+
+
+def test_oldest_first(make_transport):
+    alice, bob = make_transport(), make_transport()
+    expected = []
+    for r in range(5):
+        alice.publish(f"a{r}".encode(), sender="alice", round=r)
+        bob.publish(f"b{r}".encode(), sender="bob", round=r)
+        expected += [f"a{r}".encode(), f"b{r}".encode()]
+    reader = make_transport()
+    assert _payloads(reader.poll()) == expected
+
+
+def test_poll_is_bounded_by_max_batch(make_transport):
+    writer = make_transport()
+    for r in range(7):
+        writer.publish(bytes([r]), sender="alice", round=r)
+    reader = make_transport(max_batch=3)
+    assert _payloads(reader.poll()) == [b"\x00", b"\x01", b"\x02"]
+    assert _payloads(reader.poll()) == [b"\x03", b"\x04", b"\x05"]
+    assert _payloads(reader.poll()) == [b"\x06"]
+    assert reader.poll() == []
+
+
+def test_wait_returns_false_within_timeout_when_nothing_arrives(make_transport):
+    t = make_transport()
+    t.publish(b"old", sender="alice", round=0)
+    t.poll()  # nothing new after this
+    start = time.monotonic()
+    assert t.wait(0.3) is False
+    elapsed = time.monotonic() - start
+    assert 0.25 <= elapsed < 0.3 + 0.5
+    start = time.monotonic()
+    assert t.wait(0) is False
+    assert time.monotonic() - start < 0.5
+
+
+def test_wait_returns_true_soon_after_a_publish_from_another_thread(make_transport):
+    reader, writer = make_transport(), make_transport()
+
+    def publish_later():
+        time.sleep(0.2)
+        writer.publish(b"wake up", sender="bob", round=1)
+
+    thread = threading.Thread(target=publish_later)
+    start = time.monotonic()
+    thread.start()
+    try:
+        assert reader.wait(10.0) is True
+        elapsed = time.monotonic() - start
+    finally:
+        thread.join()
+    assert 0.15 <= elapsed < 2.0
+    # wait() does not consume: the message comes from the next poll, once.
+    assert _payloads(reader.poll()) == [b"wake up"]
+    assert reader.poll() == []
+
+
+def test_wait_returns_at_once_when_something_is_pending(make_transport):
+    t = make_transport()
+    t.publish(b"pending", sender="alice", round=0)
+    for _ in range(2):  # wait() does not consume: asking again before polling still says True at once
+        start = time.monotonic()
+        assert t.wait(10.0) is True
+        assert time.monotonic() - start < 1.0
+    assert _payloads(t.poll()) == [b"pending"]
+    assert t.poll() == []
+
+
+def test_prune_removes_only_own_old_rounds(make_transport):
+    alice, bob = make_transport(), make_transport()
+    for r in range(6):
+        alice.publish(f"a{r}".encode(), sender="alice", round=r)
+        bob.publish(f"b{r}".encode(), sender="bob", round=r)
+    alice.prune(sender="alice", keep_rounds=2, current_round=5)  # drops alice's rounds < 3
+    late = make_transport()
+    seen = {(e.sender_hint, e.round_hint) for e in late.poll()}
+    assert seen == {("alice", 3), ("alice", 4), ("alice", 5)} | {("bob", r) for r in range(6)}
+    with pytest.raises(ValueError):
+        alice.prune(sender="alice", keep_rounds=-1, current_round=5)
+
+
+@pytest.mark.parametrize("sender", ["", "a/b", "a\\b", "..", "x..y", "tab\there", "nul\x00", "new\nline", "é" * 65])
+def test_publish_rejects_unsafe_sender_names(make_transport, sender):
+    t = make_transport()
+    with pytest.raises(ValueError):
+        t.publish(b"x", sender=sender, round=0)
+    assert t.poll() == []
+
+
+def test_publish_rejects_bad_rounds_and_oversized_messages(make_transport):
+    t = make_transport(max_message_bytes=10)
+    for bad_round in (-1, 10**10, 1.5, "3", True):
+        with pytest.raises(ValueError):
+            t.publish(b"x", sender="alice", round=bad_round)
+    with pytest.raises(ValueError, match="max_message_bytes"):
+        t.publish(b"x" * 11, sender="alice", round=0)
+    t.publish(b"x" * 10, sender="alice", round=0)  # exactly at the limit is fine
+    assert [e.size for e in t.poll()] == [10]
+
+
+def test_oversized_message_is_reported_not_returned(make_transport):
+    writer = make_transport()
+    writer.publish(b"y" * 100, sender="mallory", round=4)
+    writer.publish(b"small", sender="alice", round=5)
+    reader = make_transport(max_message_bytes=50)
+    big, small = reader.poll()
+    assert (big.data, big.error, big.size, big.sender_hint, big.round_hint) == (b"", "too_large", 100, "mallory", 4)
+    assert (small.data, small.error) == (b"small", None)
+    assert reader.poll() == []  # reported once
+
+
+def test_closed_transport_refuses_use_and_close_is_idempotent(make_transport):
+    with make_transport() as t:
+        pass
+    t.close()
+    with pytest.raises(TransportError):
+        t.poll()
+    with pytest.raises(TransportError):
+        t.publish(b"x", sender="alice", round=0)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# open_transport, names, URLs
+
+
+def test_unknown_scheme_raises_value_error_naming_supported_schemes():
+    for url in ("ftp://host/x", "/tmp/no-scheme", "zmq://:secret@host:1"):
+        with pytest.raises(ValueError) as info:
+            open_transport(url)
+        message = str(info.value)
+        for scheme in ("dir://", "memory://", "redis://", "rediss://"):
+            assert scheme in message
+        assert "secret" not in message
+
+
+def test_validate_sender_accepts_ordinary_names():
+    for name in ("alice", "peer-3", "Qwen2.5-0.5B", "node_7.gpu0", "ünï"):
+        assert validate_sender(name) == name
+
+
+def test_redact_url_hides_passwords():
+    assert redact_url("redis://:hunter2@host:6379/0") == "redis://:***@host:6379/0"
+    assert redact_url("rediss://user:hunter2@host:6380/1?swarm=a") == "rediss://user:***@host:6380/1?swarm=a"
+    assert "hunter2" not in redact_url("redis://host:6379/0?password=hunter2")
+    assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+
+
+def test_module_imports_and_works_without_redis_installed(tmp_path):
+    # sys.modules["redis"] = None makes `import redis` fail, as if the package were not installed.
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from trl_ftis.exchange.transports import open_transport, TransportError\n"
+        "t = open_transport('memory://x'); t.publish(b'a', sender='s', round=0); assert t.poll()[0].data == b'a'\n"
+        "try:\n"
+        "    open_transport('redis://:pw@127.0.0.1:1/0')\n"
+        "except TransportError as exc:\n"
+        "    assert 'pip install' in str(exc) and 'pw' not in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('no TransportError')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dir://
+
+
+def _ftis_name(round, sender):
+    return f"{round:010d}.{sender}.{uuid.uuid4().hex}.ftis"
+
+
+def test_dir_creates_missing_directory_and_accepts_relative_paths(tmp_path, monkeypatch):
+    nested = tmp_path / "a" / "b" / "c"
+    with open_transport(f"dir://{nested}") as t:
+        t.publish(b"x", sender="alice", round=0)
+    assert nested.is_dir()
+    monkeypatch.chdir(tmp_path)
+    with open_transport("dir://rel/ex") as t:
+        assert t.path == str(tmp_path / "rel" / "ex")
+        t.publish(b"y", sender="alice", round=0)
+        assert _payloads(t.poll()) == [b"y"]
+
+
+def test_dir_publish_is_atomic_readers_never_see_partial_files(tmp_path):
+    url = f"dir://{tmp_path / 'ex'}"
+    writer, reader = open_transport(url), open_transport(url)
+    payload = lambda i: bytes([i % 251]) * (64 * 1024 + i)  # noqa: E731
+    n = 60
+    received = []
+    done = threading.Event()
+
+    def read():
+        while not done.is_set():
+            received.extend(reader.poll())
+        received.extend(reader.poll())
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    try:
+        for i in range(n):
+            writer.publish(payload(i), sender="alice", round=i)
+    finally:
+        done.set()
+        thread.join()
+    assert [e.error for e in received] == [None] * n
+    assert not any(e.source.endswith(".tmp") for e in received)
+    assert [e.data for e in received] == [payload(i) for i in range(n)]
+    # A write in progress (a .tmp file) is neither a message nor garbage.
+    (tmp_path / "ex" / (_ftis_name(99, "bob") + ".tmp")).write_bytes(b"part")
+    assert reader.poll() == []
+
+
+def test_dir_publish_renames_only_complete_files(tmp_path, monkeypatch):
+    url = f"dir://{tmp_path / 'ex'}"
+    writer, reader = open_transport(url), open_transport(url)
+    seen_before_rename = []
+    real_replace = os.replace
+
+    def replace_after_looking(src, dst):
+        # The data is fully written here, but under the temporary name: a reader must not see it yet.
+        seen_before_rename.extend(reader.poll())
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace_after_looking)
+    writer.publish(b"z" * 4096, sender="alice", round=0)
+    assert seen_before_rename == []
+    assert _payloads(reader.poll()) == [b"z" * 4096]
+
+
+def test_dir_garbage_and_oversized_files_are_reported_once_without_reading(tmp_path, monkeypatch):
+    ex = tmp_path / "ex"
+    t = DirTransport(f"dir://{ex}", max_message_bytes=1000)
+    (ex / "notes.txt").write_bytes(b"not a message")
+    big_name = _ftis_name(1, "mallory")
+    with open(ex / big_name, "wb") as f:
+        f.truncate(2**30)  # sparse: cheap to create, expensive to read
+    (ex / "hand-made.ftis").write_bytes(b"still a message")
+
+    opened = []
+    real_open = os.open
+    monkeypatch.setattr(os, "open", lambda path, *a, **k: opened.append(os.fspath(path)) or real_open(path, *a, **k))
+    envelopes = {e.source: e for e in t.poll()}
+    assert set(envelopes) == {"notes.txt", big_name, "hand-made.ftis"}
+    garbage, big, odd = envelopes["notes.txt"], envelopes[big_name], envelopes["hand-made.ftis"]
+    assert (garbage.error, garbage.data, garbage.size) == ("unrecognised", b"", len(b"not a message"))
+    assert (big.error, big.data, big.size, big.sender_hint, big.round_hint) == ("too_large", b"", 2**30, "mallory", 1)
+    assert (odd.error, odd.data, odd.sender_hint, odd.round_hint) == (None, b"still a message", None, None)
+    assert not any(p.endswith(big_name) or p.endswith("notes.txt") for p in opened)  # never opened
+    assert t.poll() == []  # each reported once
+
+
+def test_dir_symlinks_are_ignored_not_followed(tmp_path):
+    ex = tmp_path / "ex"
+    t = DirTransport(f"dir://{ex}")
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"private data outside the exchange")
+    os.symlink(secret, ex / _ftis_name(1, "mallory"))
+    os.symlink(tmp_path, ex / _ftis_name(2, "mallory"))
+    os.mkdir(ex / _ftis_name(3, "mallory"))
+    t.publish(b"real", sender="alice", round=4)
+    envelopes = t.poll()
+    assert _payloads(envelopes) == [b"real"]
+    assert all(b"private" not in e.data for e in envelopes)
+    assert t.poll() == []
+    assert t.wait(0.05) is False  # skipped entries do not keep waking the receiver
+
+
+def test_dir_file_swapped_for_a_symlink_after_listing_is_not_followed(tmp_path):
+    ex = tmp_path / "ex"
+    t = DirTransport(f"dir://{ex}")
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"private")
+    name = _ftis_name(1, "mallory")
+    (ex / name).write_bytes(b"innocent")
+    listed = os.lstat(ex / name)  # what poll() saw when it listed the directory
+    os.unlink(ex / name)
+    os.symlink(secret, ex / name)  # swapped before poll() opens it
+    envelope = t._receive(name, listed)
+    assert envelope is None or envelope.data == b""
+
+
+def test_dir_file_disappearing_between_listing_and_reading_is_skipped(tmp_path, monkeypatch):
+    t = DirTransport(f"dir://{tmp_path / 'ex'}")
+    t.publish(b"gone", sender="alice", round=0)
+    t.publish(b"kept", sender="alice", round=1)
+    real_list = t._list
+
+    def list_then_prune():
+        entries = real_list()
+        for entry in entries:
+            if entry.name.startswith("0000000000."):
+                entry.stat(follow_symlinks=False)  # cached: poll() sees a file that was there...
+                os.unlink(entry.path)  # ...and the sender prunes it before poll() opens it
+        return entries
+
+    monkeypatch.setattr(t, "_list", list_then_prune)
+    assert _payloads(t.poll()) == [b"kept"]
+
+
+def test_dir_seen_set_forgets_names_no_longer_present(tmp_path):
+    t = DirTransport(f"dir://{tmp_path / 'ex'}")
+    for r in range(5):
+        t.publish(b"x", sender="alice", round=r)
+    assert len(t.poll()) == 5
+    assert len(t._seen) == 5
+    t.prune(sender="alice", keep_rounds=0, current_round=5)
+    assert t.poll() == []
+    assert t._seen == set()
+
+
+def test_dir_prune_touches_only_own_files(tmp_path):
+    ex = tmp_path / "ex"
+    alice = DirTransport(f"dir://{ex}")
+    for r in range(4):
+        alice.publish(b"a", sender="alice", round=r)
+        alice.publish(b"b", sender="alice-2", round=r)  # a prefix-sharing name is someone else
+    stale_tmp = ex / (_ftis_name(0, "alice") + ".tmp")  # from a crashed write
+    stale_tmp.write_bytes(b"")
+    (ex / "notes.txt").write_bytes(b"")
+    alice.prune(sender="alice", keep_rounds=1, current_round=3)  # drops alice's rounds < 2
+    names = sorted(os.listdir(ex))
+    assert not stale_tmp.exists()
+    assert "notes.txt" in names
+    assert sorted(int(n[:10]) for n in names if ".alice." in n) == [2, 3]
+    assert sorted(int(n[:10]) for n in names if ".alice-2." in n) == [0, 1, 2, 3]
+
+
+def test_bad_urls_and_options():
+    with pytest.raises(ValueError):
+        open_transport("dir://")
+    with pytest.raises(TypeError):
+        open_transport("memory://x", no_such_option=1)
+
+
+def test_dir_path_that_is_a_file_raises_transport_error(tmp_path):
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(TransportError, match="not a directory"):
+        open_transport(f"dir://{tmp_path / 'file'}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# redis://
+
+
+@pytest.mark.redis
+def test_redis_trimming_bounds_the_stream(redis_url):
+    swarm = f"trim-{uuid.uuid4().hex}"
+    client = _redis_client(redis_url)
+    try:
+        with open_transport(redis_url, swarm=swarm, max_stream_len=100) as t:
+            lengths = []
+            for i in range(300):
+                t.publish(b"m%d" % i, sender="alice", round=i)
+                lengths.append(client.xlen(f"ftis:{swarm}"))
+        # Approximate trimming drops whole stream nodes (100 entries by default): near the bound, never 300.
+        assert max(lengths) <= 100 + 100
+        assert 100 <= lengths[-1] <= 200
+    finally:
+        client.delete(f"ftis:{swarm}")
+
+
+@pytest.mark.redis
+def test_redis_late_joiner_sees_retained_messages_and_swarms_are_separate(redis_url):
+    swarm = f"late-{uuid.uuid4().hex}"
+    sep = "&" if "?" in redis_url else "?"
+    try:
+        with open_transport(redis_url, swarm=swarm) as early:
+            for r in range(3):
+                early.publish(b"r%d" % r, sender="alice", round=r)
+        with open_transport(f"{redis_url}{sep}swarm={swarm}") as late, open_transport(
+            redis_url, swarm=f"other-{swarm}"
+        ) as stranger:
+            assert late.key == f"ftis:{swarm}"
+            assert _payloads(late.poll()) == [b"r0", b"r1", b"r2"]
+            assert stranger.poll() == []
+        with pytest.raises(ValueError, match="conflicting"):
+            open_transport(f"{redis_url}{sep}swarm={swarm}", swarm="another")
+    finally:
+        _redis_client(redis_url).delete(f"ftis:{swarm}")
+
+
+@pytest.mark.redis
+def test_redis_poll_reads_page_after_page(redis_url):
+    swarm = f"pages-{uuid.uuid4().hex}"
+    try:
+        with open_transport(redis_url, swarm=swarm, page_size=2) as t:
+            for r in range(7):
+                t.publish(b"p%d" % r, sender="alice", round=r)
+            assert _payloads(t.poll()) == [b"p%d" % r for r in range(7)]
+            assert t.poll() == []
+    finally:
+        _redis_client(redis_url).delete(f"ftis:{swarm}")
+
+
+@pytest.mark.redis
+def test_redis_hostile_entries_are_reported_not_trusted(redis_url):
+    swarm = f"hostile-{uuid.uuid4().hex}"
+    key = f"ftis:{swarm}"
+    client = _redis_client(redis_url)
+    try:
+        client.xadd(key, {"sender": "x" * 10_000, "round": "-5"})  # no data field
+        client.xadd(key, {"sender": b"\xff\xfe", "round": "9" * 40, "data": b"payload"})
+        with open_transport(redis_url, swarm=swarm) as t:
+            missing, odd = t.poll()
+        assert (missing.error, missing.data, missing.round_hint) == ("malformed", b"", None)
+        assert len(missing.sender_hint) <= 200
+        assert (odd.error, odd.data, odd.round_hint) == (None, b"payload", None)
+        assert isinstance(odd.sender_hint, str)
+    finally:
+        client.delete(key)
+
+
+def test_redis_unreachable_server_raises_transport_error_within_deadline_without_password():
+    pytest.importorskip("redis")
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(TransportError) as info:
+        open_transport(f"redis://:s3cret-pw@127.0.0.1:{port}/0", connect_timeout=0.5, socket_timeout=0.5)
+    elapsed = time.monotonic() - start
+    assert 0.4 <= elapsed < 0.5 + 1.5  # retried until the deadline, not forever
+    message = str(info.value)
+    assert f"127.0.0.1:{port}" in message
+    exc = info.value
+    while exc is not None:  # neither the error nor anything chained to it shows the password
+        assert "s3cret-pw" not in str(exc) and "s3cret-pw" not in repr(exc)
+        exc = exc.__cause__ or exc.__context__
+
