@@ -159,3 +159,35 @@ def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
         assert sum(result["refused"].values()) == 3
         assert "let-me-in" not in (tmp_path / f"{peer}.log").read_text()
         assert b"let-me-in" not in (tmp_path / peer / "training_args.bin").read_bytes()
+
+
+def test_a_two_process_peer_talks_through_its_main_process_and_shares_rows_evenly(tmp_path):
+    """One peer is a 2-rank torch.distributed job (gloo on CPU): only rank 0 talks to the swarm, received rows are
+    shared out in equal halves (an odd count is trimmed), and no rank hangs."""
+    exchange = f"dir://{tmp_path / 'exchange'}"
+    common = {**COMMON, "max_steps": 2, "expected_peers": ["dp", "solo"], "peer_timeout": 120}
+    # solo sends 9 rows a round (3 prompts x 3 completions): dp's two ranks merge 4 each.
+    solo = start_peer(tmp_path, "solo", exchange, hidden_size=32,
+                      **{**common, "per_device_train_batch_size": 9, "num_generations": 3})
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(_free_port()), PEER_SCRIPT, "--peer_id", "dp", "--exchange_url", exchange,
+               "--output_dir", str(tmp_path / "dp"), "--hidden_size", "64"]
+    for key, value in {**common, "per_device_train_batch_size": 8}.items():
+        command += [f"--{key}"] + ([str(v) for v in value] if isinstance(value, list) else
+                                   [str(value).lower() if isinstance(value, bool) else str(value)])
+    with open(tmp_path / "dp.log", "w") as log:
+        dp = subprocess.run(command, cwd=ROOT, env=peer_env(), stdout=log, stderr=subprocess.STDOUT, timeout=400)
+    assert dp.returncode == 0, (tmp_path / "dp.log").read_text()[-3000:]
+    assert solo.wait(timeout=300) == 0, (tmp_path / "solo.log").read_text()[-3000:]
+    dp_log = (tmp_path / "dp.log").read_text()
+    assert summary(tmp_path, "dp")["rows_sent"] == 2 * 16  # both ranks' rows, published by rank 0
+    assert dp_log.count("'ftis/peer_rows': '8'") == 2 and dp_log.count("[dp] done") == 1
+    assert summary(tmp_path, "solo")["rows_received"] == 2 * 16
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -385,3 +385,24 @@ def test_kl_to_reference_and_evaluation_work_with_peer_rows(tokenizer, dataset, 
     history = trainer.state.log_history
     assert any("eval_loss" in entry and math.isfinite(entry["eval_loss"]) for entry in history)
     assert any("kl" in entry for entry in history if "loss" in entry)
+
+
+def test_peer_prompts_are_rendered_with_the_receivers_chat_template(make_args):
+    """Peers may use different chat templates: a conversational prompt travels as messages and the receiver renders
+    it with its own template."""
+    from datasets import Dataset
+
+    from trl_ftis.tiny import build_char_tokenizer
+
+    receiver_template = "{% for m in messages %}Q{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A{% endif %}"
+    tokenizer = build_char_tokenizer(chat_template=receiver_template)
+    chat = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+2="}], "answer": "3"}] * 16)
+    trainer = FTISTrainer(build_tiny_llama(tokenizer), digit_match_reward, args=make_args(), train_dataset=chat,
+                          processing_class=tokenizer)
+    message = [{"role": "user", "content": "12+34="}]
+    trainer.add_peer_rows([a_row(prompt=message), a_row(prompt=message, reward=0.0)])
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+    rendered = tokenizer("Q12+34=A", add_special_tokens=False)["input_ids"]
+    assert batch["prompt_ids"][16, -len(rendered):].tolist() == rendered
+    assert batch["prompt_mask"][16].sum() == len(rendered)
