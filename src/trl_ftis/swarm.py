@@ -340,7 +340,8 @@ class Swarm:
         return sender
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
-        if (who, reason) not in self._warned:
+        # Bounded: a flood of messages with made-up sender names must not grow memory (they are still counted).
+        if (who, reason) not in self._warned and len(self._warned) < 1000:
             self._warned.add((who, reason))
             logger.log(level, text)
 

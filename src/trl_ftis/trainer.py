@@ -126,8 +126,6 @@ class FTISTrainer(GRPOTrainer):
     def _connect_swarm(self, args: FTISConfig) -> Swarm:
         from .exchange import tokenizer_fingerprint
 
-        if self.use_vllm and self.vllm_importance_sampling_correction is False:
-            logger.warning("vLLM log-probs are not used for peers; generator log-probs come from the trainer model.")
         return Swarm(
             args.exchange_url,
             peer_id=args.peer_id,
