@@ -1,0 +1,963 @@
+"""The wire format peers use to exchange sampled completions: versioned, typed, size-limited, optionally signed.
+
+A :class:`Message` is what one peer publishes for one training step: the prompts it sampled (as the dataset gave
+them, so every receiver renders them with its own chat template), and per completion the token ids, the
+generator's per-token log-probs and the rewards. :func:`encode_message` turns it into bytes, :func:`decode_message`
+turns bytes from an *untrusted* peer back into a validated :class:`Message`.
+
+Decoding never executes anything (no pickle, no ``torch.load``, no ``eval``): the small text parts are JSON, the
+numbers are raw little-endian arrays read with :func:`numpy.frombuffer`. Every declared size is checked against
+:class:`Limits` and against the actual byte count before anything is allocated, and every failure is an
+:class:`ExchangeError` with a short machine-readable ``reason``, so a receiver can skip and count a bad peer with
+one ``except`` clause. The byte layout is documented in ``docs/wire-format.md``.
+
+This module depends on the standard library and numpy only (no torch, no transformers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import numbers
+import re
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "COMPACT_LOGP_ABS_ERROR",
+    "COMPACT_LOGP_REL_ERROR",
+    "MAGIC",
+    "PREAMBLE_SIZE",
+    "REASONS",
+    "SCHEMA_VERSION",
+    "SIGNATURE_SIZE",
+    "ExchangeError",
+    "Limits",
+    "Message",
+    "WireCompletion",
+    "WireGroup",
+    "decode_message",
+    "encode_message",
+    "peek_header",
+    "tokenizer_fingerprint",
+]
+
+SCHEMA_VERSION = 1
+"""Version of the layout below; a receiver rejects messages with a newer version (reason ``"version"``)."""
+
+MAGIC = b"FTIS"
+# magic, schema version (u16), flags (u16), header length (u32), body length (u64); all little-endian.
+_PREAMBLE = struct.Struct("<4sHHIQ")
+PREAMBLE_SIZE = _PREAMBLE.size  # 20 bytes
+SIGNATURE_SIZE = 32  # HMAC-SHA256 digest
+
+FLAG_SIGNED = 1 << 0
+FLAG_COMPACT = 1 << 1
+FLAG_COMPRESSED = 1 << 2
+_KNOWN_FLAGS = FLAG_SIGNED | FLAG_COMPACT | FLAG_COMPRESSED
+
+MAX_LOGP = 1e-4
+"""Largest accepted log-prob: a log-prob is <= 0, plus slack for fp32 rounding of ``log_softmax``."""
+
+COMPACT_LOGP_REL_ERROR = 2.0**-11
+"""Compact mode sends log-probs as float16: round-to-nearest with a 10-bit mantissa, so the relative error of a
+log-prob is at most 2^-11 (about 4.9e-4), e.g. at most 0.0098 nats at -20 nats."""
+COMPACT_LOGP_ABS_ERROR = 2.0**-25
+"""Below float16's smallest normal (6.1e-5 in magnitude) the error is absolute instead: at most 2^-25 (3e-8)."""
+_FLOAT16_MIN = float(np.finfo(np.float16).min)  # -65504: compact mode clamps lower log-probs to this
+
+# Level 1: on ids + float16 log-probs, levels 3-9 gain < 1% in size and cost up to 5x the time (measured).
+_ZLIB_LEVEL = 1
+_MAX_JSON_DEPTH = 32  # a chat prompt reaches depth 6 in the header; anything near 32 is hostile
+_MAX_ROUND = 2**63 - 1
+_MAX_NAME_CHARS = 4096  # tokenizer_name (a name_or_path can be a long local path)
+_MAX_REWARD_NAME_CHARS = 256
+_FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}")
+# JSON's "\ud800" escapes decode to lone surrogates: not text, and they cannot be re-encoded as UTF-8.
+_SURROGATE_RE = re.compile("[\ud800-\udfff]")
+
+_ID_DTYPES = {"<i4": np.dtype("<i4"), "<u2": np.dtype("<u2")}
+_LOGP_DTYPES = {"<f4": np.dtype("<f4"), "<f2": np.dtype("<f2")}
+# Fixed part of the body per completion: group index (u32), length (u32), reward (f32); then K f32 per completion.
+_FIXED_PER_COMPLETION = 12
+_HEADER_KEYS = (
+    "sender",
+    "round",
+    "created",
+    "tokenizer_fingerprint",
+    "tokenizer_name",
+    "temperature",
+    "reward_names",
+    "groups",
+    "counts",
+    "dtypes",
+)
+
+REASONS = frozenset(
+    {
+        "truncated",  # fewer bytes than the preamble/header declare, or a compressed body that ends early
+        "magic",  # not a trl-ftis message
+        "version",  # a schema version this code does not read
+        "too_large",  # a byte size above Limits, extra bytes after the message, or a zip bomb
+        "unsigned",  # a secret is configured but the message carries no signature
+        "signature",  # the HMAC does not match
+        "header",  # the JSON header is malformed, has wrong types/values, or a bad sender
+        "body",  # the compressed body is not a valid zlib stream
+        "shape",  # array sizes/indices inconsistent (body size, lengths, group index, rewards_per_func)
+        "ids",  # a token id outside [0, vocab_limit) (or not an integer on encode)
+        "logps",  # a log-prob that is not finite or is > MAX_LOGP
+        "rewards",  # a reward that is not finite (rewards_per_func: NaN allowed, +-inf not)
+        "limits",  # a count above Limits (completions, groups, tokens, reward functions)
+    }
+)
+
+
+class ExchangeError(ValueError):
+    """The one exception :func:`decode_message` and :func:`peek_header` raise for bad input.
+
+    ``reason`` is a short machine code (one of :data:`REASONS`), meant for counters such as
+    ``skipped_messages[reason] += 1``; the message says what was wrong and names the sender when it is known.
+    It subclasses :class:`ValueError`, which is also what :func:`encode_message` raises for a bad :class:`Message`.
+    """
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    def __reduce__(self):  # keep it picklable (multiprocessing), despite the two-argument constructor
+        return (type(self), (self.reason, self.message))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Upper bounds a receiver enforces; each is checked before the memory it guards is allocated.
+
+    ``max_message_bytes`` bounds the bytes on the wire *and* the body after decompression.
+    """
+
+    max_message_bytes: int = 256 * 2**20
+    max_header_bytes: int = 64 * 2**20
+    max_completions: int = 65_536  # also bounds the number of groups
+    max_completion_tokens: int = 131_072  # per completion
+    max_total_tokens: int = 64 * 2**20
+    max_reward_functions: int = 64
+    max_sender_length: int = 128
+
+
+@dataclass
+class WireGroup:
+    """One prompt; several completions may point at it (``WireCompletion.group``)."""
+
+    prompt: Any
+    """A string, or a list of chat messages: dicts with string keys and string (or null) values."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """The dataset row's other JSON-able columns, e.g. ``{"answer": "47"}`` (reward functions may read them)."""
+
+
+@dataclass(eq=False)  # eq=False: comparing numpy arrays with == is elementwise, a generated __eq__ would raise
+class WireCompletion:
+    """One sampled completion."""
+
+    group: int
+    """Index into :attr:`Message.groups`."""
+    completion_ids: np.ndarray
+    """Token ids, int32 or int64, shape ``(L,)`` with ``L >= 1``; decoded messages hold int32."""
+    generator_logps: np.ndarray
+    """The generator's full-softmax log-prob of each token at the shared temperature: float32, ``(L,)``, finite,
+    ``<= 0`` (up to :data:`MAX_LOGP` of rounding slack)."""
+    reward: float
+    """Total reward, finite; it travels as float32."""
+    rewards_per_func: np.ndarray
+    """float32, shape ``(K,)`` with ``K = len(Message.reward_names)``; NaN where a reward function returned None."""
+
+
+@dataclass(eq=False)
+class Message:
+    """Everything one peer shares for one training step."""
+
+    sender: str
+    """Peer id: 1..``max_sender_length`` printable characters, no ``/`` or ``\\``, not ``.`` or ``..`` (transports
+    may use it in file names)."""
+    round: int
+    """The sender's training step, ``>= 0``."""
+    tokenizer_fingerprint: str
+    """Hex SHA-256 from :func:`tokenizer_fingerprint`; receivers compare it with their own."""
+    tokenizer_name: str
+    """Human-readable name of the tokenizer (e.g. its ``name_or_path``), only for error messages."""
+    temperature: float
+    """Sampling temperature of the generator log-probs, ``> 0``."""
+    reward_names: list[str]
+    groups: list[WireGroup]
+    completions: list[WireCompletion]
+    created: float = field(default_factory=time.time)
+    """Unix seconds, set by the sender (for staleness checks)."""
+    compact: bool = False
+    """How the message was (or is to be) encoded; :func:`decode_message` sets it."""
+
+    def num_tokens(self) -> int:
+        """Total number of completion tokens."""
+        return sum(len(c.completion_ids) for c in self.completions)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Validation shared by encode and decode: encode runs the same checks a receiver will, so what it emits decodes.
+
+
+def _fail(reason: str, problem: str, sender: str | None = None) -> ExchangeError:
+    prefix = f"message from peer {sender!r}: " if sender else "message: "
+    return ExchangeError(reason, prefix + problem)
+
+
+def _check_sender(sender: Any, limits: Limits) -> str:
+    if not isinstance(sender, str):
+        raise _fail("header", f"sender must be a string, got {type(sender).__name__}")
+    if not 1 <= len(sender) <= limits.max_sender_length:
+        raise _fail("header", f"sender must have 1 to {limits.max_sender_length} characters, got {len(sender)}")
+    # Transports use the sender in paths and keys; a hostile one must not escape a directory or forge log lines.
+    if not sender.isprintable() or "/" in sender or "\\" in sender or sender in (".", ".."):
+        raise _fail("header", f"invalid sender {sender[:64]!r}: must be printable, without path separators")
+    return sender
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def _finite_float(value: Any) -> float | None:
+    """``value`` as a finite float, or None when it is not a number, not finite, or an int too large for a float
+    (JSON allows 10**400, on which math.isfinite raises OverflowError)."""
+    if not _is_number(value):
+        return None
+    try:
+        result = float(value)
+    except OverflowError:
+        return None
+    return result if math.isfinite(result) else None
+
+
+def _check_json_tree(value: Any, what: str, sender: str | None) -> None:
+    """Plain JSON only (dict with str keys, list, str, int, finite float, bool, None), nesting <= the limit,
+    strings without lone surrogates.
+
+    Iterative, so hostile nesting cannot exhaust the Python stack.
+    """
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > _MAX_JSON_DEPTH:
+            raise _fail("header", f"{what} is nested deeper than {_MAX_JSON_DEPTH} levels", sender)
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    raise _fail("header", f"{what} has a non-string key {key!r:.40}", sender)
+                if _SURROGATE_RE.search(key):
+                    raise _fail("header", f"{what} has a key with a lone surrogate", sender)
+                stack.append((item, depth + 1))
+        elif isinstance(node, str):
+            if _SURROGATE_RE.search(node):
+                raise _fail("header", f"{what} holds a string with a lone surrogate (not valid Unicode)", sender)
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                raise _fail("header", f"{what} holds a non-finite number {node!r}", sender)
+        elif node is not None and not isinstance(node, (str, int, bool)):
+            raise _fail("header", f"{what} holds a {type(node).__name__}, which is not JSON", sender)
+
+
+def _check_prompt(prompt: Any, index: int, sender: str | None) -> None:
+    if isinstance(prompt, str):
+        return
+    if not isinstance(prompt, list):
+        raise _fail("header", f"groups[{index}].prompt must be a string or a list of messages", sender)
+    for j, turn in enumerate(prompt):
+        if not isinstance(turn, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in turn.items()
+        ):
+            raise _fail(
+                "header", f"groups[{index}].prompt[{j}] must be a dict of strings (a chat message)", sender
+            )
+
+
+def _check_printable(value: Any, what: str, max_chars: int, sender: str | None) -> str:
+    if not isinstance(value, str) or len(value) > max_chars or not value.isprintable():
+        raise _fail("header", f"{what} must be a printable string of at most {max_chars} characters", sender)
+    return value
+
+
+@dataclass
+class _Header:
+    """The validated JSON header."""
+
+    sender: str
+    round: int
+    created: float
+    tokenizer_fingerprint: str
+    tokenizer_name: str
+    temperature: float
+    reward_names: list[str]
+    groups: list[dict]
+    num_completions: int
+    num_tokens: int
+    ids_dtype: str
+    logps_dtype: str
+
+
+def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
+    """Types, shapes and limits of the JSON header (arrays are checked separately)."""
+    if not isinstance(header, dict):
+        raise _fail("header", f"the header must be a JSON object, got {type(header).__name__}")
+    sender = _check_sender(header.get("sender"), limits)  # first, so every later error can name the sender
+    keys = set(header)
+    if keys != set(_HEADER_KEYS):
+        missing, unknown = sorted(set(_HEADER_KEYS) - keys), sorted(keys - set(_HEADER_KEYS))
+        raise _fail("header", f"header keys differ: missing {missing}, unknown {unknown[:8]}", sender)
+    _check_json_tree(header, "the header", sender)
+
+    round_ = header["round"]
+    if not _is_int(round_) or not 0 <= round_ <= _MAX_ROUND:
+        raise _fail("header", f"round must be a non-negative integer, got {round_!r:.40}", sender)
+    created = _finite_float(header["created"])
+    if created is None or created < 0:
+        problem = f"created must be a finite non-negative number, got {header['created']!r:.40}"
+        raise _fail("header", problem, sender)
+    fingerprint = header["tokenizer_fingerprint"]
+    if not isinstance(fingerprint, str) or not _FINGERPRINT_RE.fullmatch(fingerprint):
+        raise _fail("header", "tokenizer_fingerprint must be 64 lowercase hex digits (a SHA-256)", sender)
+    name = _check_printable(header["tokenizer_name"], "tokenizer_name", _MAX_NAME_CHARS, sender)
+    temperature = _finite_float(header["temperature"])
+    if temperature is None or temperature <= 0:
+        problem = f"temperature must be a finite number > 0, got {header['temperature']!r:.40}"
+        raise _fail("header", problem, sender)
+
+    reward_names = header["reward_names"]
+    if not isinstance(reward_names, list):
+        raise _fail("header", "reward_names must be a list of strings", sender)
+    if len(reward_names) > limits.max_reward_functions:
+        raise _fail(
+            "limits", f"{len(reward_names)} reward functions, more than {limits.max_reward_functions}", sender
+        )
+    for j, reward_name in enumerate(reward_names):
+        _check_printable(reward_name, f"reward_names[{j}]", _MAX_REWARD_NAME_CHARS, sender)
+
+    groups = header["groups"]
+    if not isinstance(groups, list):
+        raise _fail("header", "groups must be a list", sender)
+    if len(groups) > limits.max_completions:
+        raise _fail("limits", f"{len(groups)} groups, more than {limits.max_completions}", sender)
+    for i, group in enumerate(groups):
+        if not isinstance(group, dict) or set(group) != {"prompt", "extra"}:
+            raise _fail("header", f"groups[{i}] must be an object with exactly 'prompt' and 'extra'", sender)
+        _check_prompt(group["prompt"], i, sender)
+        if not isinstance(group["extra"], dict):
+            raise _fail("header", f"groups[{i}].extra must be an object", sender)
+
+    counts = header["counts"]
+    if not isinstance(counts, dict) or set(counts) != {"completions", "tokens"}:
+        raise _fail("header", "counts must be an object with exactly 'completions' and 'tokens'", sender)
+    n, t = counts["completions"], counts["tokens"]
+    if not _is_int(n) or not _is_int(t) or n < 0 or t < 0:
+        raise _fail("header", f"counts must be non-negative integers, got {counts!r:.80}", sender)
+    if n > limits.max_completions:
+        raise _fail("limits", f"{n} completions, more than {limits.max_completions}", sender)
+    if t > limits.max_total_tokens:
+        raise _fail("limits", f"{t} tokens, more than {limits.max_total_tokens}", sender)
+
+    dtypes = header["dtypes"]
+    if not isinstance(dtypes, dict) or set(dtypes) != {"ids", "logps"}:
+        raise _fail("header", "dtypes must be an object with exactly 'ids' and 'logps'", sender)
+    allowed = (("<u2", "<i4"), ("<f2",)) if compact else (("<i4",), ("<f4",))
+    # Membership in tuples: an unhashable value (a list) cannot raise TypeError here.
+    if dtypes["ids"] not in allowed[0] or dtypes["logps"] not in allowed[1]:
+        mode = "compact" if compact else "exact"
+        raise _fail("header", f"dtypes {dtypes!r:.80} are not valid in {mode} mode", sender)
+
+    return _Header(
+        sender=sender,
+        round=int(round_),
+        created=created,
+        tokenizer_fingerprint=fingerprint,
+        tokenizer_name=name,
+        temperature=temperature,
+        reward_names=list(reward_names),
+        groups=groups,
+        num_completions=n,
+        num_tokens=t,
+        ids_dtype=dtypes["ids"],
+        logps_dtype=dtypes["logps"],
+    )
+
+
+def _body_size(header: _Header) -> int:
+    """Exact size of the uncompressed body the header declares (Python ints: no overflow)."""
+    k = len(header.reward_names)
+    id_size = _ID_DTYPES[header.ids_dtype].itemsize
+    logp_size = _LOGP_DTYPES[header.logps_dtype].itemsize
+    return header.num_completions * (_FIXED_PER_COMPLETION + 4 * k) + header.num_tokens * (id_size + logp_size)
+
+
+@dataclass
+class _Columns:
+    """The body's arrays, in native dtypes as the receiver sees them."""
+
+    group: np.ndarray  # uint32 (N,)
+    length: np.ndarray  # uint32 (N,)
+    reward: np.ndarray  # float32 (N,)
+    rewards_per_func: np.ndarray  # float32 (N, K)
+    ids: np.ndarray  # int32 (T,)
+    logps: np.ndarray  # float32 (T,)
+
+
+def _check_columns(
+    columns: _Columns, header: _Header, *, vocab_limit: int | None, limits: Limits
+) -> np.ndarray:
+    """Checks every array against the header and the limits; returns the completions' start offsets."""
+    sender = header.sender
+    if columns.group.size and int(columns.group.max()) >= len(header.groups):
+        bad = int(np.argmax(columns.group >= len(header.groups)))
+        raise _fail(
+            "shape",
+            f"completion {bad} points at group {int(columns.group[bad])}, but there are {len(header.groups)}",
+            sender,
+        )
+    if columns.length.size:
+        if int(columns.length.min()) < 1:
+            raise _fail("shape", f"completion {int(np.argmin(columns.length))} is empty", sender)
+        if int(columns.length.max()) > limits.max_completion_tokens:
+            bad = int(np.argmax(columns.length))
+            raise _fail(
+                "limits",
+                f"completion {bad} has {int(columns.length[bad])} tokens, more than {limits.max_completion_tokens}",
+                sender,
+            )
+    total = int(columns.length.sum(dtype=np.int64))
+    if total != columns.ids.size or total != columns.logps.size:
+        raise _fail(
+            "shape", f"completion lengths sum to {total}, but {columns.ids.size} token ids were sent", sender
+        )
+    if columns.ids.size:
+        low, high = int(columns.ids.min()), int(columns.ids.max())
+        if low < 0:
+            raise _fail("ids", f"negative token id {low}", sender)
+        if vocab_limit is not None and high >= vocab_limit:
+            raise _fail("ids", f"token id {high} is outside this peer's vocabulary of {vocab_limit}", sender)
+    finite = np.isfinite(columns.logps)
+    if not finite.all():
+        bad = columns.logps[~finite][0]
+        raise _fail("logps", f"non-finite generator log-prob {float(bad)!r}", sender)
+    if columns.logps.size and float(columns.logps.max()) > MAX_LOGP:
+        raise _fail("logps", f"positive generator log-prob {float(columns.logps.max())!r}", sender)
+    if not np.isfinite(columns.reward).all():
+        bad = int(np.argmin(np.isfinite(columns.reward)))
+        raise _fail("rewards", f"completion {bad} has a non-finite reward {float(columns.reward[bad])!r}", sender)
+    if np.isinf(columns.rewards_per_func).any():  # NaN is allowed: a reward function returned None
+        raise _fail("rewards", "an infinite per-function reward", sender)
+    starts = np.zeros(columns.length.size, dtype=np.int64)
+    np.cumsum(columns.length[:-1], dtype=np.int64, out=starts[1:])
+    return starts
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Encode
+
+
+def _to_json(value: Any, path: str, depth: int = 0) -> Any:
+    """Plain JSON values from dataset values: numpy scalars/arrays and tuples become Python ints/floats/lists."""
+    if depth > _MAX_JSON_DEPTH:
+        raise ExchangeError("header", f"{path} is nested deeper than {_MAX_JSON_DEPTH} levels (or is cyclic)")
+    if isinstance(value, str):
+        if _SURROGATE_RE.search(value):
+            raise ExchangeError("header", f"{path} holds a lone surrogate, which is not valid Unicode")
+        return str(value)  # np.str_ -> str
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if _is_int(value):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value):
+            raise ExchangeError("header", f"{path} is {float(value)!r}, which JSON cannot carry")
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return _to_json(value.tolist(), path, depth)
+    if isinstance(value, (list, tuple)):
+        return [_to_json(item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value)]
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or _SURROGATE_RE.search(key):
+                raise ExchangeError("header", f"{path} has a key {key!r:.40} that is not a valid string")
+            out[str(key)] = _to_json(item, f"{path}[{key!r}]", depth + 1)
+        return out
+    raise ExchangeError("header", f"{path} is a {type(value).__name__}, which is not JSON-able")
+
+
+def _secret_key(secret: bytes | str) -> bytes:
+    key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
+    if not key:
+        raise ValueError("the exchange secret is empty; pass None to disable signing")
+    return key
+
+
+def _completion_arrays(message: Message, k: int, sender: str):
+    """Validated per-completion inputs, concatenated (ids as int64, log-probs as float32)."""
+    n = len(message.completions)
+    group = np.zeros(n, dtype=np.int64)
+    length = np.zeros(n, dtype=np.int64)
+    reward = np.zeros(n, dtype=np.float64)
+    rewards_per_func = np.zeros((n, k), dtype=np.float32)
+    ids, logps = [], []
+    for i, c in enumerate(message.completions):
+        if not isinstance(c, WireCompletion):
+            raise ExchangeError("shape", f"completions[{i}] is a {type(c).__name__}, not a WireCompletion")
+        if not _is_int(c.group) or c.group < 0:
+            raise _fail("shape", f"completions[{i}].group must be a non-negative int, got {c.group!r}", sender)
+        group[i] = min(int(c.group), 2**32 - 1)  # out-of-range indices are reported by _check_columns
+        cid, clp = np.asarray(c.completion_ids), np.asarray(c.generator_logps)
+        if cid.ndim != 1 or cid.size < 1 or clp.shape != cid.shape:
+            raise _fail(
+                "shape",
+                f"completions[{i}]: ids {cid.shape} and log-probs {clp.shape} must be equal 1-d shapes, length >= 1",
+                sender,
+            )
+        if cid.dtype.kind not in "iu":
+            raise _fail("ids", f"completions[{i}].completion_ids must be integers, got {cid.dtype}", sender)
+        if cid.min() < 0 or cid.max() > np.iinfo(np.int32).max:
+            raise _fail("ids", f"completions[{i}] has a token id outside [0, 2^31)", sender)
+        if clp.dtype.kind not in "fiu":
+            raise _fail("logps", f"completions[{i}].generator_logps must be floats, got {clp.dtype}", sender)
+        try:
+            reward[i] = float(c.reward)
+        except (TypeError, ValueError, OverflowError):
+            raise _fail("rewards", f"completions[{i}].reward {c.reward!r} is not a number", sender) from None
+        rpf = np.asarray([] if c.rewards_per_func is None else c.rewards_per_func)
+        if rpf.shape != (k,) or rpf.dtype.kind not in "fiu":
+            raise _fail(
+                "shape", f"completions[{i}].rewards_per_func has shape {rpf.shape}, expected ({k},) numbers", sender
+            )
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, reported by _check_columns
+            rewards_per_func[i] = rpf
+        length[i] = cid.size
+        ids.append(cid.astype(np.int64, copy=False))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> -inf, reported by _check_columns
+            logps.append(clp.astype(np.float32, copy=False))
+    ids_all = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
+    logps_all = np.concatenate(logps) if logps else np.zeros(0, dtype=np.float32)
+    with np.errstate(over="ignore"):  # an overflowing reward becomes inf and is reported as such
+        reward32 = reward.astype(np.float32)
+    return group, length, reward32, rewards_per_func, ids_all, logps_all
+
+
+def encode_message(
+    message: Message,
+    *,
+    secret: bytes | str | None = None,
+    compact: bool | None = None,
+    compress: bool | None = None,
+    limits: Limits = Limits(),
+) -> bytes:
+    """The bytes of ``message`` (layout: ``docs/wire-format.md``).
+
+    Args:
+        message: what to send. It is validated with the checks a receiver runs (raises :class:`ExchangeError`, a
+            :class:`ValueError`, naming the problem), and numpy values in prompts/extra become plain JSON.
+        secret: the swarm secret (bytes, or str as UTF-8); when set, an HMAC-SHA256 signature is appended.
+        compact: ids as uint16 (when every id < 65536, else int32) and log-probs as float16 (relative error
+            <= :data:`COMPACT_LOGP_REL_ERROR`). Default: ``message.compact``. Exact mode (``False``) sends int32 ids
+            and float32 log-probs, exactly 8 bytes per completion token.
+        compress: zlib-compress the body; default: on in compact mode, off in exact mode.
+        limits: the encoder refuses messages a receiver with these limits would reject.
+    """
+    if not isinstance(message, Message):
+        raise TypeError(f"encode_message expects a Message, got {type(message).__name__}")
+    compact = bool(message.compact if compact is None else compact)
+    compress = compact if compress is None else bool(compress)
+    sender = _check_sender(message.sender, limits)
+    if not isinstance(message.reward_names, (list, tuple)) or not isinstance(message.groups, (list, tuple)):
+        raise _fail("header", "reward_names and groups must be lists", sender)
+    if not isinstance(message.completions, (list, tuple)):
+        raise _fail("header", "completions must be a list", sender)
+    k = len(message.reward_names)
+    group, length, reward, rewards_per_func, ids, logps = _completion_arrays(message, k, sender)
+
+    if compact:
+        ids_dtype = "<u2" if ids.size == 0 or int(ids.max()) < 2**16 else "<i4"
+        logps_dtype = "<f2"
+    else:
+        ids_dtype, logps_dtype = "<i4", "<f4"
+
+    groups = []
+    for i, g in enumerate(message.groups):
+        if not isinstance(g, WireGroup):
+            raise _fail("header", f"groups[{i}] is a {type(g).__name__}, not a WireGroup", sender)
+        groups.append(
+            {
+                "prompt": _to_json(g.prompt, f"groups[{i}].prompt"),
+                "extra": _to_json({} if g.extra is None else g.extra, f"groups[{i}].extra"),
+            }
+        )
+    header = {
+        "sender": sender,
+        "round": _to_json(message.round, "round"),
+        "created": _to_json(message.created, "created"),
+        "tokenizer_fingerprint": message.tokenizer_fingerprint,
+        "tokenizer_name": message.tokenizer_name,
+        "temperature": _to_json(message.temperature, "temperature"),
+        "reward_names": _to_json(list(message.reward_names), "reward_names"),
+        "groups": groups,
+        "counts": {"completions": len(message.completions), "tokens": int(ids.size)},
+        "dtypes": {"ids": ids_dtype, "logps": logps_dtype},
+    }
+    parsed = _check_header(header, compact, limits)
+    # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
+    columns = _Columns(
+        group=group.astype(np.uint32),
+        length=length.astype(np.uint32),
+        reward=reward,
+        rewards_per_func=rewards_per_func,
+        ids=ids,
+        logps=logps,
+    )
+    _check_columns(columns, parsed, vocab_limit=None, limits=limits)
+    if compact:
+        # float16 holds [-65504, 65504]: a lower log-prob would become -inf. Such a token is astronomically
+        # unlikely and its weight min(exp(lθ - lgen), C) is capped at C either way, so clamp rather than fail;
+        # the <= MAX_LOGP rounding slack above 0 becomes 0, so float16 rounding cannot push it past MAX_LOGP.
+        logps_wire = np.clip(logps, _FLOAT16_MIN, 0.0).astype("<f2")
+    else:
+        logps_wire = logps.astype("<f4")
+
+    header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    body = b"".join(
+        [
+            group.astype("<u4").tobytes(),
+            length.astype("<u4").tobytes(),
+            reward.astype("<f4").tobytes(),
+            rewards_per_func.astype("<f4").tobytes(),  # row-major: completion 0's K values, then completion 1's
+            ids.astype(ids_dtype).tobytes(),
+            logps_wire.tobytes(),
+        ]
+    )
+    if len(body) > limits.max_message_bytes:  # the receiver bounds the decompressed body the same way
+        raise _fail("too_large", f"the body has {len(body)} bytes, more than {limits.max_message_bytes}", sender)
+    if compress:
+        body = zlib.compress(body, _ZLIB_LEVEL)
+    flags = (FLAG_SIGNED if secret is not None else 0) | (FLAG_COMPACT if compact else 0)
+    flags |= FLAG_COMPRESSED if compress else 0
+    if len(header_bytes) > limits.max_header_bytes:
+        raise _fail(
+            "too_large", f"the header has {len(header_bytes)} bytes, more than {limits.max_header_bytes}", sender
+        )
+    data = _PREAMBLE.pack(MAGIC, SCHEMA_VERSION, flags, len(header_bytes), len(body)) + header_bytes + body
+    if secret is not None:
+        data += hmac.new(_secret_key(secret), data, hashlib.sha256).digest()
+    if len(data) > limits.max_message_bytes:
+        raise _fail("too_large", f"the message has {len(data)} bytes, more than {limits.max_message_bytes}", sender)
+    return data
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Decode
+
+
+@dataclass
+class _Frame:
+    """The preamble's fields, checked against the limits and the bytes present."""
+
+    view: memoryview
+    version: int
+    flags: int
+    header_length: int
+    body_length: int
+    total_length: int
+
+    @property
+    def signed(self) -> bool:
+        return bool(self.flags & FLAG_SIGNED)
+
+    @property
+    def compact(self) -> bool:
+        return bool(self.flags & FLAG_COMPACT)
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.flags & FLAG_COMPRESSED)
+
+
+def _as_view(data: Any) -> memoryview:
+    if isinstance(data, (bytes, bytearray)):
+        return memoryview(data)
+    if isinstance(data, memoryview):
+        try:
+            return data.cast("B")
+        except (TypeError, ValueError):
+            raise ExchangeError("header", "message: the buffer is not a contiguous byte buffer") from None
+    raise ExchangeError("header", f"message: expected bytes, got {type(data).__name__}")
+
+
+def _read_frame(data: Any, limits: Limits, *, need_body: bool) -> _Frame:
+    """Parses and checks the preamble: magic, version, flags, declared lengths vs limits and vs the byte count."""
+    view = _as_view(data)
+    size = len(view)
+    if size > limits.max_message_bytes:
+        raise ExchangeError("too_large", f"message: {size} bytes, more than {limits.max_message_bytes}")
+    head = bytes(view[: len(MAGIC)])
+    if head != MAGIC[: len(head)]:
+        raise ExchangeError("magic", f"message: not a trl-ftis message (starts with {head!r}, expected {MAGIC!r})")
+    if size < PREAMBLE_SIZE:
+        raise ExchangeError("truncated", f"message: {size} bytes, shorter than the {PREAMBLE_SIZE}-byte preamble")
+    _, version, flags, header_length, body_length = _PREAMBLE.unpack(view[:PREAMBLE_SIZE])
+    if version != SCHEMA_VERSION:
+        newer = " (newer than this trl-ftis; upgrade it)" if version > SCHEMA_VERSION else ""
+        raise ExchangeError(
+            "version", f"message: schema version {version}{newer}, this receiver reads version {SCHEMA_VERSION}"
+        )
+    if flags & ~_KNOWN_FLAGS:
+        raise ExchangeError("header", f"message: unknown flag bits {flags & ~_KNOWN_FLAGS:#x}")
+    if header_length > limits.max_header_bytes:
+        raise ExchangeError(
+            "too_large", f"message: header of {header_length} bytes, more than {limits.max_header_bytes}"
+        )
+    signature = SIGNATURE_SIZE if flags & FLAG_SIGNED else 0
+    total = PREAMBLE_SIZE + header_length + body_length + signature  # Python ints: a 2**64 claim cannot wrap
+    if total > limits.max_message_bytes:
+        raise ExchangeError("too_large", f"message: declares {total} bytes, more than {limits.max_message_bytes}")
+    needed = total if need_body else PREAMBLE_SIZE + header_length
+    if size < needed:
+        raise ExchangeError("truncated", f"message: {size} bytes, but the preamble declares {needed}")
+    if need_body and size > total:
+        raise ExchangeError("too_large", f"message: {size - total} unexpected bytes after the declared end")
+    return _Frame(view, version, flags, header_length, body_length, total)
+
+
+def _reject_duplicates(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("duplicate key in a JSON object")
+    return out
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_header(frame: _Frame, limits: Limits) -> _Header:
+    raw = bytes(frame.view[PREAMBLE_SIZE : PREAMBLE_SIZE + frame.header_length])
+    try:
+        text = raw.decode("utf-8")
+        header = json.loads(text, object_pairs_hook=_reject_duplicates, parse_constant=_reject_constant)
+    except RecursionError:  # hostile nesting; json's C scanner guards its own recursion
+        raise ExchangeError("header", "message: the JSON header is nested too deeply") from None
+    except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise ExchangeError("header", f"message: the header is not valid UTF-8 JSON ({error})") from None
+    return _check_header(header, frame.compact, limits)
+
+
+def _inflate(payload: memoryview, expected: int, sender: str) -> bytes:
+    """zlib-decompresses at most ``expected`` bytes (+1 to detect more): a zip bomb never gets its memory."""
+    inflater = zlib.decompressobj()
+    try:
+        out = inflater.decompress(payload, expected + 1)  # max_length 0 would mean "unlimited"; +1 avoids it
+    except zlib.error as error:
+        raise _fail("body", f"the compressed body is corrupt ({error})", sender) from None
+    if len(out) > expected or inflater.unconsumed_tail:
+        raise _fail("too_large", f"the body decompresses to more than the {expected} bytes declared", sender)
+    if not inflater.eof:
+        raise _fail("truncated", "the compressed body ends early", sender)
+    if inflater.unused_data:
+        raise _fail("body", f"{len(inflater.unused_data)} bytes after the end of the compressed body", sender)
+    if len(out) != expected:
+        raise _fail("shape", f"the body decompresses to {len(out)} bytes, the header declares {expected}", sender)
+    return out
+
+
+def decode_message(
+    data: bytes,
+    *,
+    secret: bytes | str | None = None,
+    vocab_limit: int | None = None,
+    limits: Limits = Limits(),
+) -> Message:
+    """Validates and decodes bytes from a peer; raises :class:`ExchangeError` (and nothing else) for bad input.
+
+    Args:
+        data: the message (bytes, bytearray or memoryview).
+        secret: the swarm secret. When set, the message must be signed (else reason ``"unsigned"``) with this
+            secret (else ``"signature"``); the HMAC is verified before the header or the arrays are parsed.
+            Without a secret, signed and unsigned messages are both accepted and the signature is not checked.
+        vocab_limit: when given, every token id must be in ``[0, vocab_limit)`` (reason ``"ids"``); pass the
+            receiver's embedding size.
+        limits: size limits, each checked before the memory it guards is allocated.
+
+    The returned arrays are fresh, writable copies (ids int32, log-probs and rewards float32).
+    """
+    key = None if secret is None else _secret_key(secret)
+    frame = _read_frame(data, limits, need_body=True)
+    view = frame.view
+    if key is not None:
+        if not frame.signed:
+            raise ExchangeError("unsigned", "message: not signed, but this receiver requires a signature")
+        signed_end = frame.total_length - SIGNATURE_SIZE
+        expected = hmac.new(key, view[:signed_end], hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, bytes(view[signed_end : frame.total_length])):
+            raise ExchangeError("signature", "message: the signature does not match (wrong secret or tampered)")
+    header = _parse_header(frame, limits)
+    sender = header.sender
+
+    expected_size = _body_size(header)
+    body_start = PREAMBLE_SIZE + frame.header_length
+    payload = view[body_start : body_start + frame.body_length]
+    if frame.compressed:
+        if expected_size > limits.max_message_bytes:
+            raise _fail(
+                "too_large", f"the body would decompress to {expected_size} bytes, more than the limit", sender
+            )
+        body: bytes | memoryview = _inflate(payload, expected_size, sender)
+    else:
+        if frame.body_length != expected_size:
+            raise _fail(
+                "shape", f"the body has {frame.body_length} bytes, the header's counts imply {expected_size}", sender
+            )
+        body = payload
+
+    n, t, k = header.num_completions, header.num_tokens, len(header.reward_names)
+    id_dtype, logp_dtype = _ID_DTYPES[header.ids_dtype], _LOGP_DTYPES[header.logps_dtype]
+    offset = 0
+
+    def take(dtype: np.dtype, count: int) -> np.ndarray:
+        nonlocal offset
+        array = np.frombuffer(body, dtype=dtype, count=count, offset=offset)
+        offset += count * dtype.itemsize
+        return array
+
+    columns = _Columns(
+        group=take(np.dtype("<u4"), n).astype(np.uint32),
+        length=take(np.dtype("<u4"), n).astype(np.uint32),
+        reward=take(np.dtype("<f4"), n).astype(np.float32),
+        rewards_per_func=take(np.dtype("<f4"), n * k).astype(np.float32).reshape(n, k),
+        ids=take(id_dtype, t).astype(np.int32),
+        logps=take(logp_dtype, t).astype(np.float32),
+    )
+    starts = _check_columns(columns, header, vocab_limit=vocab_limit, limits=limits)
+
+    completions = []
+    for i in range(n):
+        start, stop = int(starts[i]), int(starts[i]) + int(columns.length[i])
+        completions.append(
+            WireCompletion(
+                group=int(columns.group[i]),
+                completion_ids=columns.ids[start:stop],
+                generator_logps=columns.logps[start:stop],
+                reward=float(columns.reward[i]),
+                rewards_per_func=columns.rewards_per_func[i],
+            )
+        )
+    return Message(
+        sender=sender,
+        round=header.round,
+        tokenizer_fingerprint=header.tokenizer_fingerprint,
+        tokenizer_name=header.tokenizer_name,
+        temperature=header.temperature,
+        reward_names=header.reward_names,
+        groups=[WireGroup(prompt=g["prompt"], extra=g["extra"]) for g in header.groups],
+        completions=completions,
+        created=header.created,
+        compact=frame.compact,
+    )
+
+
+def peek_header(data: bytes, *, limits: Limits = Limits()) -> dict:
+    """The header's small fields, WITHOUT verifying the signature or reading the arrays: for cheap staleness checks.
+
+    ``data`` may be the whole message or just its first ``PREAMBLE_SIZE + header_length`` bytes. The values are
+    *unauthenticated*: use them only to skip a message early, never to trust one (run :func:`decode_message` with
+    the secret for that). Raises :class:`ExchangeError` like :func:`decode_message`.
+
+    Returns a dict with ``schema_version, signed, compact, compressed, sender, round, created,
+    tokenizer_fingerprint, tokenizer_name, temperature, reward_names, num_groups, num_completions, num_tokens,
+    header_bytes, body_bytes, message_bytes``.
+    """
+    frame = _read_frame(data, limits, need_body=False)
+    header = _parse_header(frame, limits)
+    return {
+        "schema_version": frame.version,
+        "signed": frame.signed,
+        "compact": frame.compact,
+        "compressed": frame.compressed,
+        "sender": header.sender,
+        "round": header.round,
+        "created": header.created,
+        "tokenizer_fingerprint": header.tokenizer_fingerprint,
+        "tokenizer_name": header.tokenizer_name,
+        "temperature": header.temperature,
+        "reward_names": header.reward_names,
+        "num_groups": len(header.groups),
+        "num_completions": header.num_completions,
+        "num_tokens": header.num_tokens,
+        "header_bytes": frame.header_length,
+        "body_bytes": frame.body_length,
+        "message_bytes": frame.total_length,
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Tokenizer fingerprint
+
+
+def _token_text(token: Any) -> str:
+    return str(getattr(token, "content", token))  # AddedToken -> its text
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """Hex SHA-256 identifying what token ids mean: peers may exchange ids only when their fingerprints match.
+
+    Covers the full vocabulary (token -> id, sorted), the special tokens with their roles and ids, which added
+    tokens are special, and ``len(tokenizer)``. It is identical for two loads of the same tokenizer and changes if
+    any id, token or special token differs. The chat template is deliberately left out: each peer renders
+    prompts with its own template, and that does not change what an id means.
+
+    ``tokenizer`` is any object with ``get_vocab()``, ``__len__`` and (optionally) ``special_tokens_map``,
+    ``all_special_tokens``, ``added_tokens_decoder`` and ``convert_tokens_to_ids``, e.g. a transformers tokenizer.
+    """
+    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
+
+    def token_id(token: str) -> Any:
+        if convert is None:
+            return None
+        value = convert(token)
+        return int(value) if _is_int(value) else None
+
+    roles = {}
+    for role, value in sorted((getattr(tokenizer, "special_tokens_map", None) or {}).items()):
+        tokens = [_token_text(v) for v in value] if isinstance(value, (list, tuple)) else [_token_text(value)]
+        roles[str(role)] = [[token, token_id(token)] for token in tokens]
+    specials = sorted({_token_text(t) for t in (getattr(tokenizer, "all_special_tokens", None) or [])})
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    added_flags = sorted(
+        [int(i), _token_text(t), bool(getattr(t, "special", False))] for i, t in added.items()
+    )
+    vocab = sorted((str(token), int(i)) for token, i in tokenizer.get_vocab().items())
+    canonical = {
+        "format": "trl-ftis tokenizer fingerprint v1",
+        "len": len(tokenizer),
+        "vocab": vocab,
+        "special_roles": roles,
+        "special_tokens": [[token, token_id(token)] for token in specials],
+        "added_tokens": added_flags,
+    }
+    # ensure_ascii: one canonical byte string whatever the tokens (lone surrogates included).
+    text = json.dumps(canonical, ensure_ascii=True, separators=(",", ":"), sort_keys=True)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()

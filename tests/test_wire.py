@@ -1,0 +1,694 @@
+"""The wire format: round trips, byte sizes, signing, and hostile input (which must only ever raise ExchangeError)."""
+
+import json
+import math
+import pickle
+import random
+import struct
+import subprocess
+import sys
+import tracemalloc
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trl_ftis.exchange import (
+    SCHEMA_VERSION,
+    ExchangeError,
+    Limits,
+    Message,
+    WireCompletion,
+    WireGroup,
+    decode_message,
+    encode_message,
+    peek_header,
+    tokenizer_fingerprint,
+)
+from trl_ftis.exchange import wire
+from trl_ftis.exchange.wire import (
+    COMPACT_LOGP_ABS_ERROR,
+    COMPACT_LOGP_REL_ERROR,
+    PREAMBLE_SIZE,
+    REASONS,
+    SIGNATURE_SIZE,
+)
+
+FINGERPRINT = "ab" * 32
+VOCAB = 22  # the tiny character tokenizer's size
+PREAMBLE = struct.Struct("<4sHHIQ")
+
+
+def make_message(n=8, length=16, k=2, n_groups=2, seed=0, vocab=VOCAB, low_logp=-20.0, **overrides) -> Message:
+    """``n`` completions of ``length`` tokens over ``n_groups`` prompts, ``k`` reward functions."""
+    rng = np.random.default_rng(seed)
+    completions = []
+    for i in range(n):
+        rewards = rng.uniform(-1, 1, k).astype(np.float32)
+        if k:
+            rewards[-1] = np.nan  # a reward function that returned None
+        completions.append(
+            WireCompletion(
+                group=i % max(n_groups, 1),
+                completion_ids=rng.integers(0, vocab, length),
+                generator_logps=-np.exp(rng.uniform(np.log(1e-3), np.log(-low_logp), length)).astype(np.float32),
+                reward=float(rng.uniform(-1, 1)),
+                rewards_per_func=rewards,
+            )
+        )
+    groups = [
+        WireGroup(prompt=f"{10 + g}+{20 + g}=", extra={"answer": str(30 + 2 * g)}) for g in range(n_groups - 1)
+    ]
+    if n_groups:
+        groups.append(WireGroup(prompt=[{"role": "user", "content": "1+2="}], extra={"answer": "3", "id": 7}))
+    fields = dict(
+        sender="peer-a",
+        round=3,
+        tokenizer_fingerprint=FINGERPRINT,
+        tokenizer_name="tiny-char",
+        temperature=1.0,
+        reward_names=[f"reward_{j}" for j in range(k)],
+        groups=groups,
+        completions=completions,
+        created=1_700_000_000.5,
+    )
+    fields.update(overrides)
+    return Message(**fields)
+
+
+def expect(reason, fn, *args, **kwargs):
+    """Calls fn, asserts it raises ExchangeError with ``reason``; returns the error."""
+    with pytest.raises(ExchangeError) as info:
+        fn(*args, **kwargs)
+    assert info.value.reason == reason, f"expected {reason!r}, got {info.value.reason!r}: {info.value}"
+    assert info.value.reason in REASONS
+    return info.value
+
+
+def split(data: bytes):
+    """(flags, header dict, body bytes, signature) of an encoded message."""
+    _, _, flags, header_length, body_length = PREAMBLE.unpack(data[:PREAMBLE_SIZE])
+    header = json.loads(data[PREAMBLE_SIZE : PREAMBLE_SIZE + header_length])
+    body = data[PREAMBLE_SIZE + header_length : PREAMBLE_SIZE + header_length + body_length]
+    return flags, header, body, data[PREAMBLE_SIZE + header_length + body_length :]
+
+
+def assemble(header, body: bytes, *, flags=0, version=SCHEMA_VERSION, raw_header: bytes | None = None) -> bytes:
+    """A message built by hand (as a hostile peer would), with consistent lengths."""
+    header_bytes = raw_header if raw_header is not None else json.dumps(header).encode()
+    return PREAMBLE.pack(b"FTIS", version, flags, len(header_bytes), len(body)) + header_bytes + body
+
+
+def columns_body(group, length, reward, rpf, ids, logps, ids_dtype="<i4", logps_dtype="<f4") -> bytes:
+    return b"".join(
+        [
+            np.asarray(group, "<u4").tobytes(),
+            np.asarray(length, "<u4").tobytes(),
+            np.asarray(reward, "<f4").tobytes(),
+            np.asarray(rpf, "<f4").tobytes(),
+            np.asarray(ids, ids_dtype).tobytes(),
+            np.asarray(logps, logps_dtype).tobytes(),
+        ]
+    )
+
+
+def small_header(**overrides):
+    """A valid header for one group and one completion of 2 tokens, K=1, exact mode."""
+    header = {
+        "sender": "evil",
+        "round": 0,
+        "created": 1.0,
+        "tokenizer_fingerprint": FINGERPRINT,
+        "tokenizer_name": "x",
+        "temperature": 1.0,
+        "reward_names": ["r"],
+        "groups": [{"prompt": "p", "extra": {}}],
+        "counts": {"completions": 1, "tokens": 2},
+        "dtypes": {"ids": "<i4", "logps": "<f4"},
+    }
+    header.update(overrides)
+    return header
+
+
+def small_body(**overrides):
+    columns = dict(group=[0], length=[2], reward=[1.0], rpf=[[0.5]], ids=[1, 2], logps=[-0.5, -1.5])
+    columns.update(overrides)
+    return columns_body(**columns)
+
+
+def assert_valid(message: Message):
+    """A decoded message is internally consistent and re-encodes (the encoder runs the receiver's checks)."""
+    for c in message.completions:
+        assert 0 <= c.group < len(message.groups)
+        assert c.completion_ids.shape == c.generator_logps.shape and c.completion_ids.size >= 1
+        assert np.isfinite(c.generator_logps).all() and math.isfinite(c.reward)
+    decode_message(encode_message(message, compact=message.compact))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Round trips and sizes
+
+
+def test_round_trip_exact_is_bit_identical():
+    message = make_message()
+    decoded = decode_message(encode_message(message), vocab_limit=VOCAB)
+    assert decoded.compact is False
+    for name in ("sender", "round", "created", "tokenizer_fingerprint", "tokenizer_name", "temperature"):
+        assert getattr(decoded, name) == getattr(message, name)
+    assert decoded.reward_names == message.reward_names
+    assert decoded.groups == message.groups
+    assert decoded.num_tokens() == message.num_tokens() == 8 * 16
+    for got, sent in zip(decoded.completions, message.completions, strict=True):
+        assert got.group == sent.group
+        assert got.completion_ids.dtype == np.int32 and np.array_equal(got.completion_ids, sent.completion_ids)
+        assert got.generator_logps.dtype == np.float32
+        assert got.generator_logps.tobytes() == sent.generator_logps.tobytes()  # bit-identical
+        assert got.reward == float(np.float32(sent.reward))  # the reward travels as float32
+        np.testing.assert_array_equal(got.rewards_per_func, sent.rewards_per_func)  # NaN == NaN here
+        assert np.isnan(got.rewards_per_func[-1])
+        got.completion_ids[0] = 0  # decoded arrays are writable copies, not views of the input bytes
+
+
+def test_round_trip_compact_within_documented_precision():
+    message = make_message(n=16, length=64)
+    data = encode_message(message, compact=True)
+    flags, header, _, _ = split(data)
+    assert flags == wire.FLAG_COMPACT | wire.FLAG_COMPRESSED  # compress defaults to on in compact mode
+    assert header["dtypes"] == {"ids": "<u2", "logps": "<f2"}
+    decoded = decode_message(data, vocab_limit=VOCAB)
+    assert decoded.compact is True
+    max_abs = 0.0
+    for got, sent in zip(decoded.completions, message.completions, strict=True):
+        assert np.array_equal(got.completion_ids, sent.completion_ids)
+        error = np.abs(got.generator_logps.astype(np.float64) - sent.generator_logps.astype(np.float64))
+        bound = np.abs(sent.generator_logps.astype(np.float64)) * COMPACT_LOGP_REL_ERROR + COMPACT_LOGP_ABS_ERROR
+        assert (error <= bound).all()
+        max_abs = max(max_abs, float(error.max()))
+    assert 0 < max_abs <= 20 * COMPACT_LOGP_REL_ERROR  # lossy, but within 0.0098 nats at -20
+    assert len(data) < len(encode_message(message))
+
+
+def test_compact_falls_back_to_int32_ids_for_large_vocabularies():
+    message = make_message(vocab=151_000, seed=1)
+    assert max(int(c.completion_ids.max()) for c in message.completions) >= 2**16
+    for compress in (True, False):
+        data = encode_message(message, compact=True, compress=compress)
+        assert split(data)[1]["dtypes"]["ids"] == "<i4"
+        decoded = decode_message(data)
+        for got, sent in zip(decoded.completions, message.completions, strict=True):
+            assert np.array_equal(got.completion_ids, sent.completion_ids)
+
+
+def test_compact_clamps_log_probs_to_float16_range():
+    message = make_message(n=1, length=3)
+    message.completions[0].generator_logps = np.array([-1e5, 5e-5, -1.0], np.float32)
+    got = decode_message(encode_message(message, compact=True)).completions[0].generator_logps
+    assert got.tolist() == [-65504.0, 0.0, -1.0]
+    exact = decode_message(encode_message(message)).completions[0].generator_logps  # exact keeps them
+    assert exact.tolist() == [-1e5, np.float32(5e-5), -1.0]
+
+
+def test_message_compact_field_selects_the_encoding():
+    message = make_message(compact=True)
+    assert split(encode_message(message))[0] & wire.FLAG_COMPACT
+    assert not split(encode_message(message, compact=False))[0] & wire.FLAG_COMPACT
+    assert split(encode_message(make_message(), compact=True, compress=False))[0] == wire.FLAG_COMPACT
+    assert split(encode_message(make_message(), compress=True))[0] == wire.FLAG_COMPRESSED
+
+
+@pytest.mark.parametrize("n,length,k", [(1, 1, 0), (24, 37, 4), (12, 600, 1), (5, 3, 4)])
+def test_exact_mode_byte_sizes(n, length, k):
+    message = make_message(n=n, length=length, k=k, n_groups=max(n // 4, 1))
+    data = encode_message(message)
+    info = peek_header(data)
+    # Exactly 8 bytes per token (int32 id + float32 log-prob) plus 12 + 4K bytes per completion.
+    assert info["body_bytes"] == 8 * n * length + n * (12 + 4 * k)
+    assert len(data) == PREAMBLE_SIZE + info["header_bytes"] + info["body_bytes"] == info["message_bytes"]
+    # The bound the paper's accounting implies: the per-completion fixed part is at most 64 bytes for K <= 4.
+    assert len(data) <= 8 * n * length + 64 * n + PREAMBLE_SIZE + info["header_bytes"]
+    assert len(encode_message(message, secret=b"k")) == len(data) + SIGNATURE_SIZE
+
+
+def test_empty_message_round_trips():
+    message = make_message(n=0, n_groups=0)
+    for compact in (False, True):
+        decoded = decode_message(encode_message(message, compact=compact, secret="s"), secret="s")
+        assert decoded.completions == [] and decoded.groups == [] and decoded.num_tokens() == 0
+
+
+def test_accepts_bytearray_and_memoryview_rejects_other_types():
+    data = encode_message(make_message())
+    assert decode_message(bytearray(data)).sender == "peer-a"
+    assert decode_message(memoryview(data)).sender == "peer-a"
+    for bad in (None, "FTIS", 12, [1, 2]):
+        expect("header", decode_message, bad)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Signing
+
+
+def test_signed_messages():
+    message = make_message()
+    signed = encode_message(message, secret="swarm secret")
+    assert decode_message(signed, secret=b"swarm secret").sender == "peer-a"  # str and bytes secrets agree
+    assert decode_message(signed).sender == "peer-a"  # no secret configured: not checked
+    expect("signature", decode_message, signed, secret="another secret")
+    unsigned = encode_message(message)
+    assert decode_message(unsigned).sender == "peer-a"
+    expect("unsigned", decode_message, unsigned, secret="swarm secret")
+    # Stripping the signature and clearing the flag does not help: it is then an unsigned message.
+    stripped = bytearray(signed[:-SIGNATURE_SIZE])
+    stripped[6] &= ~wire.FLAG_SIGNED
+    expect("unsigned", decode_message, bytes(stripped), secret="swarm secret")
+    with pytest.raises(ValueError):
+        decode_message(signed, secret=b"")
+
+
+def test_signature_is_checked_before_the_header_is_parsed():
+    # A signed message whose header is not even JSON: the wrong signature is what a receiver reports.
+    forged = assemble(None, b"", flags=wire.FLAG_SIGNED, raw_header=b"{not json") + b"\0" * SIGNATURE_SIZE
+    expect("signature", decode_message, forged, secret="s")
+    expect("header", decode_message, forged)
+
+
+def test_tampering_with_any_byte_of_a_signed_message_is_detected():
+    data = encode_message(make_message(n=2, length=4, k=1), secret="s")
+    for position in range(len(data)):
+        for mask in (0x01, 0x80):
+            tampered = bytearray(data)
+            tampered[position] ^= mask
+            with pytest.raises(ExchangeError):
+                decode_message(bytes(tampered), secret="s")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hostile and broken input
+
+
+@pytest.mark.parametrize("options", [{}, {"compact": True}, {"secret": "s"}])
+def test_every_truncation_is_reported_as_truncated(options):
+    data = encode_message(make_message(n=3, length=5, k=1), **options)
+    for end in range(len(data)):
+        expect("truncated", decode_message, data[:end], secret=options.get("secret"))
+    expect("too_large", decode_message, data + b"\0", secret=options.get("secret"))  # trailing bytes
+
+
+def test_random_byte_mutations_only_raise_exchange_error():
+    rng = random.Random(1234)
+    originals = [
+        encode_message(make_message(n=3, length=6, k=2)),
+        encode_message(make_message(n=3, length=6, k=2), compact=True),
+        encode_message(make_message(n=2, length=4, k=0), compact=True, compress=False),
+        encode_message(make_message(n=2, length=4, k=1), secret="s"),
+    ]
+    outcomes = {"decoded": 0}
+    for trial in range(3000):
+        data = bytearray(originals[trial % len(originals)])
+        for _ in range(rng.randint(1, 4)):
+            position = rng.randrange(len(data))
+            if trial % 7 == 0:  # sometimes aim at the preamble and the body, not only the (larger) header
+                position = rng.choice([rng.randrange(PREAMBLE_SIZE), len(data) - 1 - rng.randrange(64)])
+            data[position] = rng.randrange(256)
+        try:
+            message = decode_message(bytes(data))
+        except ExchangeError as error:
+            assert error.reason in REASONS
+            outcomes[error.reason] = outcomes.get(error.reason, 0) + 1
+        else:
+            outcomes["decoded"] += 1
+            assert_valid(message)
+    # The mutations reached the deeper checks, not only the JSON parser.
+    assert outcomes["decoded"] > 0 and outcomes["header"] > 0
+    assert sum(outcomes.get(r, 0) for r in ("ids", "logps", "rewards", "shape", "body", "limits")) > 0, outcomes
+
+
+def test_random_garbage_only_raises_exchange_error():
+    rng = random.Random(99)
+    for trial in range(1000):
+        garbage = bytes(rng.randrange(256) for _ in range(rng.randrange(0, 200)))
+        if trial % 2:  # a valid-looking preamble with random lengths and flags, then garbage
+            garbage = PREAMBLE.pack(b"FTIS", 1, rng.randrange(8), rng.randrange(300), rng.randrange(300)) + garbage
+        with pytest.raises(ExchangeError):
+            decode_message(garbage)
+        with pytest.raises(ExchangeError):
+            peek_header(garbage)
+
+
+HOSTILE_VALUES = [None, -1, 0, 2**70, 10**400, 1.5, -1e308, "", "x" * 300, [], {}, [[[]]], {"a": 1}, True, "\n"]
+HOSTILE_VALUES += ["../x", "\ud800"]  # 10**400: math.isfinite raises OverflowError on it; a lone surrogate
+
+
+def test_hostile_header_values_only_raise_exchange_error():
+    # Byte flips mostly break the JSON syntax; this replaces each field (and nested field) by hostile values.
+    paths = [(key,) for key in small_header()] + [
+        ("groups", 0),
+        ("groups", 0, "prompt"),
+        ("groups", 0, "extra"),
+        ("counts", "completions"),
+        ("counts", "tokens"),
+        ("dtypes", "ids"),
+        ("dtypes", "logps"),
+        ("reward_names", 0),
+    ]
+    decoded = 0
+    for path in paths:
+        for value in HOSTILE_VALUES:
+            header = small_header()
+            target = header
+            for key in path[:-1]:
+                target = target[key]
+            target[path[-1]] = value
+            data = assemble(header, small_body())
+            try:
+                message = decode_message(data)
+            except ExchangeError as error:
+                assert error.reason in ("header", "limits", "shape", "too_large"), error
+            else:
+                decoded += 1
+                assert_valid(message)
+    assert decoded > 0  # e.g. round = 0, tokenizer_name = "", extra = {}
+
+
+@pytest.mark.parametrize(
+    "raw,reason",
+    [
+        (b"{not json", "header"),
+        (b"\xff\xfe", "header"),  # not UTF-8
+        (b"[1, 2]", "header"),  # not an object
+        (b'{"sender": "a", "sender": "b"}', "header"),  # duplicate keys
+        (json.dumps(small_header(temperature=1.0)).replace("1.0", "NaN", 1).encode(), "header"),
+        (json.dumps(small_header(created=1.0)).replace("1.0", "1e999", 1).encode(), "header"),
+        (b"[" * 200_000 + b"]" * 200_000, "header"),  # nesting that would exhaust the recursion limit
+    ],
+)
+def test_malformed_json_headers(raw, reason):
+    expect(reason, decode_message, assemble(None, small_body(), raw_header=raw))
+    expect(reason, peek_header, assemble(None, small_body(), raw_header=raw))
+
+
+def test_header_structure_checks():
+    body = small_body()
+    nested = {"a": None}
+    for _ in range(40):
+        nested = {"a": nested}
+    cases = [
+        (small_header(extra_key=1), "header"),
+        ({k: v for k, v in small_header().items() if k != "round"}, "header"),
+        (small_header(groups=[{"prompt": "p", "extra": nested}]), "header"),  # absurd nesting
+        (small_header(groups=[{"prompt": [{"role": "user", "content": 5}], "extra": {}}]), "header"),
+        (small_header(groups=[{"prompt": "p"}]), "header"),
+        (small_header(temperature=0), "header"),
+        (small_header(round=-1), "header"),
+        (small_header(round=True), "header"),
+        (small_header(tokenizer_fingerprint="ABC"), "header"),
+        (small_header(dtypes={"ids": "<u2", "logps": "<f4"}), "header"),  # u2 ids only in compact mode
+        (small_header(dtypes={"ids": "<i8", "logps": "<f4"}), "header"),
+        (small_header(counts={"completions": 1, "tokens": 3}), "shape"),  # counts disagree with the body size
+    ]
+    for header, reason in cases:
+        expect(reason, decode_message, assemble(header, body))
+    expect("header", decode_message, assemble(small_header(), body, flags=0x10))  # unknown flag bit
+    data = assemble(small_header(), body)
+    assert decode_message(data).completions[0].completion_ids.tolist() == [1, 2]  # the baseline is valid
+
+
+def test_magic_and_version():
+    data = encode_message(make_message())
+    expect("magic", decode_message, b"GIF89a" + data[6:])
+    expect("magic", decode_message, b"FX")
+    error = expect("version", decode_message, data[:4] + struct.pack("<H", SCHEMA_VERSION + 1) + data[6:])
+    assert str(SCHEMA_VERSION + 1) in str(error) and str(SCHEMA_VERSION) in str(error)
+    expect("version", decode_message, data[:4] + struct.pack("<H", 0) + data[6:])
+
+
+@pytest.mark.parametrize(
+    "header_length,body_length",
+    [(2**32 - 1, 0), (100, 2**60), (100, 2**64 - 1), (0, 300 * 2**20)],
+)
+def test_oversized_declared_lengths_are_rejected_before_allocation(header_length, body_length):
+    data = PREAMBLE.pack(b"FTIS", SCHEMA_VERSION, 0, header_length, body_length) + b"{}"
+    tracemalloc.start()
+    try:
+        expect("too_large", decode_message, data)
+        expect("too_large", peek_header, data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+
+
+def test_declared_counts_are_checked_against_limits_and_body_before_allocation():
+    expect("limits", decode_message, assemble(small_header(counts={"completions": 1, "tokens": 2**40}), b""))
+    expect("limits", decode_message, assemble(small_header(counts={"completions": 2**20, "tokens": 2}), b""))
+    expect("limits", decode_message, assemble(small_header(reward_names=["r"] * 65), b""))
+    # Within the limits, but the body is far smaller than the counts imply: rejected without reading it.
+    big = small_header(counts={"completions": 65_536, "tokens": 10 * 2**20})  # an 81 MiB body
+    tracemalloc.start()
+    try:
+        expect("shape", decode_message, assemble(big, small_body()))
+        # Compressed: inflating stops at the stream's real end; the output never grows toward 81 MiB.
+        expect("shape", decode_message, assemble(big, zlib.compress(small_body()), flags=wire.FLAG_COMPRESSED))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20
+
+
+def test_zip_bomb_is_rejected_without_inflating_it():
+    compressor = zlib.compressobj(9)
+    chunk = bytes(2**20)
+    bomb = b"".join(compressor.compress(chunk) for _ in range(16)) + compressor.flush()  # 16 MiB of zeros
+    assert len(bomb) < 2**15
+    header = small_header(dtypes={"ids": "<u2", "logps": "<f2"})
+    data = assemble(header, bomb, flags=wire.FLAG_COMPACT | wire.FLAG_COMPRESSED)
+    tracemalloc.start()
+    try:
+        expect("too_large", decode_message, data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2**20  # the 16 MiB never materialise
+    # A body that would decompress beyond max_message_bytes is refused before inflating anything.
+    limits = Limits(max_message_bytes=2**20)
+    huge = small_header(counts={"completions": 1, "tokens": 2**20}, dtypes={"ids": "<u2", "logps": "<f2"})
+    expect("too_large", decode_message, assemble(huge, bomb[:100], flags=6), limits=limits)
+
+
+def test_corrupt_compressed_bodies():
+    header = small_header(dtypes={"ids": "<u2", "logps": "<f2"})
+    body = small_body(ids_dtype="<u2", logps_dtype="<f2")
+    flags = wire.FLAG_COMPACT | wire.FLAG_COMPRESSED
+    assert decode_message(assemble(header, zlib.compress(body), flags=flags)).num_tokens() == 2
+    expect("body", decode_message, assemble(header, b"\x00" * 20, flags=flags))
+    expect("body", decode_message, assemble(header, zlib.compress(body) + b"junk", flags=flags))
+    expect("truncated", decode_message, assemble(header, zlib.compress(body)[:-3], flags=flags))
+    expect("shape", decode_message, assemble(header, zlib.compress(body[:-2]), flags=flags))
+
+
+def test_vocab_limit_and_negative_ids():
+    message = make_message()
+    top = max(int(c.completion_ids.max()) for c in message.completions)
+    data = encode_message(message)
+    decode_message(data, vocab_limit=top + 1)
+    expect("ids", decode_message, data, vocab_limit=top)
+    expect("ids", decode_message, assemble(small_header(), small_body(ids=[1, -5])))  # always, even without a limit
+    expect("ids", decode_message, assemble(small_header(), small_body(ids=[1, 2])), vocab_limit=2)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 0.5, 2e-4])
+def test_bad_log_probs(bad):
+    expect("logps", decode_message, assemble(small_header(), small_body(logps=[-1.0, bad])))
+    message = make_message(n=1, length=2)
+    message.completions[0].generator_logps = np.array([-1.0, bad], np.float32)
+    expect("logps", encode_message, message)
+    expect("logps", encode_message, message, compact=True)  # not hidden by the float16 clamp
+
+
+def test_log_prob_rounding_slack_is_accepted():
+    decoded = decode_message(assemble(small_header(), small_body(logps=[-1.0, 9e-5])))
+    assert decoded.completions[0].generator_logps[1] == np.float32(9e-5)
+
+
+def test_bad_rewards():
+    expect("rewards", decode_message, assemble(small_header(), small_body(reward=[np.nan])))
+    expect("rewards", decode_message, assemble(small_header(), small_body(rpf=[[np.inf]])))
+    nan_rpf = decode_message(assemble(small_header(), small_body(rpf=[[np.nan]])))  # NaN: a function returned None
+    assert np.isnan(nan_rpf.completions[0].rewards_per_func[0])
+    for bad in (np.nan, np.inf, 1e300, "high"):  # 1e300 overflows float32
+        message = make_message(n=1)
+        message.completions[0].reward = bad
+        expect("rewards", encode_message, message)
+
+
+def test_bad_group_index_and_lengths():
+    expect("shape", decode_message, assemble(small_header(), small_body(group=[7])))
+    expect("shape", decode_message, assemble(small_header(), small_body(length=[1])))  # sum != tokens
+    header = small_header(counts={"completions": 2, "tokens": 2})
+    body = columns_body([0, 0], [0, 2], [1, 1], [[0], [0]], [1, 2], [-1, -1])
+    expect("shape", decode_message, assemble(header, body))  # an empty completion
+    message = make_message(n_groups=2)
+    message.completions[0].group = 2
+    expect("shape", encode_message, message)
+    expect("limits", decode_message, encode_message(make_message(length=16)), limits=Limits(max_completion_tokens=15))
+    expect("limits", decode_message, encode_message(make_message(n=8)), limits=Limits(max_completions=7))
+
+
+@pytest.mark.parametrize("sender", ["../x", "", "a" * 129, "a/b", "a\\b", "..", ".", "a\nb", "nul\0"])
+def test_bad_senders(sender):
+    expect("header", encode_message, make_message(sender=sender))
+    expect("header", decode_message, assemble(small_header(sender=sender), small_body()))
+
+
+def test_good_senders():
+    for sender in ("a" * 128, "peer 7", "node-3:rank0", "pëer"):
+        assert decode_message(encode_message(make_message(sender=sender))).sender == sender
+
+
+def test_errors_name_the_sender():
+    error = expect("logps", decode_message, assemble(small_header(sender="mallory"), small_body(logps=[0.5, -1])))
+    assert "mallory" in str(error)
+
+
+def test_size_limits_on_encode_and_decode():
+    data = encode_message(make_message())
+    expect("too_large", decode_message, data, limits=Limits(max_message_bytes=len(data) - 1))
+    header_length = PREAMBLE.unpack(data[:PREAMBLE_SIZE])[3]
+    expect("too_large", decode_message, data, limits=Limits(max_header_bytes=header_length - 1))
+    expect("too_large", encode_message, make_message(), limits=Limits(max_message_bytes=len(data) - 1))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Encode-side validation and JSON conversion
+
+
+def test_numpy_values_in_prompts_and_extra_become_plain_json():
+    message = make_message(n=1, n_groups=1)
+    message.groups[0] = WireGroup(
+        prompt=np.str_("2+2="),
+        extra={"answer": np.int64(4), "score": np.float32(0.5), "ok": np.bool_(True), "v": np.arange(3), "t": (1, 2)},
+    )
+    group = decode_message(encode_message(message)).groups[0]
+    expected = {"answer": 4, "score": 0.5, "ok": True, "v": [0, 1, 2], "t": [1, 2]}
+    assert group == WireGroup(prompt="2+2=", extra=expected)
+    assert type(group.extra["answer"]) is int and type(group.prompt) is str
+
+
+@pytest.mark.parametrize("bad", [object(), {1, 2}, float("nan"), b"bytes", {1: "int key"}, "\ud800"])
+def test_non_json_values_raise_a_clear_error(bad):
+    message = make_message(n=1, n_groups=1)
+    message.groups[0].extra["column"] = bad
+    error = expect("header", encode_message, message)
+    assert "column" in str(error)
+
+
+def test_encode_validates_the_message():
+    cases = [
+        ({"temperature": 0.0}, "header"),
+        ({"temperature": float("nan")}, "header"),
+        ({"round": -1}, "header"),
+        ({"tokenizer_fingerprint": "not-a-sha"}, "header"),
+        ({"reward_names": ["only-one"]}, "shape"),  # K = 2 per completion
+    ]
+    for overrides, reason in cases:
+        expect(reason, encode_message, make_message(**overrides))
+    message = make_message(n=1)
+    message.completions[0].completion_ids = np.array([], np.int64)
+    message.completions[0].generator_logps = np.array([], np.float32)
+    expect("shape", encode_message, message)
+    message = make_message(n=1)
+    message.completions[0].completion_ids = message.completions[0].completion_ids.astype(np.float32)
+    expect("ids", encode_message, message)
+    message = make_message(n=1)
+    message.completions[0].completion_ids[0] = 2**31
+    expect("ids", encode_message, message)
+    with pytest.raises(TypeError):
+        encode_message({"sender": "a"})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# peek_header, errors, imports
+
+
+def test_peek_header_reads_without_verifying_or_decoding():
+    message = make_message(round=41)
+    data = encode_message(message, secret="s", compact=True)
+    info = peek_header(data)
+    assert info["sender"] == "peer-a" and info["round"] == 41 and info["created"] == message.created
+    assert info["signed"] and info["compact"] and info["compressed"]
+    assert info["num_completions"] == 8 and info["num_tokens"] == 128 and info["num_groups"] == 2
+    assert info["message_bytes"] == len(data) and info["schema_version"] == SCHEMA_VERSION
+    # Only the preamble and the header are needed: a transport can read just a file's first bytes.
+    assert peek_header(data[: PREAMBLE_SIZE + info["header_bytes"]])["round"] == 41
+    expect("truncated", peek_header, data[: PREAMBLE_SIZE + info["header_bytes"] - 1])
+    # The signature is not checked (tampering with the body goes unnoticed here, by design).
+    tampered = data[:-1] + bytes([data[-1] ^ 1])
+    assert peek_header(tampered)["sender"] == "peer-a"
+    expect("signature", decode_message, tampered, secret="s")
+    expect("magic", peek_header, b"PK\x03\x04" + data[4:])
+
+
+def test_exchange_error_is_a_picklable_value_error():
+    error = ExchangeError("ids", "message from peer 'x': token id 99 is outside ...")
+    assert isinstance(error, ValueError)
+    copy = pickle.loads(pickle.dumps(error))
+    assert copy.reason == "ids" and str(copy) == str(error)
+
+
+def test_wire_module_imports_neither_torch_nor_transformers():
+    # Load wire.py on its own (the trl_ftis package __init__ imports torch for the objective).
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('wire_alone', {str(Path(wire.__file__))!r})\n"
+        "module = importlib.util.module_from_spec(spec); sys.modules['wire_alone'] = module\n"
+        "spec.loader.exec_module(module)\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tokenizer fingerprint
+
+
+def test_tokenizer_fingerprint():
+    from trl_ftis.tiny import build_char_tokenizer
+
+    first = tokenizer_fingerprint(build_char_tokenizer())
+    assert len(first) == 64 and int(first, 16) >= 0
+    assert tokenizer_fingerprint(build_char_tokenizer()) == first  # two loads
+    assert tokenizer_fingerprint(build_char_tokenizer(chat_template=None)) == first  # template excluded
+
+    extended = build_char_tokenizer()
+    extended.add_tokens(["<x>"])
+    assert tokenizer_fingerprint(extended) != first
+
+    repurposed = build_char_tokenizer()
+    repurposed.pad_token = "<eos>"  # same vocabulary, different special-token roles
+    assert tokenizer_fingerprint(repurposed) != first
+    swapped = build_char_tokenizer()
+    swapped.bos_token, swapped.eos_token = "<eos>", "<bos>"  # same set of special tokens, roles swapped
+    assert sorted(swapped.all_special_tokens) == sorted(build_char_tokenizer().all_special_tokens)
+    assert tokenizer_fingerprint(swapped) != first
+
+    special = build_char_tokenizer()
+    special.add_special_tokens({"additional_special_tokens": ["<tool>"]})
+    assert tokenizer_fingerprint(special) not in (first, tokenizer_fingerprint(extended))
+
+
+def test_tokenizer_fingerprint_accepts_any_tokenizer_like_object():
+    class Minimal:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return dict(self.vocab)
+
+        def __len__(self):
+            return len(self.vocab)
+
+    a = tokenizer_fingerprint(Minimal({"a": 0, "b": 1}))
+    assert a == tokenizer_fingerprint(Minimal({"b": 1, "a": 0}))  # dict order does not matter
+    assert a != tokenizer_fingerprint(Minimal({"a": 1, "b": 0}))  # swapped ids do
