@@ -4,8 +4,8 @@ The objective (`ftis_loss` and its parts) needs only torch; the trainer classes 
 optional back-ends (vLLM, DeepSpeed, wandb, Redis) only when a run asks for them.
 """
 
-from importlib import import_module
 
+from ._lazy import lazy_exports
 from .objective import (
     KL_REDUCTIONS,
     VARIANTS,
@@ -48,13 +48,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())

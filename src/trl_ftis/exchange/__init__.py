@@ -5,8 +5,8 @@
 and importing this package stays cheap.
 """
 
-from importlib import import_module
 
+from .._lazy import lazy_exports
 from .wire import (
     SCHEMA_VERSION,
     ExchangeError,
@@ -43,13 +43,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
