@@ -75,8 +75,8 @@ def main() -> None:
     seed = peer_args.dataset_seed
     if seed is None:
         seed = zlib.crc32(training_args.peer_id.encode()) % 10_000
-    train = addition_problems(peer_args.train_size, seed=seed)
-    held_out = addition_problems(peer_args.eval_size, seed=99_999, exclude={p["prompt"] for p in train})
+    train = addition_problems(peer_args.train_size, seed=seed, split="train")
+    held_out = addition_problems(peer_args.eval_size, seed=99_999, split="test")  # the same for every peer
 
     if peer_args.sft_warmup_steps:
         supervised_warmup(
@@ -85,7 +85,7 @@ def main() -> None:
             train,
             steps=peer_args.sft_warmup_steps,
             target_accuracy=peer_args.sft_target_accuracy,
-            dev_problems=held_out[:100] or addition_problems(100, seed=seed + 1),
+            dev_problems=addition_problems(100, seed=seed + 1, split="test"),
             seed=peer_args.model_seed,
             eval_every=25,
         )
@@ -95,7 +95,7 @@ def main() -> None:
         model,
         REWARDS[peer_args.reward],
         args=training_args,
-        train_dataset=addition_dataset(peer_args.train_size, seed=seed),
+        train_dataset=addition_dataset(peer_args.train_size, seed=seed, split="train"),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )

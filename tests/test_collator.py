@@ -72,3 +72,16 @@ def test_concat_rows_widens_prompts_on_the_left_and_the_rest_on_the_right():
     assert merged["num_items_in_batch"] is local["num_items_in_batch"]
     with pytest.raises(KeyError, match="old_per_token_logps"):
         concat_rows(local, {k: v for k, v in extra.items() if k != "old_per_token_logps"}, pad_token_id=0)
+
+
+def test_addition_splits_are_disjoint_and_seed_independent():
+    from trl_ftis.tiny import addition_problems, in_test_split
+
+    train = addition_problems(3000, seed=1, split="train")
+    test_a = addition_problems(300, seed=2, split="test")
+    test_b = addition_problems(300, seed=3, split="test")
+    assert not {p["prompt"] for p in train} & {p["prompt"] for p in test_a + test_b}
+    assert all(in_test_split(p["prompt"]) for p in test_a) and not any(in_test_split(p["prompt"]) for p in train)
+    assert all(int(p["answer"]) == sum(map(int, p["prompt"][:-1].split("+"))) for p in train[:50])
+    with pytest.raises(ValueError, match="split"):
+        addition_problems(1, seed=0, split="dev")

@@ -7,6 +7,7 @@ size 64 and 2 layers learns 2-digit addition (``"23+48="`` -> ``"71<eos>"``) on 
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Sequence
 
 import torch
@@ -76,27 +77,46 @@ def build_tiny_llama(
     return model
 
 
-def addition_problems(n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None) -> list[dict]:
-    """``n`` distinct problems ``{"prompt": "23+48=", "answer": "71"}`` drawn with ``seed``; prompts in
-    ``exclude`` are skipped (use it to keep a held-out set disjoint from training)."""
+def in_test_split(prompt: str) -> bool:
+    """A fixed tenth of all problems, chosen by a hash of the prompt: the held-out split, whatever the seed."""
+    return zlib.crc32(prompt.encode()) % 10 == 0
+
+
+def addition_problems(
+    n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
+) -> list[dict]:
+    """``n`` distinct problems ``{"prompt": "23+48=", "answer": "71"}`` drawn with ``seed``.
+
+    Prompts in ``exclude`` are skipped. ``split="train"`` or ``"test"`` draws only from that side of the fixed
+    split of :func:`in_test_split` (about 810 test problems with 2 digits), so every peer and every seed is
+    evaluated on problems no training stream contains.
+    """
+    if split not in (None, "train", "test"):
+        raise ValueError(f"split must be None, 'train' or 'test', got {split!r}.")
     rng = random.Random(seed)
     low, high = 10 ** (digits - 1), 10**digits - 1
     exclude = exclude or set()
     seen: set[str] = set()
     problems = []
+    attempts = 0
     while len(problems) < n:
+        attempts += 1
+        if attempts > 100 * n + 100_000:
+            raise ValueError(f"Could not draw {n} distinct {digits}-digit problems (split={split!r}).")
         a, b = rng.randint(low, high), rng.randint(low, high)
         prompt = f"{a}+{b}="
-        if prompt in seen or prompt in exclude:
+        if prompt in seen or prompt in exclude or (split is not None and in_test_split(prompt) != (split == "test")):
             continue
         seen.add(prompt)
         problems.append({"prompt": prompt, "answer": str(a + b)})
     return problems
 
 
-def addition_dataset(n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None) -> Dataset:
+def addition_dataset(
+    n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
+) -> Dataset:
     """:func:`addition_problems` as a `datasets.Dataset` with columns ``prompt`` and ``answer``."""
-    return Dataset.from_list(addition_problems(n, seed=seed, digits=digits, exclude=exclude))
+    return Dataset.from_list(addition_problems(n, seed=seed, digits=digits, exclude=exclude, split=split))
 
 
 def exact_answer_reward(completions: Sequence, answer: Sequence[str], **kwargs) -> list[float]:
