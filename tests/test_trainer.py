@@ -49,7 +49,8 @@ def test_config_defaults_follow_the_paper(make_args):
     args = make_args()
     assert (args.variant, args.is_cap, args.kl_threshold, args.kl_reduction) == ("f-tis", 2.0, 50.0, "group_max_len")
     assert (args.loss_type, args.beta, args.disable_dropout, args.epsilon) == ("grpo", 0.0, True, 0.2)
-    assert args.cast_lm_head_to_fp32 is True
+    assert args.cast_lm_head_to_fp32 is False  # fp32 training: nothing to cast
+    assert make_args(bf16=True).cast_lm_head_to_fp32 is True
 
 
 @pytest.mark.parametrize(
@@ -406,3 +407,17 @@ def test_peer_prompts_are_rendered_with_the_receivers_chat_template(make_args):
     rendered = tokenizer("Q12+34=A", add_special_tokens=False)["input_ids"]
     assert batch["prompt_ids"][16, -len(rendered):].tolist() == rendered
     assert batch["prompt_mask"][16].sum() == len(rendered)
+
+
+def test_lora_on_a_model_with_tied_embeddings_works_with_fp32_head_requested(tokenizer, dataset, make_args, caplog):
+    """TRL cannot cast a tied LM head to fp32 under a PEFT wrapper; the trainer turns the cast off with a warning."""
+    from peft import LoraConfig
+
+    model = build_tiny_llama(tokenizer)
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    trainer = make_trainer(tokenizer, make_args(max_steps=1, cast_lm_head_to_fp32=True), dataset, model=model,
+                           peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+    assert trainer.args.cast_lm_head_to_fp32 is False and "tied embeddings" in caplog.text
+    trainer.train()
+    assert math.isfinite(last_metrics(trainer)[-1]["loss"])

@@ -65,8 +65,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _add_demo(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "demo",
+        help="run the embedded demo: a SmolLM2 swarm (full, LoRA, pruned) on word problems, on this CPU",
+        description="Run the embedded demo (what `make demo` runs); `trl-ftis demo --help` lists its options.",
+    )
+    # `main` hands everything after `demo` to trl_ftis.demo.main before this parser runs.
+
+
 # One registration function per subcommand, in the order `--help` lists them.
-SUBCOMMANDS = [_add_swarm]
+SUBCOMMANDS = [_add_swarm, _add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -84,6 +93,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse `argv` (default: sys.argv[1:]), run the subcommand and return its exit code (argparse errors: 2)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["demo"]:  # the demo parses its own options (including --help)
+        from .demo import main as demo_main
+
+        try:
+            return demo_main(argv[1:])
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -187,13 +187,18 @@ class FTISConfig(GRPOConfig):
         default=True,
         metadata={"help": "Disable dropout: with dropout, generation and scoring differ and own rows are off-policy."},
     )
-    cast_lm_head_to_fp32: bool = field(
-        default=True,
-        metadata={"help": "Compute the LM head and log-probs in fp32 (F-TIS compares log-probs across models)."},
+    cast_lm_head_to_fp32: bool | None = field(
+        default=None,
+        metadata={
+            "help": "Compute the LM head and log-probs in fp32 (F-TIS compares log-probs across models). Default: on "
+            "with bf16/fp16, off in fp32 (where it changes nothing)."
+        },
     )
 
     def __post_init__(self):
         super().__post_init__()
+        if self.cast_lm_head_to_fp32 is None:
+            self.cast_lm_head_to_fp32 = bool(self.bf16 or self.fp16)
         self.variant = parse_variant(self.variant).name  # raises ValueError on an unknown name
         if not self.is_cap >= 1.0:  # also rejects NaN
             raise ValueError(f"is_cap must be a number >= 1.0 (the weight of an on-policy token is 1), got {self.is_cap}.")

@@ -117,6 +117,13 @@ class FTISTrainer(GRPOTrainer):
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
         self._last_round_peers: dict[str, dict[str, float]] = {}
         self._refused_totals: Counter = Counter()
+        if args.cast_lm_head_to_fp32 and kwargs.get("peft_config") is not None and _ties_embeddings(model):
+            # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
+            logger.warning(
+                "cast_lm_head_to_fp32 is not supported by TRL for a LoRA model with tied embeddings; turning it off. "
+                "Keep log-probs comparable by training this peer in fp32."
+            )
+            args.cast_lm_head_to_fp32 = False
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.swarm: Swarm | None = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
@@ -716,6 +723,16 @@ class FTISTrainer(GRPOTrainer):
             "peers": sorted(set(self._sources) | set(self._last_round_peers)),
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
+
+
+def _ties_embeddings(model) -> bool:
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model)
+    else:
+        config = model.config
+    return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
 
 
 class _SummaryCallback(TrainerCallback):
