@@ -421,3 +421,14 @@ def test_lora_on_a_model_with_tied_embeddings_works_with_fp32_head_requested(tok
     assert trainer.args.cast_lm_head_to_fp32 is False and "tied embeddings" in caplog.text
     trainer.train()
     assert math.isfinite(last_metrics(trainer)[-1]["loss"])
+
+
+def test_without_peer_rows_trls_token_count_is_kept(tokenizer, dataset, make_args):
+    """TRL counts loss tokens with the tool mask; merging no rows must leave its count alone."""
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    output = {
+        "completion_mask": torch.ones(2, 4, dtype=torch.long),
+        "tool_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]]),
+        "num_items_in_batch": torch.tensor(6),
+    }
+    assert trainer._merge_peer_rows(dict(output), [])["num_items_in_batch"] == 6

@@ -13,6 +13,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from trl.trainer.utils import pad
 
@@ -173,9 +174,9 @@ def build_peer_batch(
         advantages = group_advantages(rewards, group_index, scale_rewards)
         group_max = group_max_lengths_by_index(lengths, group_index)
 
-    prompts = [torch.tensor(list(ids), dtype=torch.long) for ids in prompt_ids]
-    completions = [torch.tensor(list(row.completion_ids), dtype=torch.long) for row in rows]
-    logps = [torch.tensor(list(row.generator_logps), dtype=torch.float32) for row in rows]
+    prompts = [torch.as_tensor(np.asarray(ids, dtype=np.int64)) for ids in prompt_ids]
+    completions = [torch.as_tensor(np.asarray(row.completion_ids, dtype=np.int64)) for row in rows]
+    logps = [torch.as_tensor(np.asarray(row.generator_logps, dtype=np.float32)) for row in rows]
     return PeerBatch(
         prompt_ids=pad(prompts, padding_value=pad_token_id, padding_side="left").to(device),
         prompt_mask=pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device),

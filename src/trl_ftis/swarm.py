@@ -106,8 +106,9 @@ def message_to_rows(message: Message) -> list[PeerRow]:
         rows.append(
             PeerRow(
                 prompt=group.prompt,
-                completion_ids=completion.completion_ids.tolist(),
-                generator_logps=completion.generator_logps.astype(np.float64).tolist(),
+                # Arrays stay arrays (no per-token Python objects); the merge turns them into tensors directly.
+                completion_ids=completion.completion_ids,
+                generator_logps=completion.generator_logps,
                 reward=float(completion.reward),
                 group=(message.sender, message.round, completion.group),
                 sender=message.sender,

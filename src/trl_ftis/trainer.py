@@ -14,6 +14,7 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from torch import nn
@@ -158,6 +159,18 @@ class FTISTrainer(GRPOTrainer):
         embeddings = self.accelerator.unwrap_model(self.model).get_input_embeddings()
         return min(len(self._tokenizer), embeddings.num_embeddings)
 
+    def _admit(self, rows: list[PeerRow]) -> list[PeerRow]:
+        """Drop (and count) rows longer than `max_completion_length`: they would not fit the batch."""
+        kept = [row for row in rows if len(row.completion_ids) <= self.max_completion_length]
+        if len(kept) < len(rows):
+            self._peer_rows_dropped += len(rows) - len(kept)
+            logger.warning(
+                "Dropped %d peer rows longer than max_completion_length=%d.",
+                len(rows) - len(kept),
+                self.max_completion_length,
+            )
+        return kept
+
     def add_peer_rows(self, rows: Iterable[PeerRow]) -> int:
         """Queue completions sampled by other models; they join the next generation batch of this trainer.
 
@@ -170,29 +183,12 @@ class FTISTrainer(GRPOTrainer):
         rows out evenly.
         """
         rows = list(rows)
-        limit = self.vocab_limit
         for row in rows:
             if not isinstance(row, PeerRow):
                 raise TypeError(f"add_peer_rows takes PeerRow objects, got {type(row).__name__}.")
-            ids = torch.as_tensor(list(row.completion_ids))
-            if ids.dtype not in (torch.int32, torch.int64) or ids.min() < 0 or ids.max() >= limit:
-                raise ValueError(
-                    f"Peer row from {row.sender!r} has token ids outside this model's vocabulary [0, {limit}): "
-                    "peers must share a tokenizer."
-                )
-            logps = torch.as_tensor(list(row.generator_logps), dtype=torch.float64)
-            if not torch.isfinite(logps).all() or (logps > 1e-4).any():
-                raise ValueError(
-                    f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0."
-                )
-        kept = [row for row in rows if len(row.completion_ids) <= self.max_completion_length]
-        self._peer_rows_dropped += len(rows) - len(kept)
-        if len(kept) < len(rows):
-            logger.warning(
-                "Dropped %d peer rows longer than max_completion_length=%d.",
-                len(rows) - len(kept),
-                self.max_completion_length,
-            )
+        if rows:
+            _check_rows(rows, self.vocab_limit)
+        kept = self._admit(rows)
         self._pending_peer_rows.extend(kept)
         return len(kept)
 
@@ -386,7 +382,7 @@ class FTISTrainer(GRPOTrainer):
         bytes_sent = swarm.publish(own_rows, round)
         result = swarm.collect(round)
         received = result.rows
-        rows = select_rows(received, self._peer_row_cap(len(own_rows)))
+        rows = select_rows(self._admit(received), self._peer_row_cap(len(own_rows)))
         if not args.trust_peer_rewards:
             rows = self._rescore(rows)
         own_statistics = None
@@ -525,9 +521,9 @@ class FTISTrainer(GRPOTrainer):
         if keep < len(rows):
             self._peer_rows_dropped += len(rows) - keep
             rows = list(rows)[:keep]
-        self._metrics["train"]["ftis/peer_rows"].append(
-            self.accelerator.reduce(torch.tensor(float(len(rows)), device=self.accelerator.device), "sum").item()
-        )
+        total_rows = self.accelerator.reduce(torch.tensor(float(len(rows)), device=self.accelerator.device), "sum")
+        total_rows = total_rows.item()
+        self._metrics["train"]["ftis/peer_rows"].append(total_rows)
         self._metrics["train"]["ftis/peer_rows_dropped"].append(float(self._peer_rows_dropped))
         self._peer_rows_dropped = 0
         # Per-peer loss metrics are reductions over a source list that must be the same on every process.
@@ -543,16 +539,26 @@ class FTISTrainer(GRPOTrainer):
                     "single-turn completions."
                 )
             output = self._merge_rows(output, rows)
-        # `num_items_in_batch` counts loss tokens over all processes; recomputed on every process (a collective).
-        loss_mask = output["completion_mask"]
-        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        if total_rows > 0:  # the same decision on every process: they all run this collective, or none does
+            # `num_items_in_batch` counts loss tokens over all processes, as TRL does.
+            loss_mask = output["completion_mask"]
+            if output.get("tool_mask") is not None:
+                loss_mask = loss_mask * output["tool_mask"]
+            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         return output
 
     def _merge_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
         device = self.accelerator.device
-        prompt_ids, images, _ = self._tokenize_prompts([row.prompt for row in rows])
+        # Rows of a group share their prompt: render and tokenize each distinct prompt once.
+        keys = [prompt_key(row.prompt) for row in rows]
+        first_row = {}
+        for i, key in enumerate(keys):
+            first_row.setdefault(key, i)
+        unique_ids, images, _ = self._tokenize_prompts([rows[i].prompt for i in first_row.values()])
         if images is not None:
             raise ValueError("Peer rows with images are not supported.")
+        position = {key: k for k, key in enumerate(first_row)}
+        prompt_ids = [unique_ids[position[key]] for key in keys]
         peer = build_peer_batch(
             rows, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, scale_rewards=self.scale_rewards, device=device
         )
@@ -652,30 +658,32 @@ class FTISTrainer(GRPOTrainer):
         process whatever its rows (the source list is the same everywhere)."""
         mode = "train" if self.model.training else "eval"
         num_sources = len(self._sources) + 1
-        sums = torch.zeros(num_sources, 7, device=mask.device)
-        maxes = torch.full((num_sources, 2), -math.inf, device=mask.device)
+        source = source.long()
         finite = torch.isfinite(terms.filter_statistic)
-        for k in range(num_sources):
-            rows = source == k
-            if not rows.any():
-                continue
-            tokens = mask & rows.unsqueeze(-1)
-            kept_stats = finite & rows
-            sums[k] = torch.stack(
-                [
-                    rows.sum().float(),
-                    (~terms.keep & rows).sum().float(),
-                    tokens.sum().float(),
-                    terms.weights[tokens].sum().float(),
-                    (terms.capped & tokens).sum().float(),
-                    terms.filter_statistic[kept_stats].sum().float(),
-                    kept_stats.sum().float(),
-                ]
-            )
-            if tokens.any():
-                maxes[k, 0] = terms.weights[tokens].max()
-            if kept_stats.any():
-                maxes[k, 1] = terms.filter_statistic[kept_stats].max()
+        weights = torch.where(mask, terms.weights, torch.zeros_like(terms.weights))
+        per_row = torch.stack(
+            [
+                torch.ones_like(finite, dtype=torch.float32),
+                (~terms.keep).float(),
+                mask.sum(-1).float(),
+                weights.sum(-1).float(),
+                (terms.capped & mask).sum(-1).float(),
+                torch.where(finite, terms.filter_statistic, torch.zeros_like(terms.filter_statistic)).float(),
+                finite.float(),
+            ],
+            dim=1,
+        )
+        sums = torch.zeros(num_sources, per_row.shape[1], device=mask.device).index_add_(0, source, per_row)
+        row_peaks = torch.stack(
+            [
+                torch.where(mask, terms.weights, torch.full_like(terms.weights, -math.inf)).amax(-1).float(),
+                torch.where(finite, terms.filter_statistic, torch.full_like(terms.filter_statistic, -math.inf)).float(),
+            ],
+            dim=1,
+        )
+        maxes = torch.full((num_sources, 2), -math.inf, device=mask.device).scatter_reduce_(
+            0, source.unsqueeze(-1).expand(-1, 2), row_peaks, reduce="amax"
+        )
         sums = self.accelerator.reduce(sums, reduction="sum").cpu()
         maxes = self.accelerator.gather(maxes.unsqueeze(0)).amax(dim=0).cpu()
         groups = [("own", sums[0], maxes[0])]
@@ -723,6 +731,27 @@ class FTISTrainer(GRPOTrainer):
             "peers": sorted(set(self._sources) | set(self._last_round_peers)),
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
+
+
+def _check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
+    """Raise `ValueError` naming the first bad row's sender: ids outside [0, vocab_limit), log-probs not finite
+    and <= 0. One vectorised pass over all rows; the per-row search only runs to name the culprit."""
+    ids = np.concatenate([np.asarray(row.completion_ids).reshape(-1) for row in rows])
+    logps = np.concatenate([np.asarray(row.generator_logps, dtype=np.float64).reshape(-1) for row in rows])
+    ids_ok = ids.dtype.kind in "iu" and ids.min() >= 0 and ids.max() < vocab_limit
+    logps_ok = bool(np.isfinite(logps).all() and (logps <= 1e-4).all())
+    if ids_ok and logps_ok:
+        return
+    for row in rows:
+        row_ids = np.asarray(row.completion_ids)
+        if not ids_ok and (row_ids.dtype.kind not in "iu" or row_ids.min() < 0 or row_ids.max() >= vocab_limit):
+            raise ValueError(
+                f"Peer row from {row.sender!r} has token ids outside this model's vocabulary [0, {vocab_limit}): "
+                "peers must share a tokenizer."
+            )
+        row_logps = np.asarray(row.generator_logps, dtype=np.float64)
+        if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= 1e-4).all()):
+            raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")
 
 
 def _ties_embeddings(model) -> bool:
