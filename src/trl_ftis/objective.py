@@ -187,6 +187,18 @@ def ftis_terms(
     spec = variant if isinstance(variant, Variant) else parse_variant(variant)
     mask = completion_mask.bool()
     current = per_token_logps.detach()
+    if old_per_token_logps is None and gen_per_token_logps is None:
+        # Fully on-policy rows (ℓθ = ℓold = ℓgen exactly): w = 1, D = 0, nothing filtered. A shortcut, not an
+        # approximation: it skips a dozen tensor operations per micro-batch of a trainer without peers.
+        zeros = torch.zeros(advantages.shape, dtype=_at_least_fp32(current).dtype, device=current.device)
+        return FTISTerms(
+            token_advantages=_masked(advantages.to(current.dtype).unsqueeze(-1).expand_as(current), mask),
+            ratio_reference_logps=_masked(current, mask),
+            weights=mask.to(_at_least_fp32(current).dtype),
+            capped=torch.zeros_like(mask),
+            filter_statistic=zeros,
+            keep=torch.ones_like(advantages, dtype=torch.bool),
+        )
     old = current if old_per_token_logps is None else old_per_token_logps.to(current.dtype)
     gen = old if gen_per_token_logps is None else gen_per_token_logps.to(current.dtype)
 

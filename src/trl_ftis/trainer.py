@@ -628,6 +628,8 @@ class FTISTrainer(GRPOTrainer):
             raise ValueError(f"F-TIS expects one advantage per completion, got shape {tuple(advantages.shape)}.")
         old = inputs.get("old_per_token_logps")
         gen = inputs.get("ftis_gen_logps")
+        if gen is not None and not inputs["ftis_gen_valid"].any():
+            gen = None  # only own rows: ℓgen = ℓold
         if gen is not None:
             batch_time = per_token_logps.detach() if old is None else old
             gen = torch.where(inputs["ftis_gen_valid"].unsqueeze(-1), gen.to(batch_time.dtype), batch_time)
