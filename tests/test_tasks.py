@@ -156,8 +156,9 @@ def test_rewards_on_realistic_completions(as_chat):
     assert format_reward(prompts, completions, answer) == [1, 1, 1, 0, 0, 0, 0, 1]
     combined = combined_reward(prompts, completions, answer)
     assert combined == pytest.approx([1.2, 1.2, 0.2, 0.0, 1.0, 1.0, 1.0, 0.2])
+    per_function = [f(prompts, completions, answer) for f in DEFAULT_REWARD_FUNCS]
     weighted = [
-        sum(w * r[i] for w, r in zip(DEFAULT_REWARD_WEIGHTS, [f(prompts, completions, answer) for f in DEFAULT_REWARD_FUNCS]))
+        sum(w * r[i] for w, r in zip(DEFAULT_REWARD_WEIGHTS, per_function, strict=True))
         for i in range(len(COMPLETIONS))
     ]
     assert weighted == pytest.approx(combined)

@@ -15,6 +15,12 @@ stream with every test question excluded, so the two never share a question (and
 same split). To build splits by hand, draw the held-out set and pass its questions as ``exclude`` to the training
 draw.
 
+Measured with SmolLM2-135M-Instruct (:mod:`trl_ftis.smollm`, untrained, one CPU thread, 100 held-out problems,
+default prompt): difficulty 1 greedy 43 % correct / 100 % formatted (~22 tokens a completion; the same with 48 or 96
+new tokens), sampled at temperature 1.0 (4 samples x 32 prompts) 16 % correct / 80 % formatted, mean default reward
+0.33: inside GRPO's useful band, hence the default. Difficulty 2: greedy 4 %, sampled 2 % correct (too hard to start
+from). Without the worked example in the prompt the model rambles: 0-9 % correct, 0-16 % formatted.
+
 Rewards (TRL signature ``f(prompts, completions, answer, **kwargs) -> list[float]``): :func:`correctness_reward`
 (1 iff the number after the last ``####`` equals the answer) and :func:`format_reward` (1 iff the completion ends
 with exactly one ``#### <number>`` line). The demo default is :data:`DEFAULT_REWARD_FUNCS` with
@@ -59,7 +65,7 @@ SYSTEM_PROMPT = "Solve the problem. End with the final answer on its own line as
 FEW_SHOT = (("Kim has 3 pens and buys 4 more. How many pens does Kim have now?", "Kim has 3 + 4 = 7 pens.\n#### 7"),)
 
 DIFFICULTIES = (1, 2)
-#: One-step problems: the 135M SmolLM2 starts inside GRPO's useful band on them (see the module measurements).
+#: One-step problems: the 135M SmolLM2 starts inside GRPO's useful band on them (16 % of samples correct, see above).
 DEFAULT_DIFFICULTY = 1
 
 NAMES = (
