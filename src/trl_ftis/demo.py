@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 # Sized for a 2-core CPU: the full demo stays under 20 minutes, --quick under 5 (see docs/benchmarks.md).
-FULL = dict(steps=12, prompts_per_step=2, num_generations=4, max_completion_length=40, eval_size=40, n_train=300)
+FULL = dict(steps=10, prompts_per_step=2, num_generations=4, max_completion_length=40, eval_size=40, n_train=300)
 QUICK = dict(steps=3, prompts_per_step=2, num_generations=4, max_completion_length=32, eval_size=16, n_train=100)
 # The small peer: SmolLM2 with 24 of its 30 decoder layers. Pruning alone leaves fluent but answerless text, so it is
 # "healed" once by a few supervised steps on worked solutions of training problems (cached with the checkpoint).
