@@ -316,7 +316,7 @@ class RoundBench:
         t0 = time.perf_counter()
         assign_group_statistics(rows, "group")
         t1 = time.perf_counter()
-        prompt_ids = self.trainer._tokenize_prompts([row.prompt for row in rows])[0]
+        prompt_ids = self.trainer._tokenize_peer_prompts(rows)
         t2 = time.perf_counter()
         batch = build_peer_batch(rows, prompt_ids, pad_token_id=self.trainer._tokenizer.pad_token_id)
         t3 = time.perf_counter()

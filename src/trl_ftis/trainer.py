@@ -547,18 +547,22 @@ class FTISTrainer(GRPOTrainer):
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         return output
 
-    def _merge_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
-        device = self.accelerator.device
-        # Rows of a group share their prompt: render and tokenize each distinct prompt once.
+    def _tokenize_peer_prompts(self, rows: Sequence[PeerRow]) -> list[list[int]]:
+        """Each row's prompt rendered with this trainer's chat template and tokenized; rows of a group share their
+        prompt, so each distinct prompt is rendered and tokenized once."""
         keys = [prompt_key(row.prompt) for row in rows]
-        first_row = {}
+        first_row: dict[str, int] = {}
         for i, key in enumerate(keys):
             first_row.setdefault(key, i)
         unique_ids, images, _ = self._tokenize_prompts([rows[i].prompt for i in first_row.values()])
         if images is not None:
             raise ValueError("Peer rows with images are not supported.")
         position = {key: k for k, key in enumerate(first_row)}
-        prompt_ids = [unique_ids[position[key]] for key in keys]
+        return [unique_ids[position[key]] for key in keys]
+
+    def _merge_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
+        device = self.accelerator.device
+        prompt_ids = self._tokenize_peer_prompts(rows)
         peer = build_peer_batch(
             rows, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, scale_rewards=self.scale_rewards, device=device
         )
