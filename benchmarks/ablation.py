@@ -54,8 +54,16 @@ def warm_checkpoints(cache: Path, seeds, warmup_steps: int) -> dict:
                 model = build_tiny_llama(tokenizer, hidden_size=hidden, seed=seed)
                 # The small peer is warmed less: a weaker partner, as in the paper's 1.5B+3B pairs.
                 target = 0.3 if peer == "big" else 0.15
-                supervised_warmup(model, tokenizer, problems, steps=warmup_steps, target_accuracy=target,
-                                  dev_problems=dev, eval_every=25, seed=seed)
+                supervised_warmup(
+                    model,
+                    tokenizer,
+                    problems,
+                    steps=warmup_steps,
+                    target_accuracy=target,
+                    dev_problems=dev,
+                    eval_every=25,
+                    seed=seed,
+                )
                 model.save_pretrained(path)
             paths[(peer, seed)] = path
     return paths
@@ -114,7 +122,9 @@ def run_pair(setting: str, seed: int, checkpoints: dict, work: Path, steps: int,
         code = process.wait()
         log.close()
         if code != 0:
-            raise RuntimeError(f"{setting} seed {seed}: peer {peer} exited with {code}; see {run_dir / (peer + '.log')}")
+            raise RuntimeError(
+                f"{setting} seed {seed}: peer {peer} exited with {code}; see {run_dir / (peer + '.log')}"
+            )
         summary = json.loads((run_dir / peer / "ftis_summary.json").read_text())
         results[peer] = {
             "before": summary["accuracy_before"],
@@ -181,8 +191,10 @@ def main() -> None:
             print(f"seed {seed} {setting:12s} {parts}  [{time.time() - run_started:.0f} s]", flush=True)
 
     print()
-    print(f"# {len(seeds)} seed(s), {steps} GRPO steps per run, {eval_size} held-out problems; "
-          f"big = hidden 64, small = hidden 32; total {time.time() - started:.0f} s")
+    print(
+        f"# {len(seeds)} seed(s), {steps} GRPO steps per run, {eval_size} held-out problems; "
+        f"big = hidden 64, small = hidden 32; total {time.time() - started:.0f} s"
+    )
     print(report(results, options.settings, seeds))
     if options.json:
         options.json.write_text(json.dumps({f"{k[0]}/seed{k[1]}": v for k, v in results.items()}, indent=2))

@@ -38,7 +38,6 @@ import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 GOAL_FRACTION = 0.02
 PAPER_VOCAB = 49_152

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from transformers import PrinterCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
+from trl_ftis import FTISTrainer  # noqa: E402
 from trl_ftis.tiny import (  # noqa: E402
     addition_dataset,
     addition_problems,
@@ -33,27 +33,8 @@ from trl_ftis.tiny import (  # noqa: E402
     exact_answer_reward,
     greedy_accuracy,
     supervised_warmup,
+    tiny_grpo_config,
 )
-
-
-def grpo_args(output_dir: str, steps: int, seed: int) -> FTISConfig:
-    return FTISConfig(
-        output_dir=output_dir,
-        max_steps=steps,
-        per_device_train_batch_size=128,  # 16 prompts x 8 completions
-        num_generations=8,
-        max_completion_length=6,
-        learning_rate=2e-4,
-        lr_scheduler_type="constant",
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=seed,
-    )
 
 
 def main() -> None:
@@ -90,7 +71,7 @@ def main() -> None:
     peer_trainer = FTISTrainer(
         models["small-peer"],
         exact_answer_reward,
-        args=grpo_args(os.path.join(workdir, "peer"), options.steps, options.seed),
+        args=tiny_grpo_config(os.path.join(workdir, "peer"), max_steps=options.steps, seed=options.seed),
         train_dataset=addition_dataset(options.steps * 16, seed=300 + options.seed),
         processing_class=tokenizer,
     )
@@ -105,7 +86,9 @@ def main() -> None:
         trainer = FTISTrainer(
             copy.deepcopy(models["learner"]),
             exact_answer_reward,
-            args=grpo_args(os.path.join(workdir, label.replace(" ", "-")), options.steps, options.seed),
+            args=tiny_grpo_config(
+                os.path.join(workdir, label.replace(" ", "-")), max_steps=options.steps, seed=options.seed
+            ),
             train_dataset=addition_dataset(options.steps * 16, seed=400 + options.seed),
             processing_class=tokenizer,
         )
@@ -126,7 +109,10 @@ def main() -> None:
                     f"  peer D mean {entry.get('ftis/peer/kl_mean', float('nan')):.3f}"
                 )
             print(line)
-        runs[label] = (greedy_accuracy(trainer.model, tokenizer, held_out), sum(e.get("ftis/peer_rows", 0) for e in logs))
+        runs[label] = (
+            greedy_accuracy(trainer.model, tokenizer, held_out),
+            sum(e.get("ftis/peer_rows", 0) for e in logs),
+        )
 
     print(f"== held-out greedy accuracy ({len(held_out)} problems), learner started at {before:.3f}")
     for label, (accuracy, rows) in runs.items():

@@ -53,7 +53,9 @@ class TinyPeerArguments:
     dataset_seed: int | None = field(
         default=None, metadata={"help": "Seed of this peer's prompt stream (default: derived from peer_id)."}
     )
-    eval_size: int = field(default=0, metadata={"help": "Held-out problems for greedy accuracy before/after (0: skip)."})
+    eval_size: int = field(
+        default=0, metadata={"help": "Held-out problems for greedy accuracy before/after (0: skip)."}
+    )
     reward: str = field(default="exact", metadata={"help": "Reward: 'exact' (1 if correct) or 'digit_match' (dense)."})
 
 

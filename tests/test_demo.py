@@ -13,16 +13,27 @@ def test_the_demo_swarm_config_is_accepted_by_the_launcher(tmp_path):
     rendered = commands.values()
     assert any("--use_peft true" in r for r in rendered) and any("--train_alone true" in r for r in rendered)
     assert all("--expected_peers full lora small" in r for r in rendered)
-    assert all(f"--gradient_accumulation_steps {FULL['prompts_per_step'] * FULL['num_generations']}" in r
-               for r in rendered)
+    assert all(
+        f"--gradient_accumulation_steps {FULL['prompts_per_step'] * FULL['num_generations']}" in r for r in rendered
+    )
     assert QUICK["steps"] < FULL["steps"]
 
 
 def test_results_are_collected_and_tabulated(tmp_path):
     def write(peer, **summary):
         (tmp_path / peer).mkdir()
-        base = dict(peer_id=peer, steps=3, rows_sent=24, rows_received=48, rows_accepted=48, rows_filtered=5,
-                    accuracy_before=0.4, accuracy_curve=[[0, 0.4], [3, 0.5]], model="/x/smollm2", lora=False)
+        base = dict(
+            peer_id=peer,
+            steps=3,
+            rows_sent=24,
+            rows_received=48,
+            rows_accepted=48,
+            rows_filtered=5,
+            accuracy_before=0.4,
+            accuracy_curve=[[0, 0.4], [3, 0.5]],
+            model="/x/smollm2",
+            lora=False,
+        )
         (tmp_path / peer / "ftis_summary.json").write_text(json.dumps({**base, **summary}))
         (tmp_path / peer / "log_history.json").write_text(json.dumps([{"step": 1, "reward": 0.5, "loss": 0.1}]))
 

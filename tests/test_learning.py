@@ -1,10 +1,9 @@
 """It learns: a tiny model trained with F-TIS on its own and a smaller peer's rows gets better at addition."""
 
-import pytest
 import torch
 from transformers import PrinterCallback
 
-from trl_ftis import FTISConfig, FTISTrainer
+from trl_ftis import FTISTrainer
 from trl_ftis.tiny import (
     addition_dataset,
     addition_problems,
@@ -12,29 +11,14 @@ from trl_ftis.tiny import (
     exact_answer_reward,
     greedy_accuracy,
     supervised_warmup,
+    tiny_grpo_config,
 )
 
 GRPO_STEPS = 80
 
 
 def grpo_args(tmp_path, name, seed=0):
-    return FTISConfig(
-        output_dir=str(tmp_path / name),
-        max_steps=GRPO_STEPS,
-        per_device_train_batch_size=128,  # 16 prompts x 8 completions
-        num_generations=8,
-        max_completion_length=6,
-        learning_rate=2e-4,
-        lr_scheduler_type="constant",
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        logging_steps=10,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=seed,
-    )
+    return tiny_grpo_config(str(tmp_path / name), max_steps=GRPO_STEPS, seed=seed, logging_steps=10)
 
 
 def warmed(tokenizer, hidden_size, train, dev, seed):
@@ -52,15 +36,25 @@ def test_ftis_on_a_smaller_peers_rows_improves_held_out_accuracy(tokenizer, tmp_
     before = greedy_accuracy(learner, tokenizer, held_out)
 
     # The peer samples (and learns) first; round k of the learner then trains on the peer's round-k rows.
-    peer_trainer = FTISTrainer(peer, exact_answer_reward, args=grpo_args(tmp_path, "peer", seed=1),
-                               train_dataset=addition_dataset(GRPO_STEPS * 16, seed=21), processing_class=tokenizer)
+    peer_trainer = FTISTrainer(
+        peer,
+        exact_answer_reward,
+        args=grpo_args(tmp_path, "peer", seed=1),
+        train_dataset=addition_dataset(GRPO_STEPS * 16, seed=21),
+        processing_class=tokenizer,
+    )
     peer_trainer.remove_callback(PrinterCallback)
     published = []
     peer_trainer.add_row_listener(published.append)
     peer_trainer.train()
 
-    trainer = FTISTrainer(learner, exact_answer_reward, args=grpo_args(tmp_path, "learner"),
-                          train_dataset=addition_dataset(GRPO_STEPS * 16, seed=22), processing_class=tokenizer)
+    trainer = FTISTrainer(
+        learner,
+        exact_answer_reward,
+        args=grpo_args(tmp_path, "learner"),
+        train_dataset=addition_dataset(GRPO_STEPS * 16, seed=22),
+        processing_class=tokenizer,
+    )
     trainer.remove_callback(PrinterCallback)
     trainer.add_row_listener(lambda _rows: trainer.add_peer_rows(published[trainer.state.global_step]))
     trainer.train()

@@ -5,11 +5,10 @@ import time
 import uuid
 
 import pytest
-import torch
 
 from trl_ftis import PeerRow
 from trl_ftis.collator import assign_group_statistics, select_rows
-from trl_ftis.exchange import encode_message, tokenizer_fingerprint
+from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
 from trl_ftis.swarm import Swarm, message_to_rows, rows_to_message
 from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
@@ -54,7 +53,12 @@ def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
 def test_rows_survive_the_wire(tokenizer):
     original = rows("a") + rows("a", group="h", prompt=[{"role": "user", "content": "1+2="}])
     message = rows_to_message(
-        original, sender="a", round=3, tokenizer_fingerprint="f", tokenizer_name="t", temperature=1.0,
+        original,
+        sender="a",
+        round=3,
+        tokenizer_fingerprint="f",
+        tokenizer_name="t",
+        temperature=1.0,
         reward_names=["digit_match_reward"],
     )
     assert len(message.groups) == 2  # one prompt entry per group, not per row
@@ -246,8 +250,16 @@ def test_horizontal_mode_normalises_mixed_groups(tokenizer, make_args, url):
     for k, (prompt, answer) in enumerate(prompts.items()):
         ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         peer_rows += [
-            PeerRow(prompt=prompt, completion_ids=ids, generator_logps=[-0.1] * len(ids), reward=1.0, group=k,
-                    sender="oracle", extra={"answer": answer}, round=0)
+            PeerRow(
+                prompt=prompt,
+                completion_ids=ids,
+                generator_logps=[-0.1] * len(ids),
+                reward=1.0,
+                group=k,
+                sender="oracle",
+                extra={"answer": answer},
+                round=0,
+            )
             for _ in range(4)
         ]
     make_swarm(url, "oracle", tokenizer).publish(peer_rows, 0)

@@ -101,10 +101,24 @@ def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
 
 def start_peer(tmp_path, peer_id, exchange, *, hidden_size, steps=3, env=None, **args):
     settings = {**COMMON, "max_steps": steps, **args}
-    command = [sys.executable, PEER_SCRIPT, "--peer_id", peer_id, "--exchange_url", exchange,
-               "--output_dir", str(tmp_path / peer_id), "--hidden_size", str(hidden_size)]
+    command = [
+        sys.executable,
+        PEER_SCRIPT,
+        "--peer_id",
+        peer_id,
+        "--exchange_url",
+        exchange,
+        "--output_dir",
+        str(tmp_path / peer_id),
+        "--hidden_size",
+        str(hidden_size),
+    ]
     for key, value in settings.items():
-        command += [f"--{key}"] + ([str(v) for v in value] if isinstance(value, list) else [str(value).lower() if isinstance(value, bool) else str(value)])
+        command += [f"--{key}"] + (
+            [str(v) for v in value]
+            if isinstance(value, list)
+            else [str(value).lower() if isinstance(value, bool) else str(value)]
+        )
     log = open(tmp_path / f"{peer_id}.log", "w")
     return subprocess.Popen(command, cwd=ROOT, env=peer_env(**(env or {})), stdout=log, stderr=subprocess.STDOUT)
 
@@ -142,8 +156,12 @@ def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     (exchange / "notes.txt").write_text("garbage")
     stranger = rows_to_message(
         [PeerRow(prompt="12+34=", completion_ids=[8, 9, 2], generator_logps=[-0.1] * 3, reward=1.0, group=0)] * 8,
-        sender="stranger", round=0, tokenizer_fingerprint=tokenizer_fingerprint(build_char_tokenizer()),
-        tokenizer_name="char", temperature=1.0, reward_names=["digit_match_reward"],
+        sender="stranger",
+        round=0,
+        tokenizer_fingerprint=tokenizer_fingerprint(build_char_tokenizer()),
+        tokenizer_name="char",
+        temperature=1.0,
+        reward_names=["digit_match_reward"],
     )
     (exchange / "0000000000.stranger.1.ftis").write_bytes(encode_message(stranger))  # unsigned
     secret = {"FTIS_SWARM_SECRET": "let-me-in"}
@@ -167,14 +185,37 @@ def test_a_two_process_peer_talks_through_its_main_process_and_shares_rows_evenl
     exchange = f"dir://{tmp_path / 'exchange'}"
     common = {**COMMON, "max_steps": 2, "expected_peers": ["dp", "solo"], "peer_timeout": 120}
     # solo sends 9 rows a round (3 prompts x 3 completions): dp's two ranks merge 4 each.
-    solo = start_peer(tmp_path, "solo", exchange, hidden_size=32,
-                      **{**common, "per_device_train_batch_size": 9, "num_generations": 3})
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(_free_port()), PEER_SCRIPT, "--peer_id", "dp", "--exchange_url", exchange,
-               "--output_dir", str(tmp_path / "dp"), "--hidden_size", "64"]
+    solo = start_peer(
+        tmp_path,
+        "solo",
+        exchange,
+        hidden_size=32,
+        **{**common, "per_device_train_batch_size": 9, "num_generations": 3},
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(_free_port()),
+        PEER_SCRIPT,
+        "--peer_id",
+        "dp",
+        "--exchange_url",
+        exchange,
+        "--output_dir",
+        str(tmp_path / "dp"),
+        "--hidden_size",
+        "64",
+    ]
     for key, value in {**common, "per_device_train_batch_size": 8}.items():
-        command += [f"--{key}"] + ([str(v) for v in value] if isinstance(value, list) else
-                                   [str(value).lower() if isinstance(value, bool) else str(value)])
+        command += [f"--{key}"] + (
+            [str(v) for v in value]
+            if isinstance(value, list)
+            else [str(value).lower() if isinstance(value, bool) else str(value)]
+        )
     with open(tmp_path / "dp.log", "w") as log:
         dp = subprocess.run(command, cwd=ROOT, env=peer_env(), stdout=log, stderr=subprocess.STDOUT, timeout=400)
     assert dp.returncode == 0, (tmp_path / "dp.log").read_text()[-3000:]

@@ -297,7 +297,10 @@ def test_peer_rows_with_accumulation_and_several_iterations(tokenizer, dataset, 
 def test_merged_batch_is_padded_like_trl(tokenizer, dataset, make_args):
     trainer = make_trainer(tokenizer, make_args(), dataset)
     trainer.add_peer_rows(
-        [a_row(prompt="1234+5678=", group="x"), a_row(prompt="1+2=", completion_ids=[5, 2], generator_logps=[-1, -2], group="x")]
+        [
+            a_row(prompt="1234+5678=", group="x"),
+            a_row(prompt="1+2=", completion_ids=[5, 2], generator_logps=[-1, -2], group="x"),
+        ]
     )
     trainer.model.train()
     batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
@@ -395,17 +398,24 @@ def test_peer_prompts_are_rendered_with_the_receivers_chat_template(make_args):
 
     from trl_ftis.tiny import build_char_tokenizer
 
-    receiver_template = "{% for m in messages %}Q{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A{% endif %}"
+    receiver_template = (
+        "{% for m in messages %}Q{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A{% endif %}"
+    )
     tokenizer = build_char_tokenizer(chat_template=receiver_template)
     chat = Dataset.from_list([{"prompt": [{"role": "user", "content": "1+2="}], "answer": "3"}] * 16)
-    trainer = FTISTrainer(build_tiny_llama(tokenizer), digit_match_reward, args=make_args(), train_dataset=chat,
-                          processing_class=tokenizer)
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer),
+        digit_match_reward,
+        args=make_args(),
+        train_dataset=chat,
+        processing_class=tokenizer,
+    )
     message = [{"role": "user", "content": "12+34="}]
     trainer.add_peer_rows([a_row(prompt=message), a_row(prompt=message, reward=0.0)])
     trainer.model.train()
     batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
     rendered = tokenizer("Q12+34=A", add_special_tokens=False)["input_ids"]
-    assert batch["prompt_ids"][16, -len(rendered):].tolist() == rendered
+    assert batch["prompt_ids"][16, -len(rendered) :].tolist() == rendered
     assert batch["prompt_mask"][16].sum() == len(rendered)
 
 
@@ -416,8 +426,13 @@ def test_lora_on_a_model_with_tied_embeddings_works_with_fp32_head_requested(tok
     model = build_tiny_llama(tokenizer)
     model.config.tie_word_embeddings = True
     model.tie_weights()
-    trainer = make_trainer(tokenizer, make_args(max_steps=1, cast_lm_head_to_fp32=True), dataset, model=model,
-                           peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+    trainer = make_trainer(
+        tokenizer,
+        make_args(max_steps=1, cast_lm_head_to_fp32=True),
+        dataset,
+        model=model,
+        peft_config=LoraConfig(r=4, target_modules=["q_proj"]),
+    )
     assert trainer.args.cast_lm_head_to_fp32 is False and "tied embeddings" in caplog.text
     trainer.train()
     assert math.isfinite(last_metrics(trainer)[-1]["loss"])

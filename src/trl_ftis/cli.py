@@ -66,7 +66,7 @@ def _non_negative_float(text: str) -> float:
 
 
 def _add_demo(subparsers) -> None:
-    parser = subparsers.add_parser(
+    subparsers.add_parser(
         "demo",
         help="run the embedded demo: a SmolLM2 swarm (full, LoRA, pruned) on word problems, on this CPU",
         description="Run the embedded demo (what `make demo` runs); `trl-ftis demo --help` lists its options.",

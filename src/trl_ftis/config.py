@@ -156,7 +156,9 @@ class FTISConfig(GRPOConfig):
     )
     trust_peer_rewards: bool = field(
         default=False,
-        metadata={"help": "Use the rewards peers send instead of recomputing them with this trainer's reward functions."},
+        metadata={
+            "help": "Use the rewards peers send instead of recomputing them with this trainer's reward functions."
+        },
     )
     collaboration_mode: str = field(
         default="vertical",
@@ -201,7 +203,9 @@ class FTISConfig(GRPOConfig):
             self.cast_lm_head_to_fp32 = bool(self.bf16 or self.fp16)
         self.variant = parse_variant(self.variant).name  # raises ValueError on an unknown name
         if not self.is_cap >= 1.0:  # also rejects NaN
-            raise ValueError(f"is_cap must be a number >= 1.0 (the weight of an on-policy token is 1), got {self.is_cap}.")
+            raise ValueError(
+                f"is_cap must be a number >= 1.0 (the weight of an on-policy token is 1), got {self.is_cap}."
+            )
         if not self.kl_threshold >= 0.0:
             raise ValueError(f"kl_threshold must be a number >= 0, got {self.kl_threshold}.")
         if self.kl_reduction not in KL_REDUCTIONS:
@@ -262,7 +266,11 @@ class FTISConfig(GRPOConfig):
 
     def __str__(self):
         text = super().__str__()
-        return text.replace(f"swarm_secret={self.swarm_secret},", "swarm_secret=<redacted>,") if self.swarm_secret else text
+        return (
+            text.replace(f"swarm_secret={self.swarm_secret},", "swarm_secret=<redacted>,")
+            if self.swarm_secret
+            else text
+        )
 
     __repr__ = __str__
 

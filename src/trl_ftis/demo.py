@@ -40,8 +40,13 @@ def _peer_config(run_dir: Path, base: Path, small: Path, settings: dict, *, base
             "id": "lora",
             "model": str(base),
             "lora": True,
-            "args": {"learning_rate": 2e-4, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,
-                     "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]},
+            "args": {
+                "learning_rate": 2e-4,
+                "lora_r": 16,
+                "lora_alpha": 32,
+                "lora_dropout": 0.0,
+                "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+            },
         },
         {"id": "small", "model": str(small), "args": {"learning_rate": 5e-6}},
     ]
@@ -157,8 +162,10 @@ def collect_results(run_dir: Path, peer_ids) -> dict:
 
 def format_table(results: dict) -> str:
     alone = results.get("alone", {}).get("accuracy_after")
-    header = f"{'peer':7s} {'model':22s} {'acc before':>10s} {'acc after':>10s} {'vs alone':>9s} " \
-             f"{'rows sent':>9s} {'received':>9s} {'filtered':>9s}"
+    header = (
+        f"{'peer':7s} {'model':22s} {'acc before':>10s} {'acc after':>10s} {'vs alone':>9s} "
+        f"{'rows sent':>9s} {'received':>9s} {'filtered':>9s}"
+    )
     lines = [header, "-" * len(header)]
     for peer, r in results.items():
         if "error" in r:
@@ -201,13 +208,16 @@ def plot_curves(results: dict, path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trl-ftis demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="trl-ftis demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="a few-minute version (fewer steps and problems)")
     parser.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per peer")
     parser.add_argument("--no-baseline", action="store_true", help="skip the 'alone' baseline peer")
-    parser.add_argument("--cache-dir", type=Path, default=None, help="model cache (default $FTIS_CACHE or ~/.cache/trl-ftis)")
+    parser.add_argument(
+        "--cache-dir", type=Path, default=None, help="model cache (default $FTIS_CACHE or ~/.cache/trl-ftis)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)
     settings = dict(QUICK if options.quick else FULL)
@@ -224,11 +234,15 @@ def main(argv: list[str] | None = None) -> int:
     except SmolLM2NotInstalledError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    pruned = make_pruned_copy(base, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers",
-                              keep_layers=SMALL_PEER_LAYERS)
+    pruned = make_pruned_copy(
+        base, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers", keep_layers=SMALL_PEER_LAYERS
+    )
     small = heal_small_peer(pruned, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers-healed")
-    print(f"   full model: {base}\n   small peer: {small} ({SMALL_PEER_LAYERS} of its decoder layers, "
-          f"{HEALING_STEPS} supervised healing steps)", flush=True)
+    print(
+        f"   full model: {base}\n   small peer: {small} ({SMALL_PEER_LAYERS} of its decoder layers, "
+        f"{HEALING_STEPS} supervised healing steps)",
+        flush=True,
+    )
 
     run_dir = options.run_dir.resolve()
     if run_dir.exists():
@@ -236,15 +250,20 @@ def main(argv: list[str] | None = None) -> int:
     _write_problems(run_dir / "data", settings, options.seed)
     config = _peer_config(run_dir, base, small, settings, baseline=not options.no_baseline, seed=options.seed)
     peer_ids = [peer["id"] for peer in config["peers"]]
-    print(f"== swarm of {len(peer_ids)} peers ({', '.join(peer_ids)}), {settings['steps']} steps each, "
-          f"{settings['prompts_per_step']} prompts x {settings['num_generations']} completions a step; "
-          f"exchange {config['exchange_url']}", flush=True)
+    print(
+        f"== swarm of {len(peer_ids)} peers ({', '.join(peer_ids)}), {settings['steps']} steps each, "
+        f"{settings['prompts_per_step']} prompts x {settings['num_generations']} completions a step; "
+        f"exchange {config['exchange_url']}",
+        flush=True,
+    )
     code = run_swarm(load_swarm_config(config, run_dir=run_dir))
 
     results = collect_results(run_dir, peer_ids)
     (run_dir / "results.json").write_text(json.dumps({"settings": settings, "peers": results}, indent=2))
-    print("\n== results (held-out greedy accuracy on "
-          f"{settings['eval_size']} problems; rows: completions shared between peers)")
+    print(
+        "\n== results (held-out greedy accuracy on "
+        f"{settings['eval_size']} problems; rows: completions shared between peers)"
+    )
     print(format_table(results))
     if plot_curves(results, run_dir / "curves.png"):
         print(f"curves: {run_dir / 'curves.png'}")

@@ -275,7 +275,9 @@ class Swarm:
         """Decode and check one envelope; add its rows to ``result``. Returns the sender when accepted."""
         if envelope.error:
             result.refused[envelope.error] += 1
-            self._warn_once(envelope.source, envelope.error, f"Skipped {envelope.source!r} from the exchange: {envelope.error}")
+            self._warn_once(
+                envelope.source, envelope.error, f"Skipped {envelope.source!r} from the exchange: {envelope.error}"
+            )
             return None
         try:
             header = peek_header(envelope.data)

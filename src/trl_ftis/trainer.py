@@ -6,7 +6,6 @@ import asyncio
 import json
 import logging
 import math
-import os
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -210,7 +209,9 @@ class FTISTrainer(GRPOTrainer):
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         recorder = self._recorder
         if recorder is None or self.use_vllm or self.use_transformers_continuous_batching or self.tools:
-            return super()._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images)
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
         with self._generate_with(recorder) as recorded:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
@@ -474,8 +475,9 @@ class FTISTrainer(GRPOTrainer):
                     inputs = [apply_chat_template(m, processor, **self.chat_template_kwargs)["text"] for m in messages]
                 else:
                     inputs = [p + c for p, c in zip(prompts, completions, strict=True)]
-                encoded = processor(text=inputs, return_tensors="pt", padding=True, padding_side="right",
-                                    add_special_tokens=False).to(next(func.parameters()).device)
+                encoded = processor(
+                    text=inputs, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+                ).to(next(func.parameters()).device)
                 with torch.inference_mode():
                     table[:, k] = func(**encoded).logits[:, 0].float().cpu()
                 continue
@@ -484,8 +486,10 @@ class FTISTrainer(GRPOTrainer):
                 call = asyncio.run_coroutine_threadsafe(call, self.async_loop).result()
             values = list(call)
             if len(values) != len(rows):
-                raise ValueError(f"Reward function {self.reward_func_names[k]!r} returned {len(values)} rewards for "
-                                 f"{len(rows)} peer rows.")
+                raise ValueError(
+                    f"Reward function {self.reward_func_names[k]!r} returned {len(values)} rewards for "
+                    f"{len(rows)} peer rows."
+                )
             table[:, k] = torch.tensor([math.nan if v is None else float(v) for v in values])
         weights = self.reward_weights.float().cpu()
         totals = torch.nansum(table * weights, dim=1)
@@ -511,7 +515,9 @@ class FTISTrainer(GRPOTrainer):
         lengths = torch.tensor([len(row.completion_ids) for row in union])
         advantages = group_advantages(rewards, index, self.scale_rewards).tolist()
         group_max = group_max_lengths_by_index(lengths, index).tolist()
-        for row, advantage, max_length in zip(mixed, advantages[len(own_rows):], group_max[len(own_rows):], strict=True):
+        for row, advantage, max_length in zip(
+            mixed, advantages[len(own_rows) :], group_max[len(own_rows) :], strict=True
+        ):
             row.advantage, row.group_max_length = advantage, max_length
         return advantages[: len(own_rows)], group_max[: len(own_rows)]
 
@@ -564,7 +570,11 @@ class FTISTrainer(GRPOTrainer):
         device = self.accelerator.device
         prompt_ids = self._tokenize_peer_prompts(rows)
         peer = build_peer_batch(
-            rows, prompt_ids, pad_token_id=self._tokenizer.pad_token_id, scale_rewards=self.scale_rewards, device=device
+            rows,
+            prompt_ids,
+            pad_token_id=self._tokenizer.pad_token_id,
+            scale_rewards=self.scale_rewards,
+            device=device,
         )
         fields = {
             "prompt_ids": peer.prompt_ids,
@@ -683,7 +693,9 @@ class FTISTrainer(GRPOTrainer):
         row_peaks = torch.stack(
             [
                 torch.where(mask, terms.weights, torch.full_like(terms.weights, -math.inf)).amax(-1).float(),
-                torch.where(finite, terms.filter_statistic, torch.full_like(terms.filter_statistic, -math.inf)).float(),
+                torch.where(
+                    finite, terms.filter_statistic, torch.full_like(terms.filter_statistic, -math.inf)
+                ).float(),
             ],
             dim=1,
         )
