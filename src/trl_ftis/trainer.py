@@ -783,7 +783,7 @@ def _ties_embeddings(model) -> bool:
 
 
 class _SummaryCallback(TrainerCallback):
-    """Writes `ftis_summary.json` (main process) when training ends, and closes the swarm connection."""
+    """Writes `ftis_summary.json` (main process) when training ends."""
 
     def __init__(self, trainer: FTISTrainer):
         self.trainer = trainer
