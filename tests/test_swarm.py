@@ -1,6 +1,7 @@
 """Swarm rounds in one process over the memory transport: who is refused, waiting, selection, rescoring."""
 
 import logging
+from pathlib import Path
 import time
 import uuid
 
@@ -279,3 +280,36 @@ def test_a_message_delivered_twice_is_used_once(tokenizer, url):
     b.publish(rows("b"), 0)  # a retried publish
     result = a.collect(0)
     assert len(result.rows) == 4 and result.refused["duplicate"] == 1
+
+
+def test_peers_report_their_models_and_the_model_card_names_the_swarm(tokenizer, make_args, url):
+    peer = make_swarm(url, "coder", tokenizer, model_name="Qwen/Qwen2.5-Coder-1.5B")
+    silent = make_swarm(url, "quiet", tokenizer)  # an older peer that sends no model name
+    peer.publish(rows("coder", count=8), 0)
+    silent.publish(rows("quiet", count=8, group="q"), 0)
+    trainer = swarm_trainer(tokenizer, make_args, url, variant="f-tis", is_cap=3.0, kl_threshold=25.0)
+    trainer.train()
+    assert trainer.swarm.peer_models == {"coder": "Qwen/Qwen2.5-Coder-1.5B"}
+    assert trainer.summary()["peer_models"] == {"coder": "Qwen/Qwen2.5-Coder-1.5B"}
+    # The trainer sends its own model's name: the observer sees it.
+    observer = make_swarm(url, "observer", tokenizer)
+    observer.collect(0)
+    assert observer.peer_models["me"] == trainer._model_name()
+
+    trainer.create_model_card(model_name="tiny-ftis")
+    card = (Path(trainer.args.output_dir) / "README.md").read_text()
+    section = card[card.index("## F-TIS training") : card.index("## Citations")]
+    assert "| variant | `f-tis` |" in section
+    assert "| truncation cap C (`is_cap`) | 3 |" in section and "| filter threshold g (`kl_threshold`) | 25 |" in section
+    assert "| `me` (this model) |" in section
+    assert "| `coder` | Qwen/Qwen2.5-Coder-1.5B | 8 |" in section
+    assert "| `quiet` | not reported | 8 |" in section
+    assert "2605.22537" in section and "F-TIS: Harnessing Diverse Models" in section
+
+
+def test_a_lone_trainer_card_says_it_trained_alone(tokenizer, make_args, url):
+    trainer = swarm_trainer(tokenizer, make_args, url)
+    trainer.train()
+    trainer.create_model_card()
+    card = (Path(trainer.args.output_dir) / "README.md").read_text()
+    assert "trained on its own completions only" in card and "| variant | `f-tis` |" in card

@@ -692,3 +692,17 @@ def test_tokenizer_fingerprint_accepts_any_tokenizer_like_object():
     a = tokenizer_fingerprint(Minimal({"a": 0, "b": 1}))
     assert a == tokenizer_fingerprint(Minimal({"b": 1, "a": 0}))  # dict order does not matter
     assert a != tokenizer_fingerprint(Minimal({"a": 1, "b": 0}))  # swapped ids do
+
+
+def test_the_optional_model_name_travels_and_is_checked():
+    named = make_message(model="Qwen/Qwen2.5-3B (LoRA)")
+    data = encode_message(named, secret="s")
+    assert decode_message(data, secret="s").model == "Qwen/Qwen2.5-3B (LoRA)"
+    assert peek_header(data)["model"] == "Qwen/Qwen2.5-3B (LoRA)"
+    unnamed = encode_message(make_message())  # older senders leave it out: still valid
+    assert b'"model"' not in unnamed and decode_message(unnamed).model == ""
+    body = small_body()
+    assert decode_message(assemble(small_header(model="m"), body)).model == "m"
+    expect("header", decode_message, assemble(small_header(model="bad\nname"), body))
+    expect("header", decode_message, assemble(small_header(model=7), body))
+    expect("header", decode_message, assemble(small_header(model="x" * 5000), body))

@@ -4,7 +4,6 @@ The objective (`ftis_loss` and its parts) needs only torch; the trainer classes 
 optional back-ends (vLLM, DeepSpeed, wandb, Redis) only when a run asks for them.
 """
 
-
 from ._lazy import lazy_exports
 from .objective import (
     KL_REDUCTIONS,

@@ -53,7 +53,8 @@ class FTISConfig(GRPOConfig):
     Parameters:
         peer_id (`str`, *optional*):
             This peer's name in the swarm (letters, digits, `_ . -`, at most 64). Defaults to `run_name` when it is
-            a valid id, else `"peer"`.
+            a valid id, else `"peer"`. When set and `run_name` is not, `run_name` becomes the peer id, so each
+            peer's tracker run (wandb, trackio, ...) is named after it.
         exchange_url (`str`, *optional*):
             Where peers exchange completions: `dir:///shared/path` (a shared directory, no server),
             `redis://[:password@]host:port/db` or `rediss://...` (Redis Streams), `memory://name` (in-process, for
@@ -115,7 +116,10 @@ class FTISConfig(GRPOConfig):
 
     peer_id: str | None = field(
         default=None,
-        metadata={"help": "This peer's name in the swarm (letters, digits, _ . -). Defaults to run_name or 'peer'."},
+        metadata={
+            "help": "This peer's name in the swarm (letters, digits, _ . -). Defaults to run_name or 'peer'; "
+            "when set, it is also the default run_name (the tracker run is named after the peer)."
+        },
     )
     exchange_url: str | None = field(
         default=None,
@@ -229,6 +233,9 @@ class FTISConfig(GRPOConfig):
     def _validate_swarm(self):
         if self.peer_id is None:
             self.peer_id = self.run_name if self.run_name and _PEER_ID.match(self.run_name) else "peer"
+        elif self.run_name is None:
+            # Trackers (wandb, trackio, ...) name the run after `run_name`: one run per peer, named after it.
+            self.run_name = self.peer_id
         if not _PEER_ID.match(str(self.peer_id)):
             raise ValueError(f"peer_id must be 1-64 letters, digits, '_', '.' or '-', got {self.peer_id!r}.")
         if self.exchange_url is not None:

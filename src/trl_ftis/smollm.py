@@ -384,9 +384,11 @@ def make_pruned_copy(
             pruned = AutoModelForCausalLM.from_config(new_config, dtype=model.dtype)
         state = _renumber_layers(model.state_dict(), kept)
         missing, unexpected = pruned.load_state_dict(state, strict=False)
-        tied = {"lm_head.weight"} if getattr(new_text, "tie_word_embeddings", False) or getattr(
-            new_config, "tie_word_embeddings", False
-        ) else set()
+        tied = (
+            {"lm_head.weight"}
+            if getattr(new_text, "tie_word_embeddings", False) or getattr(new_config, "tie_word_embeddings", False)
+            else set()
+        )
         if set(missing) - tied or unexpected:
             raise RuntimeError(f"pruning: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
         pruned.tie_weights()

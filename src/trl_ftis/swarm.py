@@ -66,6 +66,7 @@ def rows_to_message(
     tokenizer_name: str,
     temperature: float,
     reward_names: Sequence[str],
+    model: str = "",
 ) -> Message:
     """Pack rows into a wire message; rows sharing ``group`` share one prompt entry."""
     groups: list[WireGroup] = []
@@ -95,6 +96,7 @@ def rows_to_message(
         reward_names=list(reward_names),
         groups=groups,
         completions=completions,
+        model=model,
     )
 
 
@@ -139,6 +141,8 @@ class Swarm:
         max_staleness: messages from rounds older than ``round - max_staleness`` are dropped.
         compact: send 16-bit, compressed messages.
         keep_rounds: own messages older than this many rounds are removed from the exchange.
+        model_name: this peer's model (name or path), sent along so that peers can name it in summaries and model
+            cards; received names are in ``peer_models``.
     """
 
     def __init__(
@@ -159,6 +163,7 @@ class Swarm:
         compact: bool = False,
         keep_rounds: int | None = None,
         transport: Transport | None = None,
+        model_name: str = "",
     ):
         self.url = url
         self.peer_id = peer_id
@@ -177,6 +182,8 @@ class Swarm:
         self.transport = transport if transport is not None else open_transport(url)
         self.started = time.time()
         self.known_peers: set[str] = set()
+        self.model_name = model_name
+        self.peer_models: dict[str, str] = {}  # sender -> the model it reported (accepted messages only)
         self.bytes_sent = 0
         self.rows_sent = 0
         # Expected peers that missed a deadline are not waited for until they send again: a dead peer costs one
@@ -199,6 +206,7 @@ class Swarm:
             tokenizer_name=self.tokenizer_name,
             temperature=self.temperature,
             reward_names=self.reward_names,
+            model=self.model_name,
         )
         data = encode_message(message, secret=self.secret, compact=self.compact)
         try:
@@ -332,6 +340,8 @@ class Swarm:
             result.refused["stale"] += 1
             stats.rows_stale += len(message.completions)
             return None
+        if message.model and len(self.peer_models) < 1000:  # bounded like the warnings
+            self.peer_models[sender] = message.model
         if sender not in self.known_peers:
             self.known_peers.add(sender)
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)

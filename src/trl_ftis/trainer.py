@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -33,9 +34,9 @@ from .collator import (
     select_rows,
 )
 from .config import FTISConfig
+from .exchange.transports import redact_url
 from .generation import GeneratorLogpsRecorder, records_raw_logits
 from .objective import ftis_terms, group_max_of_lengths, parse_variant
-from .exchange.transports import redact_url
 from .swarm import RoundResult, Swarm, prompt_key
 
 SUMMARY_FILE = "ftis_summary.json"
@@ -117,6 +118,7 @@ class FTISTrainer(GRPOTrainer):
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
         self._last_round_peers: dict[str, dict[str, float]] = {}
         self._refused_totals: Counter = Counter()
+        self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
         if args.cast_lm_head_to_fp32 and kwargs.get("peft_config") is not None and _ties_embeddings(model):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
@@ -124,6 +126,9 @@ class FTISTrainer(GRPOTrainer):
                 "Keep log-probs comparable by training this peer in fp32."
             )
             args.cast_lm_head_to_fp32 = False
+        memory_fraction = gpu_memory_fraction()
+        if memory_fraction is not None:
+            _cap_gpu_memory(memory_fraction, args)
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.swarm: Swarm | None = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
@@ -147,7 +152,14 @@ class FTISTrainer(GRPOTrainer):
             peer_timeout=args.peer_timeout,
             max_staleness=args.max_staleness,
             compact=args.exchange_compact,
+            model_name=self._model_name(),
         )
+
+    def _model_name(self) -> str:
+        """This peer's model as other peers and the model card name it (the base model's id or path)."""
+        model = self.accelerator.unwrap_model(self.model)
+        name = get_config_model_id(model.config) or type(model).__name__
+        return f"{name} (LoRA)" if hasattr(model, "peft_config") else name
 
     # ------------------------------------------------------------------------------------------------------------
     # Public API: peer rows in, own rows out
@@ -395,6 +407,7 @@ class FTISTrainer(GRPOTrainer):
         self._totals["bytes_sent"] += bytes_sent
         self._totals["rows_received"] += len(received)
         self._totals["rows_accepted"] += len(rows)
+        self._accepted_by_peer.update(row.sender for row in rows)
         self._refused_totals.update(result.refused)
         return rows, own_statistics, self._round_metrics(result, rows, bytes_sent)
 
@@ -737,6 +750,65 @@ class FTISTrainer(GRPOTrainer):
             self._filtered_in_step = {}
         return loss
 
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's model card, plus what a reader needs to reproduce this run: the F-TIS variant and its
+        hyper-parameters, the swarm (this peer and every peer it learned from, with their models) and the paper."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        path = Path(self.args.output_dir) / "README.md"
+        text = path.read_text(encoding="utf-8")
+        section = self._model_card_section()
+        marker = "## Citations"
+        text = text.replace(marker, section + marker, 1) if marker in text else text + "\n" + section
+        path.write_text(text, encoding="utf-8")
+
+    def _model_card_section(self) -> str:
+        args = self.args
+        rows = [
+            ("variant", f"`{args.variant}`"),
+            ("truncation cap C (`is_cap`)", f"{args.is_cap:g}"),
+            ("filter threshold g (`kl_threshold`)", f"{args.kl_threshold:g}"),
+            ("filter statistic (`kl_reduction`)", f"`{args.kl_reduction}`"),
+            ("collaboration mode", f"`{args.collaboration_mode}`"),
+            ("sampling temperature", f"{self.temperature:g}"),
+            ("completions per prompt G (`num_generations`)", str(self.num_generations)),
+            ("learning rate", f"{args.learning_rate:g}"),
+            ("optimizer steps", str(self.state.global_step)),
+            ("KL coefficient β", f"{args.beta:g}"),
+        ]
+        lines = [
+            "## F-TIS training",
+            "",
+            "Trained with trl-ftis: GRPO on its own completions plus those "
+            "of the other peers of a swarm, through the F-TIS objective (importance weights truncated against the "
+            "sender's log-probs, negative-advantage samples too far off-policy filtered out), "
+            f"[{self._paper['title']}](https://arxiv.org/abs/{self._paper['id']}).",
+            "",
+            "| setting | value |",
+            "|---|---|",
+            *[f"| {name} | {value} |" for name, value in rows],
+            "",
+            "### Swarm",
+            "",
+        ]
+        peers = sorted(set(self._sources) | set(self._accepted_by_peer))
+        if not peers:
+            lines += [f"This peer, `{args.peer_id}` ({self._model_name()}), trained on its own completions only.", ""]
+        else:
+            models = self.swarm.peer_models if self.swarm is not None else {}
+            lines += [
+                "| peer | model | completions trained on |",
+                "|---|---|---|",
+                f"| `{args.peer_id}` (this model) | {self._model_name()} | own |",
+                *[
+                    f"| `{peer}` | {models.get(peer, 'not reported')} | {self._accepted_by_peer.get(peer, '-')} |"
+                    for peer in peers
+                ],
+                "",
+            ]
+        return "\n".join(lines) + "\n"
+
     def summary(self) -> dict[str, Any]:
         """What this peer has done so far: steps, rows sent / received / accepted / filtered, last reward, peers."""
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
@@ -747,6 +819,7 @@ class FTISTrainer(GRPOTrainer):
             "reward": rewards[-1] if rewards else None,
             "refused": dict(self._refused_totals),
             "peers": sorted(set(self._sources) | set(self._last_round_peers)),
+            "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
 
@@ -770,6 +843,40 @@ def _check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
         row_logps = np.asarray(row.generator_logps, dtype=np.float64)
         if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= 1e-4).all()):
             raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")
+
+
+GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"
+
+
+def gpu_memory_fraction() -> float | None:
+    """The share of one GPU's memory this process may use, from `FTIS_GPU_MEMORY_FRACTION` (set by the swarm
+    launcher's `gpu_share` for peers that share a GPU); `None` when unset. A bad value raises `ValueError`."""
+    text = os.environ.get(GPU_MEMORY_FRACTION_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        fraction = float(text)
+    except ValueError:
+        fraction = math.nan
+    if not 0 < fraction <= 1:
+        raise ValueError(f"{GPU_MEMORY_FRACTION_ENV} must be a fraction in (0, 1], got {text!r}.")
+    return fraction
+
+
+def _cap_gpu_memory(fraction: float, args: FTISConfig) -> None:
+    """Cap PyTorch's allocator on this process's GPU, so peers sharing a GPU cannot starve each other. A colocated
+    vLLM engine allocates outside that cap, from its own fraction of the whole GPU: it must fit inside the share."""
+    if not torch.cuda.is_available() or args.use_cpu:
+        return
+    device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    logger.info("This peer may use %.0f%% of GPU %d's memory (%s).", 100 * fraction, device, GPU_MEMORY_FRACTION_ENV)
+    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization >= fraction:
+        raise ValueError(
+            f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} is a fraction of the whole GPU and "
+            f"does not fit in this peer's share {GPU_MEMORY_FRACTION_ENV}={fraction}: set it below the share "
+            "(e.g. half of it, leaving the rest for training)."
+        )
 
 
 def _ties_embeddings(model) -> bool:

@@ -5,7 +5,6 @@
 and importing this package stays cheap.
 """
 
-
 from .._lazy import lazy_exports
 from .wire import (
     SCHEMA_VERSION,

@@ -99,6 +99,8 @@ _HEADER_KEYS = (
     "counts",
     "dtypes",
 )
+# Keys a header may carry or leave out (added after schema version 1 without breaking it).
+_OPTIONAL_HEADER_KEYS = ("model",)
 
 REASONS = frozenset(
     {
@@ -199,6 +201,8 @@ class Message:
     completions: list[WireCompletion]
     created: float = field(default_factory=time.time)
     """Unix seconds, set by the sender (for staleness checks)."""
+    model: str = ""
+    """The sender's model (name or path), for logs, summaries and model cards; optional (empty: not sent)."""
     compact: bool = False
     """How the message was (or is to be) encoded; :func:`decode_message` sets it."""
 
@@ -286,9 +290,7 @@ def _check_prompt(prompt: Any, index: int, sender: str | None) -> None:
         if not isinstance(turn, dict) or not all(
             isinstance(k, str) and (v is None or isinstance(v, str)) for k, v in turn.items()
         ):
-            raise _fail(
-                "header", f"groups[{index}].prompt[{j}] must be a dict of strings (a chat message)", sender
-            )
+            raise _fail("header", f"groups[{index}].prompt[{j}] must be a dict of strings (a chat message)", sender)
 
 
 def _check_printable(value: Any, what: str, max_chars: int, sender: str | None) -> str:
@@ -313,6 +315,7 @@ class _Header:
     num_tokens: int
     ids_dtype: str
     logps_dtype: str
+    model: str = ""
 
 
 def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
@@ -321,8 +324,9 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
         raise _fail("header", f"the header must be a JSON object, got {type(header).__name__}")
     sender = _check_sender(header.get("sender"), limits)  # first, so every later error can name the sender
     keys = set(header)
-    if keys != set(_HEADER_KEYS):
-        missing, unknown = sorted(set(_HEADER_KEYS) - keys), sorted(keys - set(_HEADER_KEYS))
+    if not set(_HEADER_KEYS) <= keys <= set(_HEADER_KEYS) | set(_OPTIONAL_HEADER_KEYS):
+        missing = sorted(set(_HEADER_KEYS) - keys)
+        unknown = sorted(keys - set(_HEADER_KEYS) - set(_OPTIONAL_HEADER_KEYS))
         raise _fail("header", f"header keys differ: missing {missing}, unknown {unknown[:8]}", sender)
     _check_json_tree(header, "the header", sender)
 
@@ -337,6 +341,7 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
     if not isinstance(fingerprint, str) or not _FINGERPRINT_RE.fullmatch(fingerprint):
         raise _fail("header", "tokenizer_fingerprint must be 64 lowercase hex digits (a SHA-256)", sender)
     name = _check_printable(header["tokenizer_name"], "tokenizer_name", _MAX_NAME_CHARS, sender)
+    model = _check_printable(header.get("model", ""), "model", _MAX_NAME_CHARS, sender)
     temperature = _finite_float(header["temperature"])
     if temperature is None or temperature <= 0:
         problem = f"temperature must be a finite number > 0, got {header['temperature']!r:.40}"
@@ -346,9 +351,7 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
     if not isinstance(reward_names, list):
         raise _fail("header", "reward_names must be a list of strings", sender)
     if len(reward_names) > limits.max_reward_functions:
-        raise _fail(
-            "limits", f"{len(reward_names)} reward functions, more than {limits.max_reward_functions}", sender
-        )
+        raise _fail("limits", f"{len(reward_names)} reward functions, more than {limits.max_reward_functions}", sender)
     for j, reward_name in enumerate(reward_names):
         _check_printable(reward_name, f"reward_names[{j}]", _MAX_REWARD_NAME_CHARS, sender)
 
@@ -397,6 +400,7 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
         num_tokens=t,
         ids_dtype=dtypes["ids"],
         logps_dtype=dtypes["logps"],
+        model=model,
     )
 
 
@@ -420,9 +424,7 @@ class _Columns:
     logps: np.ndarray  # float32 (T,)
 
 
-def _check_columns(
-    columns: _Columns, header: _Header, *, vocab_limit: int | None, limits: Limits
-) -> np.ndarray:
+def _check_columns(columns: _Columns, header: _Header, *, vocab_limit: int | None, limits: Limits) -> np.ndarray:
     """Checks every array against the header and the limits; returns the completions' start offsets."""
     sender = header.sender
     if columns.group.size and int(columns.group.max()) >= len(header.groups):
@@ -444,9 +446,7 @@ def _check_columns(
             )
     total = int(columns.length.sum(dtype=np.int64))
     if total != columns.ids.size or total != columns.logps.size:
-        raise _fail(
-            "shape", f"completion lengths sum to {total}, but {columns.ids.size} token ids were sent", sender
-        )
+        raise _fail("shape", f"completion lengths sum to {total}, but {columns.ids.size} token ids were sent", sender)
     if columns.ids.size:
         low, high = int(columns.ids.min()), int(columns.ids.max())
         if low < 0:
@@ -621,6 +621,8 @@ def encode_message(
         "counts": {"completions": len(message.completions), "tokens": int(ids.size)},
         "dtypes": {"ids": ids_dtype, "logps": logps_dtype},
     }
+    if message.model:
+        header["model"] = message.model
     parsed = _check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
     columns = _Columns(
@@ -876,6 +878,7 @@ def decode_message(
         completions=completions,
         created=header.created,
         compact=frame.compact,
+        model=header.model,
     )
 
 
@@ -904,6 +907,7 @@ def peek_header(data: bytes, *, limits: Limits = Limits()) -> dict:
         "tokenizer_name": header.tokenizer_name,
         "temperature": header.temperature,
         "reward_names": header.reward_names,
+        "model": header.model,
         "num_groups": len(header.groups),
         "num_completions": header.num_completions,
         "num_tokens": header.num_tokens,
@@ -946,9 +950,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
         roles[str(role)] = [[token, token_id(token)] for token in tokens]
     specials = sorted({_token_text(t) for t in (getattr(tokenizer, "all_special_tokens", None) or [])})
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    added_flags = sorted(
-        [int(i), _token_text(t), bool(getattr(t, "special", False))] for i, t in added.items()
-    )
+    added_flags = sorted([int(i), _token_text(t), bool(getattr(t, "special", False))] for i, t in added.items())
     vocab = sorted((str(token), int(i)) for token, i in tokenizer.get_vocab().items())
     canonical = {
         "format": "trl-ftis tokenizer fingerprint v1",

@@ -1,0 +1,140 @@
+"""What TRL users plug in around the trainer: trackers (wandb, trackio), run names, GPU sharing, vLLM's log-probs."""
+
+import glob
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from trl_ftis import FTISConfig, FTISTrainer
+from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
+from trl_ftis.trainer import GPU_MEMORY_FRACTION_ENV, gpu_memory_fraction
+
+
+def test_each_peer_run_is_named_after_the_peer(tmp_path):
+    assert FTISConfig(str(tmp_path), peer_id="qwen-3b", use_cpu=True).run_name == "qwen-3b"
+    assert FTISConfig(str(tmp_path), peer_id="qwen-3b", run_name="mine", use_cpu=True).run_name == "mine"
+    assert FTISConfig(str(tmp_path), run_name="from-run", use_cpu=True).peer_id == "from-run"
+
+
+@pytest.mark.parametrize("value,expected", [(None, None), ("", None), ("0.45", 0.45), ("1", 1.0)])
+def test_gpu_memory_fraction_reads_the_launcher_share(monkeypatch, value, expected):
+    if value is None:
+        monkeypatch.delenv(GPU_MEMORY_FRACTION_ENV, raising=False)
+    else:
+        monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, value)
+    assert gpu_memory_fraction() == expected
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2", "half", "nan"])
+def test_a_bad_gpu_share_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, value)
+    with pytest.raises(ValueError, match=GPU_MEMORY_FRACTION_ENV):
+        gpu_memory_fraction()
+
+
+def test_a_gpu_share_on_a_cpu_run_trains_normally(monkeypatch, tokenizer, make_args):
+    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, "0.3")
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer), digit_match_reward, args=make_args(max_steps=1),
+        train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    assert trainer.state.global_step == 1
+
+
+def test_vllm_processed_logprobs_never_travel(tokenizer, make_args):
+    """With vLLM, TRL's batch carries vLLM's `processed_logprobs` (after top-k/top-p) as `sampling_per_token_logps`
+    and, for its own importance correction, `old_per_token_logps` (teacher-forced, full softmax at the sampling
+    temperature, fp32 head). Peers get the latter: the convention every generator's log-probs follow."""
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer), digit_match_reward, args=make_args(max_steps=1),
+        train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
+    old = -torch.rand(2, 3)
+    output = {"completion_mask": mask, "old_per_token_logps": old, "sampling_per_token_logps": old - 0.7}
+    logps = trainer._own_generator_logps(output)
+    assert logps == [old[0].tolist(), old[1, :2].tolist()]
+
+    # vLLM without its importance correction: TRL makes no old log-probs, so one teacher-forced forward does.
+    prompt = tokenizer(["12+34=", "50+7="], padding=True, return_tensors="pt", add_special_tokens=False)
+    completion = torch.tensor([[8, 9, 2], [10, 4, 0]])
+    output = {
+        "prompt_ids": prompt["input_ids"], "prompt_mask": prompt["attention_mask"],
+        "completion_ids": completion, "completion_mask": mask, "sampling_per_token_logps": old - 0.7,
+    }  # fmt: skip
+    logps = trainer._own_generator_logps(output)
+    expected = trainer._completion_logps(trainer.model, output)
+    assert logps[0] == pytest.approx(expected[0].tolist()) and logps[1] == pytest.approx(expected[1, :2].tolist())
+    assert len(logps[1]) == 2
+
+
+REPORTING_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from trl_ftis import FTISConfig, FTISTrainer, PeerRow
+    from trl_ftis.tiny import addition_dataset, build_char_tokenizer, build_tiny_llama, digit_match_reward
+
+    tokenizer = build_char_tokenizer()
+    args = FTISConfig(
+        output_dir=sys.argv[1], report_to=sys.argv[2].split(","), peer_id="big", project="swarm-test",
+        bf16=False, use_cpu=True, per_device_train_batch_size=16, num_generations=8, max_completion_length=6,
+        max_steps=1, logging_steps=1, save_strategy="no", disable_tqdm=True,
+    )
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer), digit_match_reward, args=args, train_dataset=addition_dataset(32, seed=1),
+        processing_class=tokenizer,
+    )
+    trainer.add_peer_rows(
+        PeerRow(prompt="12+34=", completion_ids=[8, 9, 2], generator_logps=[-0.5, -1.0, -0.25], reward=float(k),
+                group="g", sender="coder", rewards_per_func={"digit_match_reward": float(k)}, extra={"answer": "46"})
+        for k in range(8)
+    )
+    trainer.train()
+    """
+)
+
+
+def run_reporting(tmp_path, report_to):
+    script = tmp_path / "report.py"
+    script.write_text(REPORTING_SCRIPT)
+    env = dict(
+        os.environ, WANDB_MODE="offline", WANDB_DIR=str(tmp_path / "wandb"), WANDB_SILENT="true",
+        TRACKIO_DIR=str(tmp_path / "trackio"), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
+    )  # fmt: skip
+    (tmp_path / "wandb").mkdir()
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "out"), report_to],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_wandb_gets_the_per_peer_metrics_under_the_peer_name(tmp_path):
+    pytest.importorskip("wandb")
+    run_reporting(tmp_path, "wandb")
+    (run_file,) = glob.glob(str(tmp_path / "wandb" / "wandb" / "offline-run-*" / "run-*.wandb"))
+    data = open(run_file, "rb").read()  # protobuf records: keys and names are stored as plain strings
+    for key in ("ftis/peers/coder/is_weight_mean", "ftis/peers/coder/kl_mean", "ftis/peer_rows", "ftis/own/kl_max"):
+        assert key.encode() in data, key
+    assert b"big" in data
+
+
+def test_trackio_gets_the_per_peer_metrics_under_the_peer_name(tmp_path):
+    pytest.importorskip("trackio")
+    run_reporting(tmp_path, "trackio")
+    database = sqlite3.connect(tmp_path / "trackio" / "swarm-test.db")
+    rows = database.execute("select run_name, metrics from metrics").fetchall()
+    assert {name for name, _ in rows} == {"big"}
+    logged = {}
+    for _, metrics in rows:
+        logged.update(json.loads(metrics))
+    assert logged["train/ftis/peer_rows"] == 8
+    assert 0 < logged["train/ftis/peers/coder/is_weight_mean"] <= 2.0  # the truncation cap C
+    assert "train/ftis/peers/coder/rows_filtered" in logged
