@@ -183,10 +183,7 @@ def _change(rng, obj):
 def _together(rng, obj):
     (a_name, _), (b_name, _) = _pick_people(rng)
     a, b = rng.randint(2, 20), rng.randint(2, 15)
-    q = (
-        f"{a_name} has {a} {obj}. {b_name} has {b} more {obj} than {a_name}. "
-        f"How many {obj} do they have together?"
-    )
+    q = f"{a_name} has {a} {obj}. {b_name} has {b} more {obj} than {a_name}. How many {obj} do they have together?"
     steps = [f"{b_name} has {a} + {b} = {a + b} {obj}.", f"Together {a} + {a + b} = {2 * a + b}."]
     return q, steps, 2 * a + b
 
@@ -434,9 +431,11 @@ def evaluate_problems(
                 ]
                 encoded = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
                 encoded = {k: v.to(model.device) for k, v in encoded.items()}
-                sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if do_sample else {
-                    "do_sample": False
-                }
+                sampling = (
+                    dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
+                    if do_sample
+                    else {"do_sample": False}
+                )
                 output = model.generate(
                     **encoded,
                     max_new_tokens=max_new_tokens,

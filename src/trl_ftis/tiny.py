@@ -16,6 +16,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 ALPHABET = "0123456789+-*=QA: "
+#: Every printable ASCII character plus newline: enough for GSM8K-style text (anything else becomes ``<unk>``).
+PRINTABLE_ALPHABET = "".join(chr(code) for code in range(32, 127)) + "\n"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
 # A minimal chat template, so the tiny tokenizer also serves conversational prompts.
@@ -25,11 +27,26 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}A:{% endif %}"
 )
 
+# With a system message and role names, for the printable alphabet (e.g. the R1-style GSM8K prompts).
+SYSTEM_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}System: {{ message['content'] }}\n"
+    "{% elif message['role'] == 'user' %}User: {{ message['content'] }}\n"
+    "{% else %}Assistant: {{ message['content'] }}{{ eos_token }}\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Assistant: {% endif %}"
+)
 
-def build_char_tokenizer(chat_template: str | None = CHAT_TEMPLATE) -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over :data:`ALPHABET` plus ``<pad> <bos> <eos> <unk>``, padding on the left."""
+
+def build_char_tokenizer(
+    chat_template: str | None = CHAT_TEMPLATE, *, alphabet: str = ALPHABET
+) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer over ``alphabet`` plus ``<pad> <bos> <eos> <unk>``, padding on the left.
+
+    The default :data:`ALPHABET` covers the addition task; ``alphabet=PRINTABLE_ALPHABET,
+    chat_template=SYSTEM_CHAT_TEMPLATE`` encodes word problems and R1-style prompts.
+    """
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
-    for char in ALPHABET:
+    for char in alphabet:
         vocab.setdefault(char, len(vocab))
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
@@ -54,8 +71,12 @@ def build_tiny_llama(
     num_layers: int = 2,
     num_heads: int = 4,
     seed: int = 0,
+    max_position_embeddings: int = 64,
 ) -> LlamaForCausalLM:
-    """A randomly initialised Llama sized for the character tokenizer (about 133k parameters by default)."""
+    """A randomly initialised Llama sized for the character tokenizer (about 133k parameters by default).
+
+    Raise ``max_position_embeddings`` for longer texts (a character a token: an R1-style prompt is ~600).
+    """
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -63,7 +84,7 @@ def build_tiny_llama(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=num_heads,
-        max_position_embeddings=64,
+        max_position_embeddings=max_position_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
