@@ -138,3 +138,17 @@ def test_trackio_gets_the_per_peer_metrics_under_the_peer_name(tmp_path):
     assert logged["train/ftis/peer_rows"] == 8
     assert 0 < logged["train/ftis/peers/coder/is_weight_mean"] <= 2.0  # the truncation cap C
     assert "train/ftis/peers/coder/rows_filtered" in logged
+
+
+def test_secrets_never_reach_trackers_logs_or_saved_arguments(tmp_path):
+    import pickle
+
+    args = FTISConfig(
+        str(tmp_path), use_cpu=True, swarm_secret="s3cret-value", exchange_url="redis://:hunter2@redis.local:6379/0"
+    )
+    for text in (json.dumps(args.to_dict()), str(args), repr(args), pickle.dumps(args).decode("latin-1")):
+        assert "s3cret-value" not in text and "hunter2" not in text
+    assert args.to_dict()["exchange_url"] == "redis://:***@redis.local:6379/0"
+    assert args.exchange_url.endswith(":hunter2@redis.local:6379/0")  # the live object still connects
+    plain = FTISConfig(str(tmp_path), use_cpu=True, exchange_url="dir:///tmp/swarm")
+    assert plain.to_dict()["exchange_url"] == "dir:///tmp/swarm"

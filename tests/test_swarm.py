@@ -300,7 +300,9 @@ def test_peers_report_their_models_and_the_model_card_names_the_swarm(tokenizer,
     card = (Path(trainer.args.output_dir) / "README.md").read_text()
     section = card[card.index("## F-TIS training") : card.index("## Citations")]
     assert "| variant | `f-tis` |" in section
-    assert "| truncation cap C (`is_cap`) | 3 |" in section and "| filter threshold g (`kl_threshold`) | 25 |" in section
+    assert (
+        "| truncation cap C (`is_cap`) | 3 |" in section and "| filter threshold g (`kl_threshold`) | 25 |" in section
+    )
     assert "| `me` (this model) |" in section
     assert "| `coder` | Qwen/Qwen2.5-Coder-1.5B | 8 |" in section
     assert "| `quiet` | not reported | 8 |" in section
@@ -313,3 +315,34 @@ def test_a_lone_trainer_card_says_it_trained_alone(tokenizer, make_args, url):
     trainer.create_model_card()
     card = (Path(trainer.args.output_dir) / "README.md").read_text()
     assert "trained on its own completions only" in card and "| variant | `f-tis` |" in card
+
+
+def test_rescoring_uses_our_gold_answer_not_the_senders(tokenizer, make_args, url):
+    """A peer sends completions with a forged gold answer that matches them: the prompt is in our training set, so
+    the reward function reads our answer column for it and the forgery earns nothing extra."""
+    dataset = addition_dataset(64, seed=1)
+    example = dataset[0]
+    forged = rows("forger", count=8, prompt=example["prompt"])
+    text = tokenizer.decode(forged[0].completion_ids, skip_special_tokens=True)
+    for row in forged:
+        row.extra = {"answer": text}
+    unknown = rows("forger", count=8, group="u", prompt="99+99=")  # not in our data: its own columns are used
+    make_swarm(url, "forger", tokenizer).publish(forged + unknown, 0)
+    trainer = swarm_trainer(tokenizer, make_args, url)
+    trainer.train()
+    entry = logged(trainer)
+    ours = digit_match_reward([text], [example["answer"]])[0]
+    theirs = digit_match_reward([text], ["46"])[0]  # the unknown prompt's own column
+    assert digit_match_reward([text], [text])[0] == 1.0 and ours < 1.0
+    assert entry["ftis/peers/forger/reward"] == pytest.approx((ours * 8 + theirs * 8) / 16)
+
+
+def test_require_known_prompts_drops_rows_for_prompts_we_do_not_have(tokenizer, make_args, url):
+    dataset = addition_dataset(64, seed=1)
+    known = rows("p", count=8, prompt=dataset[0]["prompt"])
+    unknown = rows("p", count=8, group="u", prompt="99+99=")
+    make_swarm(url, "p", tokenizer).publish(known + unknown, 0)
+    trainer = swarm_trainer(tokenizer, make_args, url, require_known_prompts=True)
+    trainer.train()
+    assert logged(trainer)["ftis/peer_rows"] == 8
+    assert trainer.summary()["refused"]["unknown_prompt"] == 8

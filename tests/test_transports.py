@@ -257,6 +257,7 @@ def test_redact_url_hides_passwords():
     assert redact_url("rediss://user:hunter2@host:6380/1?swarm=a") == "rediss://user:***@host:6380/1?swarm=a"
     assert "hunter2" not in redact_url("redis://host:6379/0?password=hunter2")
     assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert redact_url("dir:///tmp/swarm") == "dir:///tmp/swarm"  # not mangled to dir:/tmp/swarm
 
 
 def test_module_imports_and_works_without_redis_installed(tmp_path):

@@ -77,7 +77,12 @@ class FTISConfig(GRPOConfig):
             At most this many peer rows per local row in a generation batch (bounds memory). `None`: no bound.
         trust_peer_rewards (`bool`, *optional*, defaults to `False`):
             Use the rewards peers send. By default they are recomputed with this trainer's own reward functions, so a
-            peer cannot inflate its rewards.
+            peer cannot inflate its rewards. The reward functions then get this trainer's own dataset columns
+            (e.g. the gold answer) for a prompt found in its training set, never the sender's.
+        require_known_prompts (`bool`, *optional*, defaults to `False`):
+            Drop peer rows whose prompt is not in this trainer's training set, so every received reward is computed
+            from local gold columns. Off by default: peers may train on different data (their columns are then
+            used).
         collaboration_mode (`str`, *optional*, defaults to `"vertical"`):
             `"vertical"`: each peer samples full groups for its own prompts and received groups keep their own
             advantage normalisation. `"horizontal"` (ablation): peers share prompts and groups of the same prompt
@@ -162,6 +167,13 @@ class FTISConfig(GRPOConfig):
         default=False,
         metadata={
             "help": "Use the rewards peers send instead of recomputing them with this trainer's reward functions."
+        },
+    )
+    require_known_prompts: bool = field(
+        default=False,
+        metadata={
+            "help": "Drop peer rows whose prompt is not in this trainer's training set (rewards then always use local "
+            "gold columns, never the sender's)."
         },
     )
     collaboration_mode: str = field(
@@ -264,26 +276,33 @@ class FTISConfig(GRPOConfig):
         if self.swarm_secret is None:
             self.swarm_secret = os.environ.get(SWARM_SECRET_ENV) or None
 
+    def _redacted(self) -> dict[str, str]:
+        """Field -> value shown instead: the secret, and the exchange URL without its password."""
+        from .exchange.transports import redact_url
+
+        hidden = {}
+        if self.swarm_secret:
+            hidden["swarm_secret"] = "<redacted>"
+        if self.exchange_url and redact_url(self.exchange_url) != self.exchange_url:
+            hidden["exchange_url"] = redact_url(self.exchange_url)
+        return hidden
+
     def to_dict(self):
-        # The secret must never reach logs, trackers or saved training arguments.
+        # Secrets must never reach logs, trackers or saved training arguments.
         data = super().to_dict()
-        if data.get("swarm_secret"):
-            data["swarm_secret"] = "<redacted>"
+        data.update(self._redacted())
         return data
 
     def __str__(self):
         text = super().__str__()
-        return (
-            text.replace(f"swarm_secret={self.swarm_secret},", "swarm_secret=<redacted>,")
-            if self.swarm_secret
-            else text
-        )
+        for name, shown in self._redacted().items():
+            text = text.replace(f"{name}={getattr(self, name)},", f"{name}={shown},")
+        return text
 
     __repr__ = __str__
 
     def __getstate__(self):
-        # Trainer saves its arguments with torch.save (training_args.bin, also pushed to the Hub): never the secret.
+        # Trainer saves its arguments with torch.save (training_args.bin, also pushed to the Hub): never a secret.
         state = self.__dict__.copy()
-        if state.get("swarm_secret"):
-            state["swarm_secret"] = "<redacted>"
+        state.update(self._redacted())
         return state

@@ -118,7 +118,10 @@ class FTISTrainer(GRPOTrainer):
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
         self._last_round_peers: dict[str, dict[str, float]] = {}
         self._refused_totals: Counter = Counter()
-        self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
+        self._accepted_by_peer: Counter = Counter()
+        self._prompt_columns: dict[str, dict[str, Any]] | None = (
+            None  # prompt key -> training set columns  # main process: swarm rows trained on, per sender
+        )
         if args.cast_lm_head_to_fp32 and kwargs.get("peft_config") is not None and _ties_embeddings(model):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
@@ -395,7 +398,10 @@ class FTISTrainer(GRPOTrainer):
         bytes_sent = swarm.publish(own_rows, round)
         result = swarm.collect(round)
         received = result.rows
-        rows = select_rows(self._admit(received), self._peer_row_cap(len(own_rows)))
+        rows = self._admit(received)
+        if args.require_known_prompts or not args.trust_peer_rewards:
+            rows = self._with_local_columns(rows)
+        rows = select_rows(rows, self._peer_row_cap(len(own_rows)))
         if not args.trust_peer_rewards:
             rows = self._rescore(rows)
         own_statistics = None
@@ -461,6 +467,27 @@ class FTISTrainer(GRPOTrainer):
                 kept.append(row)
         if len(kept) < len(rows):
             logger.warning("Dropped %d peer rows that no reward function could score.", len(rows) - len(kept))
+        return kept
+
+    def _with_local_columns(self, rows: list[PeerRow]) -> list[PeerRow]:
+        """Give rows whose prompt is in our training set our own columns (the gold answer a reward function reads):
+        a peer must not be able to send a wrong gold answer along with a completion that matches it."""
+        if self._prompt_columns is None:
+            self._prompt_columns = _prompt_columns(self.train_dataset)
+        kept = []
+        for row in rows:
+            local = self._prompt_columns.get(prompt_key(row.prompt))
+            if local is not None:
+                row.extra = dict(local)
+                kept.append(row)
+            elif not self.args.require_known_prompts:
+                kept.append(row)
+        if len(kept) < len(rows):
+            self._refused_totals["unknown_prompt"] += len(rows) - len(kept)
+            logger.warning(
+                "Dropped %d peer rows whose prompt is not in this trainer's training set (require_known_prompts).",
+                len(rows) - len(kept),
+            )
         return kept
 
     def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
@@ -843,6 +870,17 @@ def _check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
         row_logps = np.asarray(row.generator_logps, dtype=np.float64)
         if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= 1e-4).all()):
             raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")
+
+
+def _prompt_columns(dataset) -> dict[str, dict[str, Any]]:
+    """Prompt key -> the other columns of its first row, for a map-style dataset (empty for a streaming one)."""
+    if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "column_names"):
+        return {}
+    names = [name for name in dataset.column_names if name != "prompt"]
+    table: dict[str, dict[str, Any]] = {}
+    for example in dataset:
+        table.setdefault(prompt_key(example["prompt"]), {name: example[name] for name in names})
+    return table
 
 
 GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"

@@ -154,10 +154,14 @@ def redact_url(url: str) -> str:
         user = userinfo.split(":", 1)[0]
         netloc = f"{user}:***@{hostport}"
     query = parts.query
+    has_query_password = False
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
         if any(k.lower() == "password" for k, _ in pairs):
+            has_query_password = True
             query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+    if not has_password and not has_query_password:
+        return url  # unchanged (urlunsplit would turn dir:///path into dir:/path)
     return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
