@@ -2,6 +2,7 @@
 
 import glob
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -11,7 +12,7 @@ import textwrap
 import pytest
 import torch
 
-from trl_ftis import FTISConfig, FTISTrainer
+from trl_ftis import FTISConfig, FTISTrainer, PeerRow
 from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
 from trl_ftis.trainer import GPU_MEMORY_FRACTION_ENV, gpu_memory_fraction
 
@@ -152,3 +153,88 @@ def test_secrets_never_reach_trackers_logs_or_saved_arguments(tmp_path):
     assert args.exchange_url.endswith(":hunter2@redis.local:6379/0")  # the live object still connects
     plain = FTISConfig(str(tmp_path), use_cpu=True, exchange_url="dir:///tmp/swarm")
     assert plain.to_dict()["exchange_url"] == "dir:///tmp/swarm"
+
+
+class FakeVLLM:
+    """Stands in for TRL's `VLLMGeneration` (colocate or server): one completion per prompt entry, with
+    'processed' log-probs that are deliberately not the model's, as top-k/top-p processed scores would be."""
+
+    def __init__(self, eos_token_id: int, processed_logp: float = -0.05):
+        self.eos_token_id = eos_token_id
+        self.processed_logp = processed_logp
+        self.generator = torch.Generator().manual_seed(0)
+        self.calls = 0
+
+    def sync_weights(self):
+        pass
+
+    def generate(self, prompts, images=None, num_generations=1, profiler=None):
+        self.calls += 1
+        completions = []
+        for _ in prompts:
+            length = int(torch.randint(1, 5, (1,), generator=self.generator))
+            digits = torch.randint(4, 14, (length,), generator=self.generator).tolist()  # '0'..'9'
+            completions.append(digits + [self.eos_token_id])
+        logprobs = [[[self.processed_logp] for _ in ids] for ids in completions]
+        return prompts, completions, logprobs, [[[t] for t in ids] for ids in completions]
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])  # TRL's ratio: (B, 1) or (B, T)
+def test_vllm_generation_joins_the_swarm_with_teacher_forced_logps(tokenizer, make_args, mode):
+    """TRL's vLLM branch end to end on the CPU (generation faked): own rows are published with the learner's
+    teacher-forced log-probs, peer rows train with them, and TRL's vLLM correction stays on its own rows only."""
+    import uuid
+
+    from trl_ftis.exchange import tokenizer_fingerprint
+    from trl_ftis.swarm import Swarm
+
+    url = f"memory://vllm-{uuid.uuid4().hex}"
+    observer = Swarm(
+        url, peer_id="observer", tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), tokenizer_name="char",
+        vocab_limit=len(tokenizer), temperature=1.0, reward_names=["digit_match_reward"], peer_timeout=5.0,
+    )  # fmt: skip
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer, seed=4), digit_match_reward,
+        args=make_args(max_steps=1, exchange_url=url, peer_id="vllm-peer"),
+        train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+    sender = Swarm(
+        url, peer_id="other", tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), tokenizer_name="char",
+        vocab_limit=len(tokenizer), temperature=1.0, reward_names=["digit_match_reward"],
+    )  # fmt: skip
+    sender.publish(
+        [
+            PeerRow(
+                prompt="12+34=",
+                completion_ids=[8, 9, 2],
+                generator_logps=[-0.5, -1.0, -0.25],
+                reward=float(k),
+                group="g",
+                sender="other",
+                rewards_per_func={"digit_match_reward": float(k)},
+                extra={"answer": "46"},
+            )
+            for k in range(8)
+        ],  # fmt: skip
+        0,
+    )
+    start = build_tiny_llama(tokenizer, seed=4)
+    fake = FakeVLLM(tokenizer.eos_token_id)
+    trainer.use_vllm, trainer.vllm_generation, trainer.vllm_importance_sampling_correction = True, fake, True
+    trainer._last_loaded_step = -1  # set by GRPOTrainer.__init__ only when use_vllm
+    trainer.vllm_importance_sampling_mode = mode
+    trainer.train()
+    assert fake.calls == 1 and trainer.state.global_step == 1
+    (entry,) = [e for e in trainer.state.log_history if "loss" in e]
+    assert entry["ftis/peer_rows"] == 8 and math.isfinite(entry["grad_norm"]) and entry["grad_norm"] > 0
+    assert 0 < entry["ftis/peers/other/is_weight_mean"] <= trainer.args.is_cap
+    rows = [row for row in observer.collect(0).rows if row.sender == "vllm-peer"]
+    assert len(rows) == 16 and {row.sender for row in rows} == {"vllm-peer"}
+    for row in rows[:5]:
+        prompt = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([prompt + list(row.completion_ids)])
+        with torch.no_grad():
+            logits = start(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+        expected = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+        torch.testing.assert_close(torch.as_tensor(row.generator_logps), expected, atol=1e-5, rtol=0)
+        assert not torch.allclose(torch.as_tensor(row.generator_logps), torch.full_like(expected, -0.05))

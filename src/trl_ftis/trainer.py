@@ -630,7 +630,13 @@ class FTISTrainer(GRPOTrainer):
         if "sampling_per_token_logps" in output:
             fields["sampling_per_token_logps"] = peer.generator_logps
         if "importance_sampling_ratio" in output:  # vLLM's own correction does not apply to other models' rows
-            fields["importance_sampling_ratio"] = torch.ones_like(peer.generator_logps)
+            # TRL keeps one ratio per sequence (B, 1) in the sequence_* modes, one per token (B, T) otherwise.
+            per_sequence = output["importance_sampling_ratio"].dim() == 2 and self.vllm_importance_sampling_mode in (
+                "sequence_mask",
+                "sequence_truncate",
+            )
+            shape = (len(peer), 1) if per_sequence else tuple(peer.generator_logps.shape)
+            fields["importance_sampling_ratio"] = torch.ones(shape, device=device)
         # Placeholders, filled below on the merged (re-padded) tensors.
         for key in ("old_per_token_logps", "ref_per_token_logps"):
             if key in output and output[key] is not None:
