@@ -135,7 +135,10 @@ def main(script_args: GSM8KScriptArguments, training_args: FTISConfig, model_arg
     model = load_model(model_args, training_args)
     # Base models often declare only <|endoftext|> as EOS while the chat template ends a turn with another token
     # (Qwen: <|im_end|>); without it a completion runs on into a new turn and never has the strict format.
-    model.generation_config.eos_token_id = stop_token_ids(tokenizer, model)
+    stop_ids = stop_token_ids(tokenizer, model)
+    model.generation_config.eos_token_id = stop_ids
+    if training_args.use_vllm:  # vLLM reads the checkpoint's generation config, not this one: pass the stops along
+        training_args.generation_kwargs = {"stop_token_ids": stop_ids, **(training_args.generation_kwargs or {})}
 
     dataset_kwargs = {
         "name": script_args.dataset_name,
