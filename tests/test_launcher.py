@@ -228,10 +228,13 @@ def test_python_command(tmp_path):
         sys.executable, PEER,
         "--peer_id", "big", "--exchange_url", f"dir://{run}/exchange", "--output_dir", str(run / "big"),
         "--max_steps", "20", "--seed", "1", "--model_name_or_path", "org/big", "--use_peft", "true",
+        "--project", "run",  # trackio groups the swarm's runs under the run directory's name
     ]  # fmt: skip
-    assert big.env == {"FTIS_PEER_ID": "big", "PYTHONUNBUFFERED": "1", "A": "1", "CUDA_VISIBLE_DEVICES": "7"}
+    assert big.env == {
+        "FTIS_PEER_ID": "big", "PYTHONUNBUFFERED": "1", "A": "1", "CUDA_VISIBLE_DEVICES": "7", "WANDB_RUN_GROUP": "run",
+    }  # fmt: skip
     assert small.argv[1] == os.path.abspath("other.py")
-    assert small.argv[-6:] == ["--max_steps", "20", "--seed", "0", "--drop", "x"]
+    assert small.argv[-8:] == ["--max_steps", "20", "--seed", "0", "--drop", "x", "--project", "run"]
     # gpus wins over a top-level CUDA_VISIBLE_DEVICES; a peer's env wins over the top-level env.
     assert small.env["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert small.env["FTIS_GPU_MEMORY_FRACTION"] == "0.45"
@@ -254,7 +257,7 @@ def test_accelerate_commands_get_unique_ports(tmp_path):
         "--num_processes", "2", "--main_process_port", str(port),
     ]  # fmt: skip
     assert first[9:] == [PEER, "--peer_id", "p0", "--exchange_url", config.exchange_url, "--output_dir",
-                         str(tmp_path / "run" / "p0"), "--lr", "0.5"]  # fmt: skip
+                         str(tmp_path / "run" / "p0"), "--lr", "0.5", "--project", "run"]  # fmt: skip
     assert commands[1].argv[3:6] == ["--main_process_port", str(commands[1].main_process_port), PEER]
     ports = [c.main_process_port for c in commands[:3]]
     assert len(set(ports)) == 3 and all(1024 <= p <= 65535 for p in ports)
@@ -531,3 +534,13 @@ def test_cli_is_light_and_has_help():
     )
     assert result.returncode == 0, result.stderr
     assert "trl-ftis swarm" in result.stdout and "--dry-run" in result.stdout
+
+
+def test_tracker_grouping_yields_to_the_user(tmp_path, monkeypatch):
+    """The swarm's runs are grouped (wandb group, trackio project) unless the user chose a group or project."""
+    monkeypatch.setenv("WANDB_RUN_GROUP", "mine")
+    config = load_swarm_config(_config(tmp_path, [{"id": "a"}, {"id": "b", "args": {"project": "own"}}]))
+    a, b = build_commands(config)
+    assert "WANDB_RUN_GROUP" not in a.env and "WANDB_RUN_GROUP" not in b.env  # inherited from the launcher's env
+    assert a.argv[-2:] == ["--project", "run"]
+    assert b.argv.count("--project") == 1 and b.argv[b.argv.index("--project") + 1] == "own"

@@ -594,6 +594,7 @@ def build_commands(config: SwarmConfig) -> list[PeerCommand]:
     ``--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID`` and the peer's args.
     """
     ports: set[int] = set()
+    swarm_name = config.run_dir.name  # runs/<config file stem> by default
     cwd = Path(os.getcwd())
     logs = config.run_dir / "logs"
     commands = []
@@ -613,12 +614,16 @@ def build_commands(config: SwarmConfig) -> list[PeerCommand]:
         argv.append(str(peer.script))
         argv += ["--peer_id", peer.id, "--exchange_url", config.exchange_url, "--output_dir", str(output_dir)]
         argv += render_args(peer.args)
+        if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
+            argv += ["--project", swarm_name]
 
         env = {"FTIS_PEER_ID": peer.id}
         # Peers write to a pipe; unbuffered output reaches the console and the log as it is printed, and a crash
         # cannot swallow the last lines.
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.update(peer.env)
+        if "WANDB_RUN_GROUP" not in os.environ and "WANDB_RUN_GROUP" not in env:
+            env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs
         if peer.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = peer.gpus
         if peer.gpu_share is not None:
