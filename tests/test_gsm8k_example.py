@@ -203,3 +203,21 @@ def test_eval_script_writes_records_and_summary(tmp_path, tiny_model_dir):
     assert [r["question"] for r in records] == [row["problem"] for row in MATH500_ROWS[:3]]
     assert [r["solution"] for r in records] == [row["answer"] for row in MATH500_ROWS[:3]]
     assert set(records[0]) >= {"completion", "strict_answer", "lenient_answer", "strict_correct", "answer_correct"}
+
+
+def test_training_script_runs_under_accelerate_launch(tmp_path, tiny_model_dir):
+    """`accelerate launch examples/gsm8k_ftis.py --config ...`, the documented entry point (on the CPU here)."""
+    train_file = _write_jsonl(tmp_path / "gsm8k_train.jsonl", GSM8K_ROWS)
+    output_dir = tmp_path / "run"
+    config = {
+        "model_name_or_path": str(tiny_model_dir), "dataset_path": str(train_file), "output_dir": str(output_dir),
+        "max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 8,
+        "bf16": False, "activation_checkpointing": False, "report_to": "none", "save_strategy": "no",
+        "disable_tqdm": True, "logging_steps": 1,
+    }  # fmt: skip
+    config_path = tmp_path / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    _run(["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_SCRIPT, "--config", config_path])  # fmt: skip
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 1
