@@ -95,9 +95,12 @@ def test_trainer_requires_an_ftis_config(tokenizer, dataset, make_args):
 # --------------------------------------------------------------------------------------------------------------------
 # Drop-in equivalence and the loss
 # --------------------------------------------------------------------------------------------------------------------
-def test_without_peers_it_trains_exactly_like_grpo(tokenizer, dataset, make_args):
+@pytest.mark.parametrize("bf16", [False, True])
+def test_without_peers_it_trains_exactly_like_grpo(tokenizer, dataset, make_args, bf16):
     model = build_tiny_llama(tokenizer, seed=0)
-    common = dict(max_steps=3, loss_type="grpo", beta=0.0, disable_dropout=True, cast_lm_head_to_fp32=True)
+    common = dict(
+        max_steps=3, loss_type="grpo", beta=0.0, disable_dropout=True, cast_lm_head_to_fp32=True, bf16=bf16
+    )
     grpo = GRPOTrainer(
         copy.deepcopy(model),
         digit_match_reward,
