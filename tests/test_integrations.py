@@ -238,3 +238,42 @@ def test_vllm_generation_joins_the_swarm_with_teacher_forced_logps(tokenizer, ma
         expected = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
         torch.testing.assert_close(torch.as_tensor(row.generator_logps), expected, atol=1e-5, rtol=0)
         assert not torch.allclose(torch.as_tensor(row.generator_logps), torch.full_like(expected, -0.05))
+
+
+def test_push_to_hub_uploads_the_ftis_card_and_no_secret(tokenizer, make_args, monkeypatch):
+    """`trainer.push_to_hub()` with the Hub replaced by a recorder: what would be uploaded is read at upload time."""
+    import uuid
+    from types import SimpleNamespace
+
+    import transformers.trainer
+
+    uploaded = {}
+
+    class FakeHub:
+        def create_repo(self, repo_id, **kwargs):
+            return SimpleNamespace(repo_id=f"someone/{repo_id}")
+
+        def upload_folder(self, repo_id, folder_path, **kwargs):
+            folder = folder_path
+            uploaded["repo_id"] = repo_id
+            uploaded["files"] = sorted(os.listdir(folder))
+            uploaded["card"] = open(os.path.join(folder, "README.md")).read()
+            uploaded["args"] = open(os.path.join(folder, "training_args.bin"), "rb").read()
+            return SimpleNamespace(commit_url="fake")
+
+    monkeypatch.setattr(transformers.trainer, "hf_api", lambda: FakeHub())
+    url = f"memory://hub-{uuid.uuid4().hex}"
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer), digit_match_reward,
+        args=make_args(max_steps=1, exchange_url=url, peer_id="big", swarm_secret="s3cret-value", variant="f-vis",
+                       hub_model_id="tiny-ftis-big"),
+        train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.train()
+    trainer.push_to_hub(dataset_name="addition")
+    assert uploaded["repo_id"] == "someone/tiny-ftis-big"
+    assert {"README.md", "model.safetensors", "training_args.bin"} <= set(uploaded["files"])
+    card = uploaded["card"]
+    assert "## F-TIS training" in card and "| variant | `f-vis` |" in card and "2605.22537" in card
+    assert "`big` (" in card and "ftis" in card
+    assert b"s3cret-value" not in uploaded["args"]
