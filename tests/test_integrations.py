@@ -277,3 +277,13 @@ def test_push_to_hub_uploads_the_ftis_card_and_no_secret(tokenizer, make_args, m
     assert "## F-TIS training" in card and "| variant | `f-vis` |" in card and "2605.22537" in card
     assert "`big` (" in card and "ftis" in card
     assert b"s3cret-value" not in uploaded["args"]
+
+
+def test_a_colocated_vllm_share_that_does_not_fit_the_gpu_share_is_refused(monkeypatch, tokenizer, make_args):
+    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, "0.3")
+    args = make_args(max_steps=1, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
+    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization=0.3 .*FTIS_GPU_MEMORY_FRACTION=0.3"):
+        FTISTrainer(
+            build_tiny_llama(tokenizer), digit_match_reward, args=args,
+            train_dataset=addition_dataset(16, seed=0), processing_class=tokenizer,
+        )  # fmt: skip

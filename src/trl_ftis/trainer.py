@@ -118,10 +118,8 @@ class FTISTrainer(GRPOTrainer):
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
         self._last_round_peers: dict[str, dict[str, float]] = {}
         self._refused_totals: Counter = Counter()
-        self._accepted_by_peer: Counter = Counter()
-        self._prompt_columns: dict[str, dict[str, Any]] | None = (
-            None  # prompt key -> training set columns  # main process: swarm rows trained on, per sender
-        )
+        self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
+        self._prompt_columns: dict[str, dict[str, Any]] | None = None  # prompt key -> training set columns
         if args.cast_lm_head_to_fp32 and kwargs.get("peft_config") is not None and _ties_embeddings(model):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
@@ -631,10 +629,7 @@ class FTISTrainer(GRPOTrainer):
             fields["sampling_per_token_logps"] = peer.generator_logps
         if "importance_sampling_ratio" in output:  # vLLM's own correction does not apply to other models' rows
             # TRL keeps one ratio per sequence (B, 1) in the sequence_* modes, one per token (B, T) otherwise.
-            per_sequence = output["importance_sampling_ratio"].dim() == 2 and self.vllm_importance_sampling_mode in (
-                "sequence_mask",
-                "sequence_truncate",
-            )
+            per_sequence = self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
             shape = (len(peer), 1) if per_sequence else tuple(peer.generator_logps.shape)
             fields["importance_sampling_ratio"] = torch.ones(shape, device=device)
         # Placeholders, filled below on the merged (re-padded) tensors.
@@ -910,17 +905,17 @@ def gpu_memory_fraction() -> float | None:
 def _cap_gpu_memory(fraction: float, args: FTISConfig) -> None:
     """Cap PyTorch's allocator on this process's GPU, so peers sharing a GPU cannot starve each other. A colocated
     vLLM engine allocates outside that cap, from its own fraction of the whole GPU: it must fit inside the share."""
-    if not torch.cuda.is_available() or args.use_cpu:
-        return
-    device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    logger.info("This peer may use %.0f%% of GPU %d's memory (%s).", 100 * fraction, device, GPU_MEMORY_FRACTION_ENV)
     if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization >= fraction:
         raise ValueError(
             f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} is a fraction of the whole GPU and "
             f"does not fit in this peer's share {GPU_MEMORY_FRACTION_ENV}={fraction}: set it below the share "
             "(e.g. half of it, leaving the rest for training)."
         )
+    if not torch.cuda.is_available() or args.use_cpu:
+        return
+    device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    logger.info("This peer may use %.0f%% of GPU %d's memory (%s).", 100 * fraction, device, GPU_MEMORY_FRACTION_ENV)
 
 
 def _ties_embeddings(model) -> bool:
