@@ -164,7 +164,8 @@ def tiny_task_message(tokenizer, tmp: str):
     from trl_ftis import FTISConfig, FTISTrainer
     from trl_ftis.exchange import tokenizer_fingerprint
     from trl_ftis.swarm import rows_to_message
-    from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward, exact_answer_reward
+    from trl_ftis.tasks.addition import addition_dataset, digit_match_reward, exact_answer_reward
+    from trl_ftis.demo.tiny import build_tiny_llama
 
     args = FTISConfig(**common.trainer_settings(f"{tmp}/tinymsg", per_device_train_batch_size=32, max_steps=1,
                                                 disable_tqdm=True, logging_steps=1000))
@@ -281,7 +282,7 @@ class RoundBench:
 
     def receive(self) -> dict:
         """The receiver's round: publish its own rows, collect the peers' rows, merge them. Seconds per phase."""
-        from trl_ftis.collator import assign_group_statistics, build_peer_batch
+        from trl_ftis.peer_rows import assign_group_statistics, build_peer_batch
 
         own = self.rows_for(self.receiver.peer_id, self.round)
         phases = {}
@@ -352,7 +353,8 @@ def start_redis(tmp: str):
 
 
 def bench_rounds(args, tokenizer, tmp: str) -> dict:
-    from trl_ftis.tiny import addition_dataset, build_tiny_llama
+    from trl_ftis.tasks.addition import addition_dataset
+    from trl_ftis.demo.tiny import build_tiny_llama
 
     print(f"\n(b) one round, receiver side, as a fraction of a training step of the tiny model (FTISTrainer, hidden 64, "
           f"{common.LOCAL_ROWS} rows/step), step and round alternating; {args.repeats} rounds per configuration")
@@ -472,7 +474,7 @@ def main(argv=None) -> int:
 
     common.quiet()
     common.header()
-    from trl_ftis.tiny import build_char_tokenizer
+    from trl_ftis.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     started = time.perf_counter()

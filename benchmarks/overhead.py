@@ -158,7 +158,7 @@ def build_trainer(kind: str, model, tokenizer, dataset, output_dir: str, **overr
     from trl import GRPOConfig, GRPOTrainer
 
     from trl_ftis import FTISConfig, FTISTrainer
-    from trl_ftis.tiny import digit_match_reward
+    from trl_ftis.tasks.addition import digit_match_reward
 
     config_class, trainer_class = (GRPOConfig, GRPOTrainer) if kind == "grpo" else (FTISConfig, FTISTrainer)
     args = config_class(**trainer_settings(output_dir, **overrides))
@@ -308,7 +308,7 @@ def raw_medians(times, labels: dict) -> None:
 
 
 def bench_no_peers(hidden: int, args, tokenizer, dataset, tmp: str, *, layers: int = 2, blocks=None, k=None) -> dict:
-    from trl_ftis.tiny import build_tiny_llama
+    from trl_ftis.demo.tiny import build_tiny_llama
 
     blocks, k = blocks or args.blocks, k or args.k
     model = build_tiny_llama(tokenizer, hidden_size=hidden, num_layers=layers, seed=0)
@@ -344,7 +344,7 @@ def bench_no_peers(hidden: int, args, tokenizer, dataset, tmp: str, *, layers: i
 def collect_peer_pool(tokenizer, dataset, tmp: str, rounds: int, hidden: int = 32):
     """Rows sampled by a second tiny model (hidden 32, another seed), with the generator log-probs its trainer
     publishes to listeners: `rounds` lists of LOCAL_ROWS rows."""
-    from trl_ftis.tiny import build_tiny_llama
+    from trl_ftis.demo.tiny import build_tiny_llama
 
     peer = build_trainer(
         "ftis", build_tiny_llama(tokenizer, hidden_size=hidden, seed=7), tokenizer, dataset, f"{tmp}/peer",
@@ -361,7 +361,7 @@ def collect_peer_pool(tokenizer, dataset, tmp: str, rounds: int, hidden: int = 3
 
 
 def bench_with_peers(hidden: int, args, tokenizer, dataset, tmp: str) -> dict:
-    from trl_ftis.tiny import build_tiny_llama
+    from trl_ftis.demo.tiny import build_tiny_llama
 
     pool = collect_peer_pool(tokenizer, dataset, f"{tmp}/pool{hidden}", rounds=args.pool)
     model = build_tiny_llama(tokenizer, hidden_size=hidden, seed=0)
@@ -437,7 +437,7 @@ def bench_with_peers(hidden: int, args, tokenizer, dataset, tmp: str) -> dict:
 
 def profile_steps(args, tokenizer, dataset, tmp: str, with_peers: bool) -> None:
     """cProfile a few steps of each trainer (hidden 64) and list where FTIS spends more time than GRPO."""
-    from trl_ftis.tiny import build_tiny_llama
+    from trl_ftis.demo.tiny import build_tiny_llama
 
     model = build_tiny_llama(tokenizer, hidden_size=64, seed=0)
     extra = {"per_device_train_batch_size": 2 * LOCAL_ROWS} if with_peers else {}
@@ -522,7 +522,8 @@ def main(argv=None) -> int:
 
     quiet()
     header()
-    from trl_ftis.tiny import addition_dataset, build_char_tokenizer
+    from trl_ftis.tasks.addition import addition_dataset
+    from trl_ftis.demo.tiny import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     dataset = addition_dataset(2048, seed=1)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from transformers import HfArgumentParser
 
-from trl_ftis.math_tasks import R1_ZERO_SYSTEM_PROMPT, evaluate_math, load_math_dataset
+from trl_ftis.tasks.math_problems import R1_ZERO_SYSTEM_PROMPT, evaluate_math, load_math_dataset
 
 #: The paper evaluates on the first 512 GSM8K test questions and on all of MATH-500.
 DEFAULT_LIMITS = {"gsm8k": 512, "math500": None}

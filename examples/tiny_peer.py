@@ -24,16 +24,8 @@ from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
 from trl_ftis.trainer import SUMMARY_FILE  # noqa: E402
-from trl_ftis.tiny import (  # noqa: E402
-    addition_dataset,
-    addition_problems,
-    build_char_tokenizer,
-    build_tiny_llama,
-    digit_match_reward,
-    exact_answer_reward,
-    greedy_accuracy,
-    supervised_warmup,
-)
+from trl_ftis.tasks.addition import addition_problems, digit_match_reward, exact_answer_reward, greedy_accuracy
+from trl_ftis.demo.tiny import # noqa: E402     addition_dataset, build_char_tokenizer, build_tiny_llama, supervised_warmup
 
 REWARDS = {"exact": exact_answer_reward, "digit_match": digit_match_reward}
 

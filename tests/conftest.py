@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from trl_ftis.tiny import build_char_tokenizer
+    from trl_ftis.demo.tiny import build_char_tokenizer
 
     return build_char_tokenizer()
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
-from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis.demo.tiny import build_tiny_llama
 
 pytestmark = [
     pytest.mark.gpu,
@@ -79,7 +80,8 @@ def test_the_launcher_gpu_share_caps_the_allocator(tmp_path):
         """
         import torch
         from trl_ftis import FTISConfig, FTISTrainer
-        from trl_ftis.tiny import addition_dataset, build_char_tokenizer, build_tiny_llama, digit_match_reward
+        from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+        from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
 
         tokenizer = build_char_tokenizer()
         args = FTISConfig(output_dir=%r, max_steps=1, per_device_train_batch_size=8, num_generations=8,
@@ -111,7 +113,7 @@ def test_the_gsm8k_example_under_accelerate_on_the_gpu(tmp_path, accelerate_conf
 
     import yaml
 
-    from trl_ftis.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer
+    from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     model_dir = tmp_path / "model"

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
-from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.trainer import GPU_MEMORY_FRACTION_ENV, gpu_memory_fraction
 
 
@@ -80,7 +81,8 @@ REPORTING_SCRIPT = textwrap.dedent(
     """
     import sys
     from trl_ftis import FTISConfig, FTISTrainer, PeerRow
-    from trl_ftis.tiny import addition_dataset, build_char_tokenizer, build_tiny_llama, digit_match_reward
+    from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     args = FTISConfig(

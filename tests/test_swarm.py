@@ -8,11 +8,12 @@ import uuid
 import pytest
 
 from trl_ftis import PeerRow
-from trl_ftis.collator import assign_group_statistics, select_rows
+from trl_ftis.peer_rows import assign_group_statistics, select_rows
 from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
 from trl_ftis.swarm import Swarm, message_to_rows, rows_to_message
-from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis.demo.tiny import build_tiny_llama
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow, ftis_loss
-from trl_ftis.tiny import addition_dataset, build_tiny_llama, digit_match_reward
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis.demo.tiny import build_tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -399,7 +400,7 @@ def test_peer_prompts_are_rendered_with_the_receivers_chat_template(make_args):
     it with its own template."""
     from datasets import Dataset
 
-    from trl_ftis.tiny import build_char_tokenizer
+    from trl_ftis.demo.tiny import build_char_tokenizer
 
     receiver_template = (
         "{% for m in messages %}Q{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}A{% endif %}"

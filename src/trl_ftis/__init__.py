@@ -25,7 +25,7 @@ __version__ = "0.1.0.dev0"
 _LAZY = {
     "FTISConfig": "config",
     "FTISTrainer": "trainer",
-    "PeerRow": "collator",
+    "PeerRow": "peer_rows",
 }
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .collator import PeerRow
+from .peer_rows import PeerRow
 from .exchange import ExchangeError, Message, WireCompletion, WireGroup, decode_message, encode_message, peek_header
 from .exchange.transports import Transport, open_transport
 

@@ -24,7 +24,7 @@ from trl.data_utils import apply_chat_template, is_conversational
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, is_async_callable, use_adapter
 
-from .collator import (
+from .peer_rows import (
     PeerRow,
     assign_group_statistics,
     build_peer_batch,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_ftis import smollm
+from trl_ftis.demo import smollm
 from trl_ftis.exchange import tokenizer_fingerprint
-from trl_ftis.smollm import (
+from trl_ftis.demo.smollm import (
     COMPLETE_MARKER,
     SmolLM2NotInstalledError,
     evenly_spaced_layers,
@@ -210,7 +210,7 @@ def test_evenly_spaced_layers():
 
 @pytest.fixture
 def tiny_checkpoint(tmp_path):
-    from trl_ftis.tiny import build_char_tokenizer, build_tiny_llama
+    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, num_layers=5, seed=1)

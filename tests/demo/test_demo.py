@@ -2,7 +2,7 @@
 
 import json
 
-from trl_ftis.demo import FULL, QUICK, _peer_config, collect_results, format_table
+from trl_ftis.demo.driver import FULL, QUICK, _peer_config, collect_results, format_table
 from trl_ftis.launcher import build_commands, load_swarm_config
 
 

@@ -15,7 +15,7 @@ stream with every test question excluded, so the two never share a question (and
 same split). To build splits by hand, draw the held-out set and pass its questions as ``exclude`` to the training
 draw.
 
-Measured with SmolLM2-135M-Instruct (:mod:`trl_ftis.smollm`, untrained, one CPU thread, 100 held-out problems,
+Measured with SmolLM2-135M-Instruct (:mod:`trl_ftis.demo.smollm`, untrained, one CPU thread, 100 held-out problems,
 default prompt): difficulty 1 greedy 43 % correct / 100 % formatted (~22 tokens a completion; the same with 48 or 96
 new tokens), sampled at temperature 1.0 (4 samples x 32 prompts) 16 % correct / 80 % formatted, mean default reward
 0.33: inside GRPO's useful band, hence the default. Difficulty 2: greedy 4 %, sampled 2 % correct (too hard to start

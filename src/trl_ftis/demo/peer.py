@@ -1,6 +1,6 @@
 """One peer of the demo swarm: GRPO/F-TIS on word problems with a local chat model (the script `trl-ftis demo` runs).
 
-    python -m trl_ftis.demo_peer --model_name_or_path CKPT --data_dir DATA --peer_id full \\
+    python -m trl_ftis.demo.peer --model_name_or_path CKPT --data_dir DATA --peer_id full \\
         --exchange_url dir:///tmp/swarm --output_dir runs/demo/full [--use_peft] [any FTISConfig flag]
 
 It evaluates held-out greedy accuracy before and after training, prints one compact progress line per logged step,
@@ -24,7 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, T
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis.config import FTISConfig  # noqa: E402
-from trl_ftis.tasks import DEFAULT_REWARD_FUNCS, evaluate_problems, word_problem_dataset  # noqa: E402
+from trl_ftis.tasks.word_problems import DEFAULT_REWARD_FUNCS, evaluate_problems, word_problem_dataset  # noqa: E402
 from trl_ftis.trainer import SUMMARY_FILE, FTISTrainer  # noqa: E402
 
 

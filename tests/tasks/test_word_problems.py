@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from trl_ftis.tasks import (
+from trl_ftis.tasks.word_problems import (
     DEFAULT_REWARD_FUNCS,
     DEFAULT_REWARD_WEIGHTS,
     FEW_SHOT,
@@ -179,7 +179,7 @@ def test_dataset_columns():
 
 def test_evaluate_with_a_tiny_model():
     """The evaluator runs end to end (batched, left padding, greedy and sampled) on a tiny local model."""
-    from trl_ftis.tiny import build_char_tokenizer, build_tiny_llama
+    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
 
     tokenizer = build_char_tokenizer()  # our own: this test changes its padding side
     model = build_tiny_llama(tokenizer, seed=0)

@@ -654,7 +654,7 @@ def test_wire_module_imports_neither_torch_nor_transformers():
 
 
 def test_tokenizer_fingerprint():
-    from trl_ftis.tiny import build_char_tokenizer
+    from trl_ftis.demo.tiny import build_char_tokenizer
 
     first = tokenizer_fingerprint(build_char_tokenizer())
     assert len(first) == 64 and int(first, 16) >= 0

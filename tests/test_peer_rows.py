@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trl_ftis.collator import PeerRow, build_peer_batch, concat_rows, group_advantages, group_max_lengths_by_index
+from trl_ftis.peer_rows import PeerRow, build_peer_batch, concat_rows, group_advantages, group_max_lengths_by_index
 
 
 def test_group_advantages_are_normalised_within_each_group_only():
@@ -75,7 +75,7 @@ def test_concat_rows_widens_prompts_on_the_left_and_the_rest_on_the_right():
 
 
 def test_addition_splits_are_disjoint_and_seed_independent():
-    from trl_ftis.tiny import addition_problems, in_test_split
+    from trl_ftis.tasks.addition import addition_problems, in_test_split
 
     train = addition_problems(3000, seed=1, split="train")
     test_a = addition_problems(300, seed=2, split="test")

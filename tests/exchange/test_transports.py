@@ -27,7 +27,7 @@ from trl_ftis.exchange.transports import (
 try:  # tests/ is on sys.path in pytest's default (prepend) import mode; be robust to the others too
     from redis_server import redis_url  # noqa: F401,F811  (registers the session fixture for this module)
 except ImportError:  # pragma: no cover
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from redis_server import redis_url  # noqa: F401,F811
 
 KINDS = ["memory", "dir", pytest.param("redis", marks=pytest.mark.redis)]

@@ -12,7 +12,7 @@ import yaml
 
 pytest.importorskip("math_verify")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TRAIN_SCRIPT = ROOT / "examples" / "gsm8k_ftis.py"
 EVAL_SCRIPT = ROOT / "examples" / "eval_math500.py"
 PAPER_CONFIG = ROOT / "examples" / "configs" / "gsm8k_qwen2.5-1.5b.yaml"
@@ -70,7 +70,7 @@ def _run(args: list, timeout: int = 300) -> subprocess.CompletedProcess:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Llama and a printable-ASCII character tokenizer with a system-aware chat template, saved like a Hub
     checkpoint."""
-    from trl_ftis.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
+    from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
 
     path = tmp_path_factory.mktemp("tiny-gsm8k-model")
     tokenizer = build_char_tokenizer(SYSTEM_CHAT_TEMPLATE, alphabet=PRINTABLE_ALPHABET)

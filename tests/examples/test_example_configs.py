@@ -19,7 +19,7 @@ import yaml
 from trl_ftis import FTISConfig, cli
 from trl_ftis.launcher import build_commands, check_files, load_swarm_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PAPER_DIR = ROOT / "examples" / "swarms" / "paper"
 ACCELERATE_DIR = ROOT / "examples" / "accelerate"
 SCRIPT = "examples/gsm8k_ftis.py"

@@ -22,8 +22,8 @@ import yaml
 from trl_ftis import cli, launcher
 from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, render_args, run_swarm
 
-PEER = str(Path(__file__).parent / "fixtures" / "swarm_peer.py")
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def _alive(pid: int) -> bool:

