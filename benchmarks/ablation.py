@@ -40,8 +40,8 @@ def warm_checkpoints(cache: Path, seeds, warmup_steps: int) -> dict:
     """One supervised warm-up per (peer, seed), saved as a checkpoint every setting starts from."""
     import torch
 
-    from trl_ftis.tasks.addition import addition_problems
     from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup
+    from trl_ftis.tasks.addition import addition_problems
 
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()

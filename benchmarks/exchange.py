@@ -25,8 +25,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # overhead.py: the shared helpers
 
-import overhead as common  # noqa: E402  (sets the environment and one torch thread before torch is used)
-
 import argparse  # noqa: E402
 import contextlib  # noqa: E402
 import copy  # noqa: E402
@@ -38,6 +36,7 @@ import uuid  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
+import overhead as common  # noqa: E402  (sets the environment and one torch thread before torch is used)
 
 GOAL_FRACTION = 0.02
 PAPER_VOCAB = 49_152
@@ -77,8 +76,16 @@ def random_ids_logps(rng: np.random.Generator, n: int, vocab: int):
 
 
 def synthetic_rows(
-    *, sender: str, round: int, prompts: int, per_prompt: int, tokens: int, vocab: int, seed: int,
-    long_prompts: bool, pessimistic: bool = False,
+    *,
+    sender: str,
+    round: int,
+    prompts: int,
+    per_prompt: int,
+    tokens: int,
+    vocab: int,
+    seed: int,
+    long_prompts: bool,
+    pessimistic: bool = False,
 ):
     """PeerRows of one message: `prompts` groups of `per_prompt` completions, each of length `tokens`."""
     from trl_ftis import PeerRow
@@ -129,10 +136,14 @@ def message_sizes(name: str, message, vocab_limit: int) -> None:
     n = len(message.completions)
     t = message.num_tokens()
     k = len(message.reward_names)
-    print(f"\n  {name}: N = {n} completions, T = {t} tokens ({t / n:.1f} per completion), K = {k}, "
-          f"{len(message.groups)} prompts")
-    print(f"    {'mode':<24}{'total B':>10}{'header B':>10}{'body B':>10}{'B/token':>9}{'B/compl.':>10}"
-          f"{'fixed B/compl.':>16}")
+    print(
+        f"\n  {name}: N = {n} completions, T = {t} tokens ({t / n:.1f} per completion), K = {k}, "
+        f"{len(message.groups)} prompts"
+    )
+    print(
+        f"    {'mode':<24}{'total B':>10}{'header B':>10}{'body B':>10}{'B/token':>9}{'B/compl.':>10}"
+        f"{'fixed B/compl.':>16}"
+    )
     for mode, options, secret in MODES:
         data = encode_message(message, secret=secret, **options)
         info = peek_header(data)
@@ -151,56 +162,94 @@ def message_sizes(name: str, message, vocab_limit: int) -> None:
             small_ids = max(int(c.completion_ids.max()) for c in message.completions) < 65536
             token_bytes = 8 if not options["compact"] else (2 if small_ids else 4) + 2
             fixed = f"{(len(data) - token_bytes * t) / n:.1f}"
-        print(f"    {mode:<24}{len(data):>10,}{info['header_bytes']:>10,}{info['body_bytes']:>10,}{per_token:>9.2f}"
-              f"{len(data) / n:>10.1f}{fixed:>16}")
+        print(
+            f"    {mode:<24}{len(data):>10,}{info['header_bytes']:>10,}{info['body_bytes']:>10,}{per_token:>9.2f}"
+            f"{len(data) / n:>10.1f}{fixed:>16}"
+        )
     body_fixed = n * (12 + 4 * k)
-    print(f"    fixed body part per completion: 12 + 4K = {12 + 4 * k} B; header per completion "
-          f"{(peek_header(encode_message(message))['header_bytes']) / n:.1f} B (prompts, extra, names); "
-          f"exact body = 8 T + (12 + 4K) N = {8 * t + body_fixed:,} B")
+    print(
+        f"    fixed body part per completion: 12 + 4K = {12 + 4 * k} B; header per completion "
+        f"{(peek_header(encode_message(message))['header_bytes']) / n:.1f} B (prompts, extra, names); "
+        f"exact body = 8 T + (12 + 4K) N = {8 * t + body_fixed:,} B"
+    )
 
 
 def tiny_task_message(tokenizer, tmp: str):
     """A real message of the tiny task: 4 prompts x 8 completions sampled by a tiny FTISTrainer, K = 2."""
     from trl_ftis import FTISConfig, FTISTrainer
+    from trl_ftis.demo.tiny import build_tiny_llama
     from trl_ftis.exchange import tokenizer_fingerprint
     from trl_ftis.swarm import rows_to_message
     from trl_ftis.tasks.addition import addition_dataset, digit_match_reward, exact_answer_reward
-    from trl_ftis.demo.tiny import build_tiny_llama
 
-    args = FTISConfig(**common.trainer_settings(f"{tmp}/tinymsg", per_device_train_batch_size=32, max_steps=1,
-                                                disable_tqdm=True, logging_steps=1000))
+    args = FTISConfig(
+        **common.trainer_settings(
+            f"{tmp}/tinymsg", per_device_train_batch_size=32, max_steps=1, disable_tqdm=True, logging_steps=1000
+        )
+    )
     trainer = FTISTrainer(
-        build_tiny_llama(tokenizer, hidden_size=64, seed=0), [digit_match_reward, exact_answer_reward], args=args,
-        train_dataset=addition_dataset(256, seed=1), processing_class=tokenizer,
+        build_tiny_llama(tokenizer, hidden_size=64, seed=0),
+        [digit_match_reward, exact_answer_reward],
+        args=args,
+        train_dataset=addition_dataset(256, seed=1),
+        processing_class=tokenizer,
     )
     published = []
     trainer.add_row_listener(published.append)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
     return rows_to_message(
-        published[0], sender="tiny", round=0, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-        tokenizer_name="tiny-char", temperature=1.0, reward_names=trainer.reward_func_names,
+        published[0],
+        sender="tiny",
+        round=0,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        tokenizer_name="tiny-char",
+        temperature=1.0,
+        reward_names=trainer.reward_func_names,
     ), trainer.vocab_limit
 
 
 def bench_sizes(tokenizer, tmp: str) -> None:
     from trl_ftis.swarm import rows_to_message
 
-    print("\n(a) bytes on the wire (B/token = total bytes / completion tokens; fixed B/compl. = bytes that are not "
-          "the per-token arrays, per completion)")
+    print(
+        "\n(a) bytes on the wire (B/token = total bytes / completion tokens; fixed B/compl. = bytes that are not "
+        "the per-token arrays, per completion)"
+    )
 
     def to_message(rows):
-        return rows_to_message(rows, sender="peer-0", round=0, tokenizer_fingerprint=FINGERPRINT,
-                               tokenizer_name="synthetic-49k", temperature=1.0, reward_names=["digit_match_reward"])
+        return rows_to_message(
+            rows,
+            sender="peer-0",
+            round=0,
+            tokenizer_fingerprint=FINGERPRINT,
+            tokenizer_name="synthetic-49k",
+            temperature=1.0,
+            reward_names=["digit_match_reward"],
+        )
 
-    paper = synthetic_rows(sender="peer-0", round=0, prompts=12, per_prompt=12, tokens=200, vocab=PAPER_VOCAB,
-                           seed=0, long_prompts=True)
-    message_sizes("paper-size step, realistic data (Zipf ids, peaked log-probs), vocab 49 152",
-                  to_message(paper), PAPER_VOCAB)
-    pessimistic = synthetic_rows(sender="peer-0", round=0, prompts=12, per_prompt=12, tokens=200, vocab=PAPER_VOCAB,
-                                 seed=0, long_prompts=True, pessimistic=True)
-    message_sizes("same size, uniform ids and log-uniform log-probs (pessimistic for compression)",
-                  to_message(pessimistic), PAPER_VOCAB)
+    paper = synthetic_rows(
+        sender="peer-0", round=0, prompts=12, per_prompt=12, tokens=200, vocab=PAPER_VOCAB, seed=0, long_prompts=True
+    )
+    message_sizes(
+        "paper-size step, realistic data (Zipf ids, peaked log-probs), vocab 49 152", to_message(paper), PAPER_VOCAB
+    )
+    pessimistic = synthetic_rows(
+        sender="peer-0",
+        round=0,
+        prompts=12,
+        per_prompt=12,
+        tokens=200,
+        vocab=PAPER_VOCAB,
+        seed=0,
+        long_prompts=True,
+        pessimistic=True,
+    )
+    message_sizes(
+        "same size, uniform ids and log-uniform log-probs (pessimistic for compression)",
+        to_message(pessimistic),
+        PAPER_VOCAB,
+    )
     message, vocab_limit = tiny_task_message(tokenizer, tmp)
     message_sizes(f"tiny task, real rows from a tiny trainer (vocab {vocab_limit})", message, vocab_limit)
 
@@ -224,8 +273,12 @@ class PhaseClock:
         import trl_ftis.swarm as swarm_module
 
         self.timer = common.SectionTimer()
-        for name, section in (("encode_message", "encode"), ("decode_message", "decode"),
-                              ("message_to_rows", "to rows"), ("peek_header", "peek")):
+        for name, section in (
+            ("encode_message", "encode"),
+            ("decode_message", "decode"),
+            ("message_to_rows", "to rows"),
+            ("peek_header", "peek"),
+        ):
             self.timer.wrap(swarm_module, name, section)
 
     def take(self) -> dict:
@@ -244,9 +297,16 @@ class RoundBench:
         fingerprint = FINGERPRINT if vocab else tokenizer_fingerprint(tokenizer)
 
         def swarm(peer_id):
-            return Swarm(url, peer_id=peer_id, tokenizer_fingerprint=fingerprint, tokenizer_name="bench",
-                         vocab_limit=self.vocab, temperature=1.0, reward_names=["digit_match_reward"],
-                         peer_timeout=5.0)
+            return Swarm(
+                url,
+                peer_id=peer_id,
+                tokenizer_fingerprint=fingerprint,
+                tokenizer_name="bench",
+                vocab_limit=self.vocab,
+                temperature=1.0,
+                reward_names=["digit_match_reward"],
+                peer_timeout=5.0,
+            )
 
         self.receiver = swarm("receiver")
         self.publishers = [swarm(f"peer-{i:02d}") for i in range(peers)]
@@ -258,8 +318,14 @@ class RoundBench:
         self.templates = {}
         for i, sender in enumerate([self.receiver.peer_id] + [p.peer_id for p in self.publishers]):
             self.templates[sender] = synthetic_rows(
-                sender=sender, round=0, prompts=prompts, per_prompt=per_prompt, tokens=tokens, vocab=self.vocab,
-                seed=1000 * peers + i, long_prompts=long_prompts,
+                sender=sender,
+                round=0,
+                prompts=prompts,
+                per_prompt=per_prompt,
+                tokens=tokens,
+                vocab=self.vocab,
+                seed=1000 * peers + i,
+                long_prompts=long_prompts,
             )
         self.round = 0
         self.publish_times: list[float] = []
@@ -308,8 +374,10 @@ class RoundBench:
         rows = result.rows
         expected = self.peers * self.rows_per_message
         if len(rows) != expected or result.refused:
-            print(f"  WARNING: {self.setting}/{self.peers} peers round {self.round}: {len(rows)} rows, expected "
-                  f"{expected}; refused {dict(result.refused)}")
+            print(
+                f"  WARNING: {self.setting}/{self.peers} peers round {self.round}: {len(rows)} rows, expected "
+                f"{expected}; refused {dict(result.refused)}"
+            )
 
         # What FTISTrainer does with received rows (_run_round, _merge_rows), minus rescoring and the cap
         # (max_peer_ratio would keep at most 4 x 16 rows here; uncapped, to see how the cost grows with rows).
@@ -353,13 +421,20 @@ def start_redis(tmp: str):
 
 
 def bench_rounds(args, tokenizer, tmp: str) -> dict:
-    from trl_ftis.tasks.addition import addition_dataset
     from trl_ftis.demo.tiny import build_tiny_llama
+    from trl_ftis.tasks.addition import addition_dataset
 
-    print(f"\n(b) one round, receiver side, as a fraction of a training step of the tiny model (FTISTrainer, hidden 64, "
-          f"{common.LOCAL_ROWS} rows/step), step and round alternating; {args.repeats} rounds per configuration")
-    trainer = common.build_trainer("ftis", build_tiny_llama(tokenizer, hidden_size=64, seed=0), tokenizer,
-                                   addition_dataset(2048, seed=1), f"{tmp}/stepper")
+    print(
+        f"\n(b) one round, receiver side, as a fraction of a training step of the tiny model (FTISTrainer, hidden 64, "
+        f"{common.LOCAL_ROWS} rows/step), step and round alternating; {args.repeats} rounds per configuration"
+    )
+    trainer = common.build_trainer(
+        "ftis",
+        build_tiny_llama(tokenizer, hidden_size=64, seed=0),
+        tokenizer,
+        addition_dataset(2048, seed=1),
+        f"{tmp}/stepper",
+    )
     driver = common.StepDriver(trainer)
     for i in range(args.warmup):
         driver.step(i)
@@ -379,8 +454,12 @@ def bench_rounds(args, tokenizer, tmp: str) -> dict:
                 for peers in args.peers:
                     name = f"{transport}-{setting}-{peers}-{uuid.uuid4().hex[:6]}"
                     url = f"{base}/{name}" if transport == "dir" else f"{base}?swarm={name}"
-                    benches.append(((transport, setting, peers),
-                                    RoundBench(url, peers, setting, tokenizer, trainer, clock, redis=transport == "redis")))
+                    benches.append(
+                        (
+                            (transport, setting, peers),
+                            RoundBench(url, peers, setting, tokenizer, trainer, clock, redis=transport == "redis"),
+                        )
+                    )
         # Warm each configuration up once (first connection, first file, first decode).
         for _, bench in benches:
             bench.publish_peers()
@@ -405,17 +484,43 @@ def bench_rounds(args, tokenizer, tmp: str) -> dict:
             stop()
 
     all_steps = [t for key in steps for t in steps[key]]
-    print(f"  training step: raw median {1e3 * statistics.median(all_steps):.1f} ms (context only; "
-          f"{len(all_steps)} steps, each followed by one round)")
-    phases = ["round", "publish (own)", "  encode (own)", "collect", "  poll (transport)", "  decode",
-              "  message_to_rows", "merge", "  statistics", "  tokenize", "  build"]
-    columns = ["round", "publish", "encode", "collect", "poll", "decode", "to_rows", "merge", "stats", "tokenize",
-               "build"]
-    print("  columns, each as % of the training step just before the round (median over rounds): round = publish + "
-          "collect + merge;\n  publish: own message (rows_to_message, encode, write, prune), of which encode; "
-          "collect: Swarm.collect, of which poll\n  (transport read), decode (decode_message), to_rows "
-          "(message_to_rows), the rest peek_header and checks; merge: stats\n  (assign_group_statistics), "
-          "tokenize (the receiver's _tokenize_prompts of every row's prompt), build (build_peer_batch)")
+    print(
+        f"  training step: raw median {1e3 * statistics.median(all_steps):.1f} ms (context only; "
+        f"{len(all_steps)} steps, each followed by one round)"
+    )
+    phases = [
+        "round",
+        "publish (own)",
+        "  encode (own)",
+        "collect",
+        "  poll (transport)",
+        "  decode",
+        "  message_to_rows",
+        "merge",
+        "  statistics",
+        "  tokenize",
+        "  build",
+    ]
+    columns = [
+        "round",
+        "publish",
+        "encode",
+        "collect",
+        "poll",
+        "decode",
+        "to_rows",
+        "merge",
+        "stats",
+        "tokenize",
+        "build",
+    ]
+    print(
+        "  columns, each as % of the training step just before the round (median over rounds): round = publish + "
+        "collect + merge;\n  publish: own message (rows_to_message, encode, write, prune), of which encode; "
+        "collect: Swarm.collect, of which poll\n  (transport read), decode (decode_message), to_rows "
+        "(message_to_rows), the rest peek_header and checks; merge: stats\n  (assign_group_statistics), "
+        "tokenize (the receiver's _tokenize_prompts of every row's prompt), build (build_peer_batch)"
+    )
     summary = {}
     for transport, _ in transports:
         for setting in args.settings:
@@ -433,20 +538,27 @@ def bench_rounds(args, tokenizer, tmp: str) -> dict:
                 print(f"    {peers:>5}{rows:>6} {cells}")
                 summary[key] = fractions["round"]
                 per_row[peers] = {phase: statistics.median(fractions[phase]) / rows for phase in phases}
-            print("    IQR of the round fraction: " + "; ".join(
-                f"{peers} peers {fmt_pct(summary[(transport, setting, peers)])}" for peers in args.peers))
+            print(
+                "    IQR of the round fraction: "
+                + "; ".join(f"{peers} peers {fmt_pct(summary[(transport, setting, peers)])}" for peers in args.peers)
+            )
             base = args.peers[0]
-            print(f"    time per row relative to {base} peers (1.00 = linear; below 1: fixed costs amortised): "
-                  + "; ".join(
-                      f"{peers} peers round {per_row[peers]['round'] / per_row[base]['round']:.2f}, collect "
-                      f"{per_row[peers]['collect'] / per_row[base]['collect']:.2f}, merge "
-                      f"{per_row[peers]['merge'] / per_row[base]['merge']:.2f}, decode "
-                      f"{per_row[peers]['  decode'] / per_row[base]['  decode']:.2f}"
-                      for peers in args.peers[1:]))
+            print(
+                f"    time per row relative to {base} peers (1.00 = linear; below 1: fixed costs amortised): "
+                + "; ".join(
+                    f"{peers} peers round {per_row[peers]['round'] / per_row[base]['round']:.2f}, collect "
+                    f"{per_row[peers]['collect'] / per_row[base]['collect']:.2f}, merge "
+                    f"{per_row[peers]['merge'] / per_row[base]['merge']:.2f}, decode "
+                    f"{per_row[peers]['  decode'] / per_row[base]['  decode']:.2f}"
+                    for peers in args.peers[1:]
+                )
+            )
             publish = statistics.median(publish_per_message[(transport, setting, q)] for q in args.peers)
             step = statistics.median(all_steps)
-            print(f"    publishing one message (each peer, rows_to_message + encode + write): "
-                  f"{100 * publish / step:.2f}% of a median step")
+            print(
+                f"    publishing one message (each peer, rows_to_message + encode + write): "
+                f"{100 * publish / step:.2f}% of a median step"
+            )
     return summary
 
 
@@ -462,8 +574,9 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="about a minute: fewer repeats")
     parser.add_argument("--peers", type=int, nargs="+", default=[2, 8, 32], help="publishing peers per round [2 8 32]")
-    parser.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=None,
-                        help="message sizes [small large]")
+    parser.add_argument(
+        "--settings", nargs="+", choices=sorted(SETTINGS), default=None, help="message sizes [small large]"
+    )
     parser.add_argument("--repeats", type=int, default=None, help="rounds per configuration [20; quick 4]")
     parser.add_argument("--warmup", type=int, default=4, help="unmeasured training steps first [4]")
     parser.add_argument("--skip-sizes", action="store_true", help="skip (a)")
@@ -482,12 +595,16 @@ def main(argv=None) -> int:
         if not args.skip_sizes:
             bench_sizes(tokenizer, tmp)
         summary = bench_rounds(args, tokenizer, tmp)
-    print(f"\nSummary: one round (own publish + collect + merge) as a fraction of a tiny training step, median [IQR]; "
-          f"goal <= {100 * GOAL_FRACTION:.0f}%")
+    print(
+        f"\nSummary: one round (own publish + collect + merge) as a fraction of a tiny training step, median [IQR]; "
+        f"goal <= {100 * GOAL_FRACTION:.0f}%"
+    )
     for (transport, setting, peers), fractions in summary.items():
         med = statistics.median(fractions)
-        print(f"  {transport + '://':<9}{setting:<6}{peers:>3} peers  {fmt_pct(fractions):<28} "
-              f"{'met' if med <= GOAL_FRACTION else 'NOT met'}")
+        print(
+            f"  {transport + '://':<9}{setting:<6}{peers:>3} peers  {fmt_pct(fractions):<28} "
+            f"{'met' if med <= GOAL_FRACTION else 'NOT met'}"
+        )
     print(f"(total {time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -33,15 +33,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "disabled")
 
 import argparse  # noqa: E402
-import copy  # noqa: E402
 import contextlib  # noqa: E402
+import copy  # noqa: E402
 import cProfile  # noqa: E402
-import io  # noqa: E402
 import functools  # noqa: E402
+import io  # noqa: E402
 import logging  # noqa: E402
 import platform  # noqa: E402
-import random  # noqa: E402
 import pstats  # noqa: E402
+import random  # noqa: E402
 import shlex  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -303,8 +303,10 @@ def report_pair(times, cpu, trl_steps, a="grpo", b="ftis", label="FTIS/GRPO"):
 
 
 def raw_medians(times, labels: dict) -> None:
-    print("  raw medians (context only): " + ", ".join(
-        f"{label} {step_median_ms(times, name):.1f} ms/step" for name, label in labels.items()))
+    print(
+        "  raw medians (context only): "
+        + ", ".join(f"{label} {step_median_ms(times, name):.1f} ms/step" for name, label in labels.items())
+    )
 
 
 def bench_no_peers(hidden: int, args, tokenizer, dataset, tmp: str, *, layers: int = 2, blocks=None, k=None) -> dict:
@@ -325,17 +327,24 @@ def bench_no_peers(hidden: int, args, tokenizer, dataset, tmp: str, *, layers: i
     trl_steps = {name: driver.trl_step_times()[n_warm:] for name, driver in drivers.items()}
     identical = all(torch.equal(p, q) for p, q in zip(grpo.model.parameters(), ftis.model.parameters(), strict=True))
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"\n(a) no peers, hidden {hidden}, {layers} layers ({n_params / 1e3:.0f}k parameters), {LOCAL_ROWS} rows/step, "
-          f"{blocks} blocks x {k} steps per trainer")
+    print(
+        f"\n(a) no peers, hidden {hidden}, {layers} layers ({n_params / 1e3:.0f}k parameters), {LOCAL_ROWS} rows/step, "
+        f"{blocks} blocks x {k} steps per trainer"
+    )
     ratios, cpu_ratios = report_pair(times, cpu, trl_steps)
     raw_medians(times, {"grpo": "GRPO", "ftis": "FTIS"})
     total_ftis = sum(t for block in times["ftis"] for t in block)
     shares = {name: sections[name] / total_ftis for name in names if name in sections}
     steps = sum(len(block) for block in times["ftis"])
-    print("  F-TIS code paths, share of the FTIS step (ms per step): "
-          + ", ".join(f"{name.strip()} {100 * share:.2f}% ({1e3 * sections[name] / steps:.2f})"
-                      for name, share in shares.items()))
-    print(f"  parameters identical after {len(trl_steps['ftis']) + n_warm} steps each (same work in both): {identical}")
+    print(
+        "  F-TIS code paths, share of the FTIS step (ms per step): "
+        + ", ".join(
+            f"{name.strip()} {100 * share:.2f}% ({1e3 * sections[name] / steps:.2f})" for name, share in shares.items()
+        )
+    )
+    print(
+        f"  parameters identical after {len(trl_steps['ftis']) + n_warm} steps each (same work in both): {identical}"
+    )
     print(f"  goal <= {GOAL}, wall time: {verdict(ratios)}")
     print(f"  goal <= {GOAL}, CPU time:  {verdict(cpu_ratios)}")
     return {"ratios": ratios, "cpu_ratios": cpu_ratios, "shares": shares, "identical": identical}
@@ -347,8 +356,15 @@ def collect_peer_pool(tokenizer, dataset, tmp: str, rounds: int, hidden: int = 3
     from trl_ftis.demo.tiny import build_tiny_llama
 
     peer = build_trainer(
-        "ftis", build_tiny_llama(tokenizer, hidden_size=hidden, seed=7), tokenizer, dataset, f"{tmp}/peer",
-        max_steps=rounds, seed=7, logging_steps=1000, disable_tqdm=True,
+        "ftis",
+        build_tiny_llama(tokenizer, hidden_size=hidden, seed=7),
+        tokenizer,
+        dataset,
+        f"{tmp}/peer",
+        max_steps=rounds,
+        seed=7,
+        logging_steps=1000,
+        disable_tqdm=True,
     )
     published = []
     peer.add_row_listener(published.append)
@@ -366,7 +382,11 @@ def bench_with_peers(hidden: int, args, tokenizer, dataset, tmp: str) -> dict:
     pool = collect_peer_pool(tokenizer, dataset, f"{tmp}/pool{hidden}", rounds=args.pool)
     model = build_tiny_llama(tokenizer, hidden_size=hidden, seed=0)
     grpo = build_trainer(
-        "grpo", copy.deepcopy(model), tokenizer, dataset, f"{tmp}/grpo2x{hidden}",
+        "grpo",
+        copy.deepcopy(model),
+        tokenizer,
+        dataset,
+        f"{tmp}/grpo2x{hidden}",
         per_device_train_batch_size=2 * LOCAL_ROWS,
     )
     ftis = build_trainer("ftis", copy.deepcopy(model), tokenizer, dataset, f"{tmp}/ftispeers{hidden}")
@@ -394,29 +414,39 @@ def bench_with_peers(hidden: int, args, tokenizer, dataset, tmp: str) -> dict:
     n_warm = args.warmup
     trl_steps = {name: driver.trl_step_times()[n_warm:] for name, driver in drivers.items()}
     peer_rows = ftis._metrics["train"]["ftis/peer_rows"][n_warm:]
-    print(f"\n(b) {LOCAL_ROWS} own + {LOCAL_ROWS} peer rows/step (FTIS) vs {2 * LOCAL_ROWS} own rows/step (GRPO), "
-          f"hidden {hidden}, {args.blocks} blocks x {args.k} steps per trainer")
-    print(f"  peer rows merged per FTIS step: median {statistics.median(peer_rows):.0f} "
-          f"(sampled by a hidden-32 peer; {len(pool)} recorded rounds reused in turn)")
+    print(
+        f"\n(b) {LOCAL_ROWS} own + {LOCAL_ROWS} peer rows/step (FTIS) vs {2 * LOCAL_ROWS} own rows/step (GRPO), "
+        f"hidden {hidden}, {args.blocks} blocks x {args.k} steps per trainer"
+    )
+    print(
+        f"  peer rows merged per FTIS step: median {statistics.median(peer_rows):.0f} "
+        f"(sampled by a hidden-32 peer; {len(pool)} recorded rounds reused in turn)"
+    )
     filtered = ftis._metrics["train"].get("ftis/peer/filtered_frac", [])
     weights = ftis._metrics["train"].get("ftis/peer/is_weight_mean", [])
     if weights:
-        print(f"  peer rows: mean truncated IS weight {statistics.mean(weights):.3f}, "
-              f"filtered fraction {statistics.mean(filtered):.3f} (kl_threshold 50; the weights are really applied)")
+        print(
+            f"  peer rows: mean truncated IS weight {statistics.mean(weights):.3f}, "
+            f"filtered fraction {statistics.mean(filtered):.3f} (kl_threshold 50; the weights are really applied)"
+        )
     ratios, cpu_ratios = report_pair(times, cpu, trl_steps)
     print("  (FTIS samples 16 rows and GRPO 32: the peer rows' sampling is paid by the peer, their merging by FTIS)")
-    listen_ratios, listen_cpu = report_pair(
-        times, cpu, trl_steps, a="ftis", b="listen", label="FTIS+listener/FTIS"
+    listen_ratios, listen_cpu = report_pair(times, cpu, trl_steps, a="ftis", b="listen", label="FTIS+listener/FTIS")
+    print(
+        "  (the listener's cost: generator log-probs recorded during generate, own rows turned into PeerRows, "
+        "as every swarm member pays)"
     )
-    print("  (the listener's cost: generator log-probs recorded during generate, own rows turned into PeerRows, "
-          "as every swarm member pays)")
     raw_medians(times, {"grpo": "GRPO 32 rows", "ftis": "FTIS 16+16", "listen": "FTIS 16+16 + listener"})
-    identical = all(torch.equal(p, q) for p, q in zip(ftis.model.parameters(), listening.model.parameters(), strict=True))
+    identical = all(
+        torch.equal(p, q) for p, q in zip(ftis.model.parameters(), listening.model.parameters(), strict=True)
+    )
     print(f"  FTIS with and without listener end with identical parameters: {identical}")
     total_ftis = sum(t for block in times["ftis"] for t in block)
     steps = sum(len(block) for block in times["ftis"])
-    print("  F-TIS bookkeeping, share of the FTIS step (same steps; median step "
-          f"{step_median_ms(times, 'ftis'):.1f} ms):")
+    print(
+        "  F-TIS bookkeeping, share of the FTIS step (same steps; median step "
+        f"{step_median_ms(times, 'ftis'):.1f} ms):"
+    )
     for name in names:
         seconds = sections.get(name, 0.0)
         print(f"    {name:<28} {100 * seconds / total_ftis:6.2f}%   ({1e3 * seconds / steps:.2f} ms/step)")
@@ -424,15 +454,24 @@ def bench_with_peers(hidden: int, args, tokenizer, dataset, tmp: str) -> dict:
     print(f"    {'total':<28} {100 * own / total_ftis:6.2f}%   ({1e3 * own / steps:.2f} ms/step)")
     own_rows = own_rows_timer.calls["own rows"][n_warm:]
     listen_total = sum(t for block in times["listen"] for t in block)
-    print(f"    {'(listener) _own_rows':<28} {100 * sum(own_rows) / listen_total:6.2f}%   "
-          f"({1e3 * statistics.mean(own_rows):.2f} ms/step) of the FTIS+listener step")
+    print(
+        f"    {'(listener) _own_rows':<28} {100 * sum(own_rows) / listen_total:6.2f}%   "
+        f"({1e3 * statistics.mean(own_rows):.2f} ms/step) of the FTIS+listener step"
+    )
     loss = {name: loss_timer.calls["loss"][n_warm:] for name, loss_timer in loss_timers.items()}
     pairs = [f / g for g, f in zip(loss["grpo"], loss["ftis"], strict=True)]
-    print(f"  compute_loss alone (forward + loss, {2 * LOCAL_ROWS} rows in both), FTIS/GRPO per step: "
-          f"{fmt_ratio(pairs, ci=True)}; raw medians GRPO {1e3 * statistics.median(loss['grpo']):.2f} ms, "
-          f"FTIS {1e3 * statistics.median(loss['ftis']):.2f} ms")
-    return {"ratios": ratios, "cpu_ratios": cpu_ratios, "listen_ratios": listen_ratios, "listen_cpu": listen_cpu,
-            "bookkeeping_share": own / total_ftis}
+    print(
+        f"  compute_loss alone (forward + loss, {2 * LOCAL_ROWS} rows in both), FTIS/GRPO per step: "
+        f"{fmt_ratio(pairs, ci=True)}; raw medians GRPO {1e3 * statistics.median(loss['grpo']):.2f} ms, "
+        f"FTIS {1e3 * statistics.median(loss['ftis']):.2f} ms"
+    )
+    return {
+        "ratios": ratios,
+        "cpu_ratios": cpu_ratios,
+        "listen_ratios": listen_ratios,
+        "listen_cpu": listen_cpu,
+        "bookkeeping_share": own / total_ftis,
+    }
 
 
 def profile_steps(args, tokenizer, dataset, tmp: str, with_peers: bool) -> None:
@@ -456,7 +495,7 @@ def profile_steps(args, tokenizer, dataset, tmp: str, with_peers: bool) -> None:
     run_alternating(drivers, warmup=args.warmup, blocks=0, k=1)
     profiles = {name: cProfile.Profile() for name in drivers}
     for i in range(args.profile_steps):
-        for name in (list(drivers) if i % 2 == 0 else list(drivers)[::-1]):
+        for name in list(drivers) if i % 2 == 0 else list(drivers)[::-1]:
             profiles[name].enable()
             drivers[name].step(9000 + i)
             profiles[name].disable()
@@ -465,8 +504,10 @@ def profile_steps(args, tokenizer, dataset, tmp: str, with_peers: bool) -> None:
     total = {name: s.total_tt / n for name, s in stats.items()}
     label = f"{LOCAL_ROWS}+{LOCAL_ROWS} peer rows vs {2 * LOCAL_ROWS} own rows" if with_peers else "no peers"
     print(f"\n(c) cProfile, hidden 64, {label}, {n} steps each (profiling inflates Python-heavy code):")
-    print(f"  profiled time per step: GRPO {1e3 * total['grpo']:.1f} ms, FTIS {1e3 * total['ftis']:.1f} ms, "
-          f"ratio {total['ftis'] / total['grpo']:.3f}")
+    print(
+        f"  profiled time per step: GRPO {1e3 * total['grpo']:.1f} ms, FTIS {1e3 * total['ftis']:.1f} ms, "
+        f"ratio {total['ftis'] / total['grpo']:.3f}"
+    )
     ftis_stats, grpo_stats = stats["ftis"].stats, stats["grpo"].stats  # {(file, line, name): (cc, nc, tt, ct, _)}
     own = [
         (ct / n, nc / n, short_name(key))
@@ -508,8 +549,12 @@ def main(argv=None) -> int:
     parser.add_argument("--pool", type=int, default=8, help="rounds of peer rows recorded from the peer model [8]")
     parser.add_argument("--profile-steps", type=int, default=None, help="cProfile steps per trainer [30; quick 10]")
     parser.add_argument("--profile-rows", type=int, default=12, help="rows of each profile table [12]")
-    parser.add_argument("--scale-hidden", type=int, default=None,
-                        help="(a) also on a larger model with this hidden size and 4 layers, 0 to skip [512; quick 0]")
+    parser.add_argument(
+        "--scale-hidden",
+        type=int,
+        default=None,
+        help="(a) also on a larger model with this hidden size and 4 layers, 0 to skip [512; quick 0]",
+    )
     parser.add_argument("--no-profile", action="store_true", help="skip (c)")
     parser.add_argument("--skip-peers", action="store_true", help="skip (b)")
     args = parser.parse_args(argv)
@@ -522,8 +567,8 @@ def main(argv=None) -> int:
 
     quiet()
     header()
-    from trl_ftis.tasks.addition import addition_dataset
     from trl_ftis.demo.tiny import build_char_tokenizer
+    from trl_ftis.tasks.addition import addition_dataset
 
     tokenizer = build_char_tokenizer()
     dataset = addition_dataset(2048, seed=1)
@@ -535,15 +580,27 @@ def main(argv=None) -> int:
             summary.append((f"(a) no peers, hidden {hidden}", result))
         if args.scale_hidden:
             # A larger model: the F-TIS code paths cost the same per step, so their share falls (fewer, shorter blocks).
-            result = bench_no_peers(args.scale_hidden, args, tokenizer, dataset, tmp, layers=4,
-                                    blocks=max(8, args.blocks // 2), k=max(2, args.k // 2 - 1))
+            result = bench_no_peers(
+                args.scale_hidden,
+                args,
+                tokenizer,
+                dataset,
+                tmp,
+                layers=4,
+                blocks=max(8, args.blocks // 2),
+                k=max(2, args.k // 2 - 1),
+            )
             summary.append((f"(a) no peers, hidden {args.scale_hidden}, 4 layers", result))
         if not args.skip_peers:
             for hidden in args.hidden[:1] if args.quick else args.hidden:
                 result = bench_with_peers(hidden, args, tokenizer, dataset, tmp)
                 summary.append((f"(b) FTIS 16+16 peer / GRPO 32 rows, hidden {hidden}", result))
-                summary.append((f"(b) FTIS listener on / off, hidden {hidden}",
-                                {"ratios": result["listen_ratios"], "cpu_ratios": result["listen_cpu"]}))
+                summary.append(
+                    (
+                        f"(b) FTIS listener on / off, hidden {hidden}",
+                        {"ratios": result["listen_ratios"], "cpu_ratios": result["listen_cpu"]},
+                    )
+                )
         if not args.no_profile:
             profile_steps(args, tokenizer, dataset, tmp, with_peers=False)
             if not args.skip_peers:

@@ -21,7 +21,13 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_ftis import FTISConfig, FTISTrainer
-from trl_ftis.tasks.math_problems import R1_ZERO_SYSTEM_PROMPT, answer_reward, load_math_dataset, stop_token_ids, strict_reward
+from trl_ftis.tasks.math_problems import (
+    R1_ZERO_SYSTEM_PROMPT,
+    answer_reward,
+    load_math_dataset,
+    stop_token_ids,
+    strict_reward,
+)
 
 REWARDS = {"strict": strict_reward, "answer": answer_reward}
 

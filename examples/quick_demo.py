@@ -25,8 +25,13 @@ from transformers import PrinterCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from trl_ftis import FTISTrainer  # noqa: E402
-from trl_ftis.tasks.addition import addition_problems, exact_answer_reward, greedy_accuracy
-from trl_ftis.demo.tiny import # noqa: E402     addition_dataset, build_char_tokenizer, build_tiny_llama, supervised_warmup, tiny_grpo_config
+from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup, tiny_grpo_config  # noqa: E402
+from trl_ftis.tasks.addition import (  # noqa: E402
+    addition_dataset,
+    addition_problems,
+    exact_answer_reward,
+    greedy_accuracy,
+)
 
 
 def main() -> None:

@@ -23,9 +23,15 @@ import torch  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
-from trl_ftis.trainer import SUMMARY_FILE  # noqa: E402
-from trl_ftis.tasks.addition import addition_problems, digit_match_reward, exact_answer_reward, greedy_accuracy
-from trl_ftis.demo.tiny import # noqa: E402     addition_dataset, build_char_tokenizer, build_tiny_llama, supervised_warmup
+from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup  # noqa: E402
+from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
+from trl_ftis.tasks.addition import (  # noqa: E402
+    addition_dataset,
+    addition_problems,
+    digit_match_reward,
+    exact_answer_reward,
+    greedy_accuracy,
+)
 
 REWARDS = {"exact": exact_answer_reward, "digit_match": digit_match_reward}
 

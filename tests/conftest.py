@@ -52,5 +52,6 @@ def make_args(tmp_path):
 
     return make
 
+
 # Registers the session-scoped `redis_url` fixture (a throwaway redis-server; tests skip when none can start).
 from redis_server import redis_url  # noqa: E402,F401

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 from trl_ftis.demo.tiny import build_tiny_llama
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 pytestmark = [
     pytest.mark.gpu,

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.trainer import GPU_MEMORY_FRACTION_ENV, gpu_memory_fraction
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis.rules import GPU_MEMORY_FRACTION_ENV
+from trl_ftis.trainer import gpu_memory_fraction
 
 
 def test_each_peer_run_is_named_after_the_peer(tmp_path):

@@ -4,8 +4,8 @@ import torch
 from transformers import PrinterCallback
 
 from trl_ftis import FTISTrainer
-from trl_ftis.tasks.addition import addition_dataset, addition_problems, exact_answer_reward, greedy_accuracy
 from trl_ftis.demo.tiny import build_tiny_llama, supervised_warmup, tiny_grpo_config
+from trl_ftis.tasks.addition import addition_dataset, addition_problems, exact_answer_reward, greedy_accuracy
 
 GRPO_STEPS = 80
 

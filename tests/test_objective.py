@@ -294,9 +294,7 @@ def test_ftis_terms_f_tis_on_shared_batch():
     # 0 on padding; capped only where e^d >= 2 (row 0, t=1).
     theta = LOGPS.clone().requires_grad_(True)
     terms = ftis_terms(theta, None, GEN, ADV, MASK, variant="f-tis", kl_threshold=0.05, num_generations=2)
-    torch.testing.assert_close(
-        terms.token_advantages, t64([[E(0.1), 2.0, E(-0.5)], [0.0, 0.0, 0.0]]), **F32
-    )
+    torch.testing.assert_close(terms.token_advantages, t64([[E(0.1), 2.0, E(-0.5)], [0.0, 0.0, 0.0]]), **F32)
     torch.testing.assert_close(terms.ratio_reference_logps, t64([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]), **TIGHT)
     assert terms.keep.tolist() == [True, False]
     assert terms.capped.tolist() == [[False, True, False], [False, False, False]]
@@ -317,15 +315,14 @@ def test_ftis_terms_per_variant_references_and_advantages():
     torch.testing.assert_close(nois.token_advantages, t64([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]]), **TIGHT)
     tis = ftis_terms(LOGPS, old, GEN, ADV, MASK, variant="tis", kl_threshold=0.05, num_generations=2)
     assert tis.keep.tolist() == [True, True]  # unfiltered variant: the threshold is ignored
-    torch.testing.assert_close(
-        tis.token_advantages, t64([[E(0.1), 2.0, E(-0.5)], [-E(0.3), -E(-0.5), 0.0]]), **F32
-    )
+    torch.testing.assert_close(tis.token_advantages, t64([[E(0.1), 2.0, E(-0.5)], [-E(0.3), -E(-0.5), 0.0]]), **F32)
 
 
 def test_ftis_terms_ratio_reference_is_kept_within_max_log_ratio():
     # Documented guard: ℓref never sits more than 20 nats below ℓθ, so R <= e^20 stays finite (vis: ℓgen = -1e4).
-    terms = ftis_terms(t64([[0.0, -1.0]]), None, t64([[-1e4, -1.5]]), t64([1.0]), bmask([[1, 1]]),
-                       variant="vis", num_generations=1)
+    terms = ftis_terms(
+        t64([[0.0, -1.0]]), None, t64([[-1e4, -1.5]]), t64([1.0]), bmask([[1, 1]]), variant="vis", num_generations=1
+    )
     torch.testing.assert_close(terms.ratio_reference_logps, t64([[-20.0, -1.5]]), **TIGHT)
 
 
@@ -392,8 +389,9 @@ def test_ftis_loss_ratio_clip_both_sides_with_min(variant):
     # L = -(1/2)[(2.4 + 2e^-.3)/2 + (-2e^.3 - 1.6)/2]; grad = -(1/2)(1/2)·R·A on the unclipped tokens.
     logps = t64([[-1.0, -1.0], [-0.5, -0.5]])
     old = t64([[-1.3, -0.7], [-0.8, -0.2]])
-    loss, grad = loss_and_grad(logps, old, None, t64([2.0, -2.0]), bmask([[1, 1], [1, 1]]),
-                               num_generations=2, variant=variant)
+    loss, grad = loss_and_grad(
+        logps, old, None, t64([2.0, -2.0]), bmask([[1, 1], [1, 1]]), num_generations=2, variant=variant
+    )
     assert_scalar(loss, -(2.4 + 2 * E(-0.3) - 2 * E(0.3) - 1.6) / 4, F32)
     torch.testing.assert_close(grad, t64([[0.0, -E(-0.3) / 2], [E(0.3) / 2, 0.0]]), **F32)
 
@@ -460,8 +458,17 @@ def test_ftis_loss_is_cap_parameter():
 def test_ftis_loss_kl_reduction(reduction, threshold, row1_kept):
     # f-nois: kept -> L = 0 (the nois value), filtered -> L = -0.5.
     expected_loss, expected_grad = (UNFILTERED if row1_kept else ROW1_FILTERED)["nois"]
-    loss, grad = loss_and_grad(LOGPS, None, GEN, ADV, MASK, num_generations=2, variant="f-nois",
-                               kl_threshold=threshold, kl_reduction=reduction)
+    loss, grad = loss_and_grad(
+        LOGPS,
+        None,
+        GEN,
+        ADV,
+        MASK,
+        num_generations=2,
+        variant="f-nois",
+        kl_threshold=threshold,
+        kl_reduction=reduction,
+    )
     assert_scalar(loss, expected_loss)
     torch.testing.assert_close(grad, t64(expected_grad), **TIGHT)
 
@@ -538,8 +545,9 @@ def test_ftis_loss_finite_when_learner_far_above_reference(variant):
     logps = t64([[0.0, -1.0], [0.0, -INF]])
     ref = t64([[-1e4, -1.0], [-1e4, -INF]])
     for old, gen in [(ref, None), (None, ref), (ref, ref)]:
-        loss, grad = loss_and_grad(logps, old, gen, t64([-1.0, 1.0]), bmask([[1, 1], [1, 0]]),
-                                   num_generations=2, variant=variant)
+        loss, grad = loss_and_grad(
+            logps, old, gen, t64([-1.0, 1.0]), bmask([[1, 1], [1, 0]]), num_generations=2, variant=variant
+        )
         assert torch.isfinite(loss) and torch.isfinite(grad).all(), (old is None, gen is None)
         assert grad[1, 1].item() == 0.0
 
@@ -554,8 +562,9 @@ def test_ftis_loss_zero_advantage_groups_give_exactly_zero_gradient(variant):
     old = t64([[-1e4, -1.3, -INF], [-0.1, -2.5, -0.4], [-1e4, -0.1, -INF], [-4.0, -0.2, -0.4]])
     gen = t64([[0.0, -0.9, -INF], [-0.6, -1.0, -0.7], [-1e4, -0.9, -INF], [-1.0, -3.0, -0.1]])
     mask = bmask([[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
-    loss, grad = loss_and_grad(logps, old, gen, torch.zeros(4, dtype=torch.float64), mask,
-                               num_generations=2, variant=variant)
+    loss, grad = loss_and_grad(
+        logps, old, gen, torch.zeros(4, dtype=torch.float64), mask, num_generations=2, variant=variant
+    )
     assert loss.item() == 0.0
     assert torch.equal(grad, torch.zeros_like(grad))
 
@@ -589,8 +598,9 @@ def test_ftis_loss_gen_none_means_gen_equals_old():
     loss, grad = loss_and_grad(*args, num_generations=1, variant="vis")
     assert_scalar(loss, -E(0.1))
     torch.testing.assert_close(grad, t64([[-E(0.1) / 2, -E(0.1) / 2]]), **TIGHT)
-    terms = ftis_terms(logps, old, None, t64([-1.0]), bmask([[1, 1]]), variant="f-nois", kl_threshold=0.0,
-                       num_generations=1)
+    terms = ftis_terms(
+        logps, old, None, t64([-1.0]), bmask([[1, 1]]), variant="f-nois", kl_threshold=0.0, num_generations=1
+    )
     torch.testing.assert_close(terms.filter_statistic.double(), t64([k3(-0.1)]), **F32)
     assert terms.keep.tolist() == [False]  # A = -1 and D > 0: filtered, proving D was computed against ℓold
 
@@ -598,7 +608,6 @@ def test_ftis_loss_gen_none_means_gen_equals_old():
 def test_ftis_loss_both_none_is_on_policy_grpo():
     # ℓold = sg ℓθ, ℓgen = ℓold: R = w = 1, D = 0 -> every variant is -(1/B) Σ A_i with grad -A_i/(B|a_i|).
     for variant in VARIANTS:
-        loss, grad = loss_and_grad(LOGPS, None, None, ADV, MASK, num_generations=2, variant=variant,
-                                   kl_threshold=0.0)
+        loss, grad = loss_and_grad(LOGPS, None, None, ADV, MASK, num_generations=2, variant=variant, kl_threshold=0.0)
         assert_scalar(loss, 0.0, F32)
         torch.testing.assert_close(grad, t64(UNFILTERED["nois"][1]), **F32)

@@ -1,19 +1,19 @@
 """Swarm rounds in one process over the memory transport: who is refused, waiting, selection, rescoring."""
 
 import logging
-from pathlib import Path
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
 from trl_ftis import PeerRow
-from trl_ftis.peer_rows import assign_group_statistics, select_rows
+from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
+from trl_ftis.peer_rows import assign_group_statistics, select_rows
 from trl_ftis.swarm import Swarm, message_to_rows, rows_to_message
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
-from trl_ftis.demo.tiny import build_tiny_llama
 
 
 @pytest.fixture

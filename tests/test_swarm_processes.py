@@ -146,9 +146,9 @@ def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
 
 def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     from trl_ftis import PeerRow
+    from trl_ftis.demo.tiny import build_char_tokenizer
     from trl_ftis.exchange import encode_message, tokenizer_fingerprint
     from trl_ftis.swarm import rows_to_message
-    from trl_ftis.demo.tiny import build_char_tokenizer
 
     exchange = tmp_path / "exchange"
     exchange.mkdir()

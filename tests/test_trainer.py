@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow, ftis_loss
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 from trl_ftis.demo.tiny import build_tiny_llama
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 
 @pytest.fixture(scope="module")
@@ -99,9 +99,7 @@ def test_trainer_requires_an_ftis_config(tokenizer, dataset, make_args):
 @pytest.mark.parametrize("bf16", [False, True])
 def test_without_peers_it_trains_exactly_like_grpo(tokenizer, dataset, make_args, bf16):
     model = build_tiny_llama(tokenizer, seed=0)
-    common = dict(
-        max_steps=3, loss_type="grpo", beta=0.0, disable_dropout=True, cast_lm_head_to_fp32=True, bf16=bf16
-    )
+    common = dict(max_steps=3, loss_type="grpo", beta=0.0, disable_dropout=True, cast_lm_head_to_fp32=True, bf16=bf16)
     grpo = GRPOTrainer(
         copy.deepcopy(model),
         digit_match_reward,

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from .objective import KL_REDUCTIONS, VARIANTS, parse_variant
+from .rules import REDACTED, SWARM_SECRET_ENV, check_peer_id, is_peer_id, normalise_exchange_url, redact_url
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-COLLABORATION_MODES = ("vertical", "horizontal")
-SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
-"""Environment variable read for the swarm secret when `swarm_secret` is not set."""
-_PEER_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 """TRL aggregations whose per-token term is ``-min(R A, clip(R) A)``, so that ``A = w·Ã`` is exactly F-TIS."""
+COLLABORATION_MODES = ("vertical", "horizontal")
 
 
 @dataclass
@@ -52,7 +49,8 @@ class FTISConfig(GRPOConfig):
 
     Parameters:
         peer_id (`str`, *optional*):
-            This peer's name in the swarm (letters, digits, `_ . -`, at most 64). Defaults to `run_name` when it is
+            This peer's name in the swarm: 1-64 ASCII letters, digits, `_`, `.` or `-`, starting with a letter, a
+            digit or `_` (`trl_ftis.rules`). Defaults to `run_name` when it is
             a valid id, else `"peer"`. When set and `run_name` is not, `run_name` becomes the peer id, so each
             peer's tracker run (wandb, trackio, ...) is named after it.
         exchange_url (`str`, *optional*):
@@ -244,25 +242,19 @@ class FTISConfig(GRPOConfig):
 
     def _validate_swarm(self):
         if self.peer_id is None:
-            self.peer_id = self.run_name if self.run_name and _PEER_ID.match(self.run_name) else "peer"
+            self.peer_id = self.run_name if is_peer_id(self.run_name) else "peer"
         elif self.run_name is None:
             # Trackers (wandb, trackio, ...) name the run after `run_name`: one run per peer, named after it.
             self.run_name = self.peer_id
-        if not _PEER_ID.match(str(self.peer_id)):
-            raise ValueError(f"peer_id must be 1-64 letters, digits, '_', '.' or '-', got {self.peer_id!r}.")
+        check_peer_id(self.peer_id, "peer_id")
         if self.exchange_url is not None:
-            scheme = str(self.exchange_url).split("://", 1)[0] if "://" in str(self.exchange_url) else ""
-            if scheme not in ("dir", "redis", "rediss", "memory"):
-                raise ValueError(
-                    f"exchange_url must start with dir://, redis://, rediss:// or memory://, got {self.exchange_url!r}."
-                )
+            self.exchange_url = normalise_exchange_url(self.exchange_url)
         if not self.peer_timeout >= 0:
             raise ValueError(f"peer_timeout must be >= 0 seconds, got {self.peer_timeout}.")
         if self.num_expected_peers is not None and self.num_expected_peers < 0:
             raise ValueError(f"num_expected_peers must be >= 0, got {self.num_expected_peers}.")
         for peer in self.expected_peers or []:
-            if not _PEER_ID.match(str(peer)):
-                raise ValueError(f"expected_peers holds an invalid peer id {peer!r}.")
+            check_peer_id(peer, "expected_peers")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 rounds, got {self.max_staleness}.")
         if self.max_peer_rows is not None and self.max_peer_rows < 0:
@@ -278,11 +270,9 @@ class FTISConfig(GRPOConfig):
 
     def _redacted(self) -> dict[str, str]:
         """Field -> value shown instead: the secret, and the exchange URL without its password."""
-        from .exchange.transports import redact_url
-
         hidden = {}
         if self.swarm_secret:
-            hidden["swarm_secret"] = "<redacted>"
+            hidden["swarm_secret"] = REDACTED
         if self.exchange_url and redact_url(self.exchange_url) != self.exchange_url:
             hidden["exchange_url"] = redact_url(self.exchange_url)
         return hidden

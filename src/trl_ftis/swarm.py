@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .peer_rows import PeerRow
 from .exchange import ExchangeError, Message, WireCompletion, WireGroup, decode_message, encode_message, peek_header
 from .exchange.transports import Transport, open_transport
+from .peer_rows import PeerRow
 
 logger = logging.getLogger(__name__)
 

@@ -24,6 +24,9 @@ from trl.data_utils import apply_chat_template, is_conversational
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, is_async_callable, use_adapter
 
+from .config import FTISConfig
+from .generation import GeneratorLogpsRecorder, records_raw_logits
+from .objective import ftis_terms, group_max_of_lengths, parse_variant
 from .peer_rows import (
     PeerRow,
     assign_group_statistics,
@@ -33,14 +36,8 @@ from .peer_rows import (
     group_max_lengths_by_index,
     select_rows,
 )
-from .config import FTISConfig
-from .exchange.transports import redact_url
-from .generation import GeneratorLogpsRecorder, records_raw_logits
-from .objective import ftis_terms, group_max_of_lengths, parse_variant
+from .rules import GPU_MEMORY_FRACTION_ENV, MAX_LOGP, SUMMARY_FILE, redact_url
 from .swarm import RoundResult, Swarm, prompt_key
-
-SUMMARY_FILE = "ftis_summary.json"
-"""Written to `output_dir` at the end of training: what this peer sent, received and trained on."""
 
 logger = logging.getLogger(__name__)
 
@@ -858,7 +855,7 @@ def _check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
     ids = np.concatenate([np.asarray(row.completion_ids).reshape(-1) for row in rows])
     logps = np.concatenate([np.asarray(row.generator_logps, dtype=np.float64).reshape(-1) for row in rows])
     ids_ok = ids.dtype.kind in "iu" and ids.min() >= 0 and ids.max() < vocab_limit
-    logps_ok = bool(np.isfinite(logps).all() and (logps <= 1e-4).all())
+    logps_ok = bool(np.isfinite(logps).all() and (logps <= MAX_LOGP).all())
     if ids_ok and logps_ok:
         return
     for row in rows:
@@ -869,7 +866,7 @@ def _check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
                 "peers must share a tokenizer."
             )
         row_logps = np.asarray(row.generator_logps, dtype=np.float64)
-        if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= 1e-4).all()):
+        if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= MAX_LOGP).all()):
             raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")
 
 
@@ -882,9 +879,6 @@ def _prompt_columns(dataset) -> dict[str, dict[str, Any]]:
     for example in dataset:
         table.setdefault(prompt_key(example["prompt"]), {name: example[name] for name in names})
     return table
-
-
-GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"
 
 
 def gpu_memory_fraction() -> float | None:

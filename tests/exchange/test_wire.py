@@ -25,8 +25,8 @@ from trl_ftis.exchange import (
     encode_message,
     peek_header,
     tokenizer_fingerprint,
+    wire,
 )
-from trl_ftis.exchange import wire
 from trl_ftis.exchange.wire import (
     COMPACT_LOGP_ABS_ERROR,
     COMPACT_LOGP_REL_ERROR,
@@ -57,9 +57,7 @@ def make_message(n=8, length=16, k=2, n_groups=2, seed=0, vocab=VOCAB, low_logp=
                 rewards_per_func=rewards,
             )
         )
-    groups = [
-        WireGroup(prompt=f"{10 + g}+{20 + g}=", extra={"answer": str(30 + 2 * g)}) for g in range(n_groups - 1)
-    ]
+    groups = [WireGroup(prompt=f"{10 + g}+{20 + g}=", extra={"answer": str(30 + 2 * g)}) for g in range(n_groups - 1)]
     if n_groups:
         groups.append(WireGroup(prompt=[{"role": "user", "content": "1+2="}], extra={"answer": "3", "id": 7}))
     fields = dict(
@@ -542,8 +540,15 @@ def test_bad_senders(sender):
 
 
 def test_good_senders():
-    for sender in ("a" * 128, "peer 7", "node-3:rank0", "pëer"):
+    for sender in ("a" * 64, "peer-7", "node_3.rank0", "Qwen2.5-0.5B"):
         assert decode_message(encode_message(make_message(sender=sender))).sender == sender
+
+
+@pytest.mark.parametrize("sender", ["a" * 65, "peer 7", "node-3:rank0", "pëer", "-x", ".x", "x..y"])
+def test_senders_outside_the_peer_id_rule_are_refused_on_both_sides(sender):
+    expect("header", encode_message, make_message(sender=sender))
+    header = small_header(sender=sender)
+    expect("header", decode_message, assemble(header, small_body()))
 
 
 def test_errors_name_the_sender():
@@ -637,12 +642,14 @@ def test_exchange_error_is_a_picklable_value_error():
 
 
 def test_wire_module_imports_neither_torch_nor_transformers():
-    # Load wire.py on its own (the trl_ftis package __init__ imports torch for the objective).
+    # The wire package without the trl_ftis package __init__ (which imports torch for the objective): a bare
+    # package object stands in for it, so only exchange/, wire.py and the rules they import are loaded.
+    package_dir = str(Path(wire.__file__).resolve().parents[1])
     code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('wire_alone', {str(Path(wire.__file__))!r})\n"
-        "module = importlib.util.module_from_spec(spec); sys.modules['wire_alone'] = module\n"
-        "spec.loader.exec_module(module)\n"
+        "import sys, types\n"
+        f"package = types.ModuleType('trl_ftis'); package.__path__ = [{package_dir!r}]\n"
+        "sys.modules['trl_ftis'] = package\n"
+        "import trl_ftis.exchange.wire\n"
         "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)

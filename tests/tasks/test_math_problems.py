@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
+from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
 from trl_ftis.tasks.math_problems import (
     MAX_ANSWER_CHARS,
     R1_ZERO_SYSTEM_PROMPT,
@@ -24,7 +25,6 @@ from trl_ftis.tasks.math_problems import (
     strict_answer,
     strict_reward,
 )
-from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
 
 pytest.importorskip("math_verify")
 

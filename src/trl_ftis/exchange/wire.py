@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ..rules import MAX_LOGP, peer_id_problem
+
 __all__ = [
     "COMPACT_LOGP_ABS_ERROR",
     "COMPACT_LOGP_REL_ERROR",
@@ -63,7 +65,6 @@ FLAG_COMPACT = 1 << 1
 FLAG_COMPRESSED = 1 << 2
 _KNOWN_FLAGS = FLAG_SIGNED | FLAG_COMPACT | FLAG_COMPRESSED
 
-MAX_LOGP = 1e-4
 """Largest accepted log-prob: a log-prob is <= 0, plus slack for fp32 rounding of ``log_softmax``."""
 
 COMPACT_LOGP_REL_ERROR = 2.0**-11
@@ -151,7 +152,6 @@ class Limits:
     max_completion_tokens: int = 131_072  # per completion
     max_total_tokens: int = 64 * 2**20
     max_reward_functions: int = 64
-    max_sender_length: int = 128
 
 
 @dataclass
@@ -186,8 +186,7 @@ class Message:
     """Everything one peer shares for one training step."""
 
     sender: str
-    """Peer id: 1..``max_sender_length`` printable characters, no ``/`` or ``\\``, not ``.`` or ``..`` (transports
-    may use it in file names)."""
+    """Peer id, by the rule of :func:`trl_ftis.rules.peer_id_problem` (transports use it in file names and keys)."""
     round: int
     """The sender's training step, ``>= 0``."""
     tokenizer_fingerprint: str
@@ -220,14 +219,12 @@ def _fail(reason: str, problem: str, sender: str | None = None) -> ExchangeError
     return ExchangeError(reason, prefix + problem)
 
 
-def _check_sender(sender: Any, limits: Limits) -> str:
-    if not isinstance(sender, str):
-        raise _fail("header", f"sender must be a string, got {type(sender).__name__}")
-    if not 1 <= len(sender) <= limits.max_sender_length:
-        raise _fail("header", f"sender must have 1 to {limits.max_sender_length} characters, got {len(sender)}")
-    # Transports use the sender in paths and keys; a hostile one must not escape a directory or forge log lines.
-    if not sender.isprintable() or "/" in sender or "\\" in sender or sender in (".", ".."):
-        raise _fail("header", f"invalid sender {sender[:64]!r}: must be printable, without path separators")
+def _check_sender(sender: Any) -> str:
+    # The peer-id rule of the config and the transports: a sender the wire accepts can always publish, and a hostile
+    # one can neither escape a directory nor forge log lines.
+    problem = peer_id_problem(sender)
+    if problem is not None:
+        raise _fail("header", f"invalid sender: {problem}")
     return sender
 
 
@@ -322,7 +319,7 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
     """Types, shapes and limits of the JSON header (arrays are checked separately)."""
     if not isinstance(header, dict):
         raise _fail("header", f"the header must be a JSON object, got {type(header).__name__}")
-    sender = _check_sender(header.get("sender"), limits)  # first, so every later error can name the sender
+    sender = _check_sender(header.get("sender"))  # first, so every later error can name the sender
     keys = set(header)
     if not set(_HEADER_KEYS) <= keys <= set(_HEADER_KEYS) | set(_OPTIONAL_HEADER_KEYS):
         missing = sorted(set(_HEADER_KEYS) - keys)
@@ -585,7 +582,7 @@ def encode_message(
         raise TypeError(f"encode_message expects a Message, got {type(message).__name__}")
     compact = bool(message.compact if compact is None else compact)
     compress = compact if compress is None else bool(compress)
-    sender = _check_sender(message.sender, limits)
+    sender = _check_sender(message.sender)
     if not isinstance(message.reward_names, (list, tuple)) or not isinstance(message.groups, (list, tuple)):
         raise _fail("header", "reward_names and groups must be lists", sender)
     if not isinstance(message.completions, (list, tuple)):

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 import torch
 from datasets import Dataset
+from transformers import PreTrainedTokenizerFast
+
 
 def in_test_split(prompt: str) -> bool:
     """A fixed tenth of all problems, chosen by a hash of the prompt: the held-out split, whatever the seed."""

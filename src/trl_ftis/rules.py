@@ -1,0 +1,143 @@
+"""The rules several parts of trl-ftis must agree on, each written once.
+
+`FTISConfig`, the round client (`trl_ftis.swarm`), the wire format, the transports and the launcher all import their
+rules from here, so that what one part accepts the others accept too (a peer id the config takes but the wire refuses
+would be a peer that silently never publishes). Standard library only: importing it is free.
+
+* Peer ids: :func:`peer_id_problem` / :func:`check_peer_id`.
+* Exchange URLs: :data:`EXCHANGE_SCHEMES`, :func:`exchange_scheme` (schemes are case-insensitive).
+* Secrets in text: :func:`redact_url`, :func:`redact_text`, one placeholder :data:`REDACTED`.
+* Names shared between processes: the environment variables ``*_ENV`` and :data:`SUMMARY_FILE`.
+* Numbers: :data:`MAX_LOGP`, the rounding slack above 0 a generator log-prob may have.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Peer ids
+
+PEER_ID_MAX_CHARS = 64
+# A peer id names files in a shared directory, Redis keys, tracker runs and a command-line value: ASCII letters,
+# digits, '_', '.', '-', starting with a letter, digit or '_' (so never '.', a hidden file or an option '-x'), and
+# without '..' anywhere (never a parent directory, whatever a transport builds from it).
+_PEER_ID_RE = re.compile(r"(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]*")
+PEER_ID_RULE = (
+    f"1-{PEER_ID_MAX_CHARS} ASCII letters, digits, '_', '.' or '-', starting with a letter, a digit or '_', "
+    "without '..'"
+)
+
+
+def peer_id_problem(value: object) -> str | None:
+    """Why `value` is not a valid peer id (one sentence), or `None` when it is one."""
+    if not isinstance(value, str):
+        return f"a peer id must be a string, got {type(value).__name__}"
+    if not 1 <= len(value) <= PEER_ID_MAX_CHARS:
+        return f"a peer id must have 1-{PEER_ID_MAX_CHARS} characters, got {len(value)}"
+    if not _PEER_ID_RE.fullmatch(value):
+        return f"a peer id must be {PEER_ID_RULE}, got {value[:80]!r}"
+    return None
+
+
+def is_peer_id(value: object) -> bool:
+    """Whether `value` is a valid peer id."""
+    return peer_id_problem(value) is None
+
+
+def check_peer_id(value: object, what: str = "peer_id") -> str:
+    """Return `value` if it is a valid peer id, else raise `ValueError` naming `what` and the rule."""
+    problem = peer_id_problem(value)
+    if problem is not None:
+        raise ValueError(f"{what}: {problem}.")
+    return value  # type: ignore[return-value]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Exchange URLs
+
+EXCHANGE_SCHEMES = ("dir", "memory", "redis", "rediss")
+"""Schemes of `exchange_url`: a shared directory, an in-process channel (tests), Redis Streams (plain or TLS)."""
+IN_PROCESS_SCHEMES = ("memory",)
+"""Schemes that only connect trainers inside one process (never separate jobs, hence refused by the launcher)."""
+
+
+def exchange_scheme(url: object) -> str:
+    """The lower-cased scheme of an exchange URL (``"DIR:///x"`` -> ``"dir"``); `ValueError` naming the supported
+    schemes (with any password redacted) when `url` is not a string of the form ``SCHEME://...`` or the scheme is
+    unknown."""
+    supported = ", ".join(f"{scheme}://" for scheme in EXCHANGE_SCHEMES)
+    if not isinstance(url, str):
+        raise ValueError(f"exchange_url must be a string such as dir:///shared/swarm, got {type(url).__name__}.")
+    scheme, sep, _ = url.partition("://")
+    if not sep:
+        raise ValueError(f"exchange_url must start with one of {supported}, got {redact_url(url)!r}.")
+    if scheme.lower() not in EXCHANGE_SCHEMES:
+        raise ValueError(f"exchange_url scheme {scheme[:40]!r} is not supported; use one of {supported}.")
+    return scheme.lower()
+
+
+def normalise_exchange_url(url: str) -> str:
+    """`url` with its scheme lower-cased (after checking it with :func:`exchange_scheme`)."""
+    scheme = exchange_scheme(url)
+    return scheme + url[len(scheme) :]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Secrets
+
+REDACTED = "<redacted>"
+"""What a secret (a swarm secret, a password in a URL, a token) is replaced with wherever it would be shown."""
+
+# scheme://user:PASSWORD@ anywhere in free text (log lines, command lines, environment values).
+_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)@")
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password (in the user info or a ``password=`` query value) replaced by :data:`REDACTED`.
+
+    A URL without a password comes back unchanged (``dir:///path`` stays ``dir:///path``)."""
+    try:
+        parts = urlsplit(url)
+        has_password = parts.password is not None
+    except ValueError:
+        return "<unparseable URL>"
+    netloc = parts.netloc
+    if has_password:
+        userinfo, _, hostport = netloc.rpartition("@")
+        netloc = f"{userinfo.split(':', 1)[0]}:{REDACTED}@{hostport}"
+    query = parts.query
+    pairs = parse_qsl(query, keep_blank_values=True) if query else []
+    has_query_password = any(key.lower() == "password" for key, _ in pairs)
+    if has_query_password:
+        query = urlencode([(k, REDACTED if k.lower() == "password" else v) for k, v in pairs], safe="<>")
+    if not has_password and not has_query_password:
+        return url  # unchanged (urlunsplit would turn dir:///path into dir:/path)
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def redact_text(text: str) -> str:
+    """`text` with the password of every ``scheme://user:password@host`` URL in it replaced by :data:`REDACTED`."""
+    return _URL_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED + "@", text)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Names shared between processes
+
+SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
+"""The swarm secret, read when `FTISConfig.swarm_secret` is not set."""
+PEER_ID_ENV = "FTIS_PEER_ID"
+"""Set by the launcher to each peer's id (scripts read it as their default `peer_id`)."""
+GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"
+"""The share of one GPU's memory a peer may use; set by the launcher's `gpu_share`."""
+CACHE_ENV = "FTIS_CACHE"
+"""Where the demo keeps converted model checkpoints (default ``~/.cache/trl-ftis``)."""
+SUMMARY_FILE = "ftis_summary.json"
+"""Written by each trainer into its `output_dir` at the end of training; read by the launcher's summary table."""
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Numbers
+
+MAX_LOGP = 1e-4
+"""Largest generator log-prob accepted: log-probs are <= 0, up to this much float rounding above 0."""
