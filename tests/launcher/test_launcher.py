@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ftis import cli, launcher
-from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, render_args, run_swarm
+from trl_ftis import cli, launcher, rules
+from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, render_args, run_swarm, supervisor
+from trl_ftis.launcher.summary import _read_peer_summary
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -75,9 +76,10 @@ def _config(tmp_path, peers, **top):
         ({"script": "p.py"}, ["top level", "`peers` is missing"]),
         ({"script": "p.py", "peers": []}, ["`peers` must be a non-empty list"]),
         ({"script": "p.py", "peers": [{"id": "a"}, {"id": "a"}]}, ["peers[1] (id 'a')", "duplicate `id` 'a'"]),
-        ({"script": "p.py", "peers": [{"id": "a b"}]}, ["peers[0] (id 'a b')", "`id` must be 1-64"]),
-        ({"script": "p.py", "peers": [{"id": ".."}]}, ["peers[0] (id '..')", "`id` must be"]),
-        ({"script": "p.py", "peers": [{"id": "x" * 65}]}, ["`id` must be"]),
+        ({"script": "p.py", "peers": [{"id": "a b"}]}, ["peers[0] (id 'a b')", "invalid `id`", rules.PEER_ID_RULE]),
+        ({"script": "p.py", "peers": [{"id": ".."}]}, ["peers[0] (id '..')", "invalid `id`"]),
+        ({"script": "p.py", "peers": [{"id": "x" * 65}]}, ["invalid `id`", "1-64 characters, got 65"]),
+        ({"script": "p.py", "peers": [{"id": 3}]}, ["peers[0]", "invalid `id`", "must be a string, got int"]),
         ({"script": "p.py", "peers": [{"model": "m"}]}, ["peers[0]", "`id` is missing"]),
         (
             {"script": "p.py", "peer": [], "peers": [{"id": "a"}]},
@@ -135,6 +137,10 @@ def _config(tmp_path, peers, **top):
             ["memory:// only works inside one process"],
         ),
         ({"script": "p.py", "exchange_url": "/tmp/x", "peers": [{"id": "a"}]}, ["`exchange_url` must be a URL"]),
+        (
+            {"script": "p.py", "exchange_url": "http://u:pw@host/x", "peers": [{"id": "a"}]},
+            ["`exchange_url` must be a URL", "dir://, redis://, rediss://", "http://u:<redacted>@host/x"],
+        ),
     ],
 )
 def test_invalid_config_names_the_peer_and_the_key(raw, expected):
@@ -143,6 +149,38 @@ def test_invalid_config_names_the_peer_and_the_key(raw, expected):
     message = str(info.value)
     for text in expected:
         assert text in message, f"{text!r} not in:\n{message}"
+
+
+@pytest.mark.parametrize("peer_id", ["-x", ".x", "x..y", "a b", ".", "..", "", "x" * 65, "é", "a/b"])
+def test_peer_ids_follow_the_shared_rule(peer_id):
+    """The launcher refuses exactly the ids `trl_ftis.rules` refuses (config, wire and transports would too), naming
+    the peer and the `id` key, with the rule's own reason."""
+    assert rules.peer_id_problem(peer_id) is not None
+    with pytest.raises(SwarmConfigError) as info:
+        load_swarm_config({"script": "p.py", "peers": [{"id": "ok"}, {"id": peer_id}]})
+    (error,) = info.value.errors
+    assert error.startswith(f"peers[1] (id {peer_id!r}): " if peer_id else "peers[1]: ")
+    assert error.endswith(f"invalid `id`: {rules.peer_id_problem(peer_id)}")
+
+
+def test_accepted_peer_ids():
+    ids = ["qwen2.5-1.5b", "node_3", "_a", "A.b-c_d", "x" * 64]
+    config = load_swarm_config({"script": "p.py", "peers": [{"id": peer_id} for peer_id in ids]})
+    assert [peer.id for peer in config.peers] == ids
+    assert all(rules.is_peer_id(peer_id) for peer_id in ids)
+
+
+def test_exchange_url_follows_the_shared_schemes(tmp_path):
+    """Schemes are case-insensitive (as everywhere in trl-ftis); in-process schemes are refused with a hint."""
+    assert load_swarm_config(_config(tmp_path, [{"id": "a"}], exchange_url="REDIS://h:6379/0")).exchange_url == (
+        "redis://h:6379/0"
+    )
+    assert load_swarm_config(_config(tmp_path, [{"id": "a"}], exchange_url="Dir:///x/y")).exchange_url == "dir:///x/y"
+    for scheme in rules.IN_PROCESS_SCHEMES:
+        with pytest.raises(SwarmConfigError, match=f"{scheme}:// only works inside one process"):
+            load_swarm_config(_config(tmp_path, [{"id": "a"}], exchange_url=f"{scheme.upper()}://x"))
+    with pytest.raises(SwarmConfigError, match="dir:// needs a directory"):
+        load_swarm_config(_config(tmp_path, [{"id": "a"}], exchange_url="dir://"))
 
 
 def test_every_problem_is_reported_at_once():
@@ -311,16 +349,16 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path):
 
 def test_peer_summary_reading_never_raises(tmp_path):
     path = tmp_path / "ftis_summary.json"
-    assert launcher._read_peer_summary(path, None) == (None, None)
+    assert _read_peer_summary(path, None) == (None, None)
     path.write_text("[1, 2]")
-    assert "not hold a JSON object" in launcher._read_peer_summary(path, None)[1]
+    assert "not hold a JSON object" in _read_peer_summary(path, None)[1]
     path.write_text(json.dumps({"steps": 3}))
-    assert "older than this run" in launcher._read_peer_summary(path, time.time() + 60)[1]
-    fields, note = launcher._read_peer_summary(path, time.time())
+    assert "older than this run" in _read_peer_summary(path, time.time() + 60)[1]
+    fields, note = _read_peer_summary(path, time.time())
     assert fields["steps"] == 3 and fields["reward"] is None and note is None
     path.unlink()
     path.mkdir()  # unreadable as a file
-    assert "could not read" in launcher._read_peer_summary(path, None)[1]
+    assert "could not read" in _read_peer_summary(path, None)[1]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -429,7 +467,7 @@ def test_peer_that_cannot_start_stops_the_started_ones(tmp_path, pid_dir, monkey
             raise PermissionError(13, "Permission denied", argv[0])
         return real_popen(argv, **kwargs)
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", popen)
+    monkeypatch.setattr(supervisor.subprocess, "Popen", popen)
     peers = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
     config = load_swarm_config(_config(tmp_path, peers, args={"hold": 60, "pid_dir": str(pid_dir)}))
     out = io.StringIO()

@@ -1,0 +1,259 @@
+"""Peer commands: what each peer of a validated `SwarmConfig` runs, and how it is shown without its secrets.
+
+`build_commands(config)` returns one `PeerCommand` (argv + environment additions) per peer and starts nothing;
+`check_files` lists what is missing on this machine; `dry_run` prints the commands, and `_write_cmd_file` writes one
+peer's command next to its log, both with secrets redacted (`redact_env`, `redact_argv`; passwords in URLs through
+`trl_ftis.rules.redact_text`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..rules import GPU_MEMORY_FRACTION_ENV, PEER_ID_ENV, REDACTED, redact_text
+from .schema import SwarmConfig
+
+__all__ = [
+    "PeerCommand",
+    "build_commands",
+    "check_files",
+    "describe_commands",
+    "dry_run",
+    "redact_argv",
+    "redact_env",
+    "render_args",
+]
+
+# Environment names whose values are never printed or written by the launcher (case-insensitive, anywhere in the
+# name). TOKENIZERS_PARALLELISM & co. are not secrets.
+_SECRET_NAME_RE = re.compile(r"SECRET|TOKEN(?!IZ)|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
+
+
+@dataclass
+class PeerCommand:
+    """What `run_swarm` starts for one peer: `argv` in `cwd`, with the caller's environment plus `env`."""
+
+    id: str
+    argv: list[str]
+    env: dict[str, str]  # additions to the caller's environment only
+    output_dir: Path
+    log_path: Path
+    cmd_path: Path
+    cwd: Path
+    launcher: str
+    main_process_port: int | None = None
+
+    def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The caller's environment (secrets such as the swarm secret included) with this peer's additions."""
+        merged = dict(os.environ if base is None else base)
+        merged.update(self.env)
+        return merged
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # what HfArgumentParser's string_to_bool accepts
+    return str(value)
+
+
+def render_args(args: Mapping[str, Any]) -> list[str]:
+    """``{"lr": 0.1, "use_peft": True, "report_to": ["wandb", "none"], "x": None}`` ->
+    ``["--lr", "0.1", "--use_peft", "true", "--report_to", "wandb", "none"]`` (None is omitted)."""
+    out: list[str] = []
+    for key, value in args.items():
+        if value is None:
+            continue
+        out.append(f"--{key}")
+        if isinstance(value, (list, tuple)):
+            out.extend(_render_value(v) for v in value)
+        else:
+            out.append(_render_value(value))
+    return out
+
+
+def _free_port(taken: set[int]) -> int:
+    """A TCP port nobody listens on right now, not already given to another peer of this swarm.
+
+    The OS picks it (bind to port 0); another program could still take it before the peer binds it, which is
+    unlikely within the second between here and the peer's start.
+    """
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))  # all interfaces, as torch binds its store
+            port = sock.getsockname()[1]
+        if port not in taken:
+            taken.add(port)
+            return port
+    raise RuntimeError("could not find a free TCP port for accelerate's main_process_port")
+
+
+def build_commands(config: SwarmConfig) -> list[PeerCommand]:
+    """One `PeerCommand` per peer, in config order. Starts nothing and writes nothing.
+
+    Each command is ``sys.executable SCRIPT`` (launcher python) or ``sys.executable -m accelerate.commands.launch
+    [--config_file F] [--num_processes N] --main_process_port PORT SCRIPT`` (launcher accelerate; every accelerate
+    peer gets a different free port so that no two peers ever join one process group), followed by
+    ``--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID`` and the peer's args.
+    """
+    ports: set[int] = set()
+    swarm_name = config.run_dir.name  # runs/<config file stem> by default
+    cwd = Path(os.getcwd())
+    logs = config.run_dir / "logs"
+    commands = []
+    for peer in config.peers:
+        output_dir = config.run_dir / peer.id
+        port = None
+        if peer.launcher == "accelerate":
+            argv = [sys.executable, "-m", "accelerate.commands.launch"]
+            if peer.accelerate_config is not None:
+                argv += ["--config_file", str(peer.accelerate_config)]
+            if peer.num_processes is not None:
+                argv += ["--num_processes", str(peer.num_processes)]
+            port = _free_port(ports)
+            argv += ["--main_process_port", str(port)]
+        else:
+            argv = [sys.executable]
+        argv.append(str(peer.script))
+        argv += ["--peer_id", peer.id, "--exchange_url", config.exchange_url, "--output_dir", str(output_dir)]
+        argv += render_args(peer.args)
+        if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
+            argv += ["--project", swarm_name]
+
+        env = {PEER_ID_ENV: peer.id}
+        # Peers write to a pipe; unbuffered output reaches the console and the log as it is printed, and a crash
+        # cannot swallow the last lines.
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.update(peer.env)
+        if "WANDB_RUN_GROUP" not in os.environ and "WANDB_RUN_GROUP" not in env:
+            env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs
+        if peer.gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = peer.gpus
+        if peer.gpu_share is not None:
+            env[GPU_MEMORY_FRACTION_ENV] = repr(peer.gpu_share)
+        commands.append(
+            PeerCommand(
+                id=peer.id,
+                argv=argv,
+                env=env,
+                output_dir=output_dir,
+                log_path=logs / f"{peer.id}.log",
+                cmd_path=logs / f"{peer.id}.cmd",
+                cwd=cwd,
+                launcher=peer.launcher,
+                main_process_port=port,
+            )
+        )
+    return commands
+
+
+def check_files(config: SwarmConfig) -> list[str]:
+    """Problems only visible on this machine (missing script or accelerate config, accelerate not installed)."""
+    import importlib.util
+
+    problems = []
+    for peer in config.peers:
+        if not peer.script.is_file():
+            problems.append(f"peer {peer.id!r}: script {peer.script} does not exist")
+        if peer.accelerate_config is not None and not peer.accelerate_config.is_file():
+            problems.append(f"peer {peer.id!r}: accelerate_config {peer.accelerate_config} does not exist")
+        if peer.launcher == "accelerate" and importlib.util.find_spec("accelerate") is None:
+            problems.append(f"peer {peer.id!r}: launcher accelerate, but the accelerate package is not installed")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Redaction
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _is_secret_name(name: str) -> bool:
+    return _SECRET_NAME_RE.search(name) is not None
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the value of every variable named like a secret (SECRET, TOKEN, PASSWORD, ...) replaced."""
+    return {k: (REDACTED if _is_secret_name(k) else redact_text(v)) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """`argv` with URL passwords and the values of secret-named options (``--hub_token X``) replaced."""
+    out = []
+    hide_next = False
+    for item in argv:
+        if hide_next and not item.startswith("--"):
+            out.append(REDACTED)
+            continue
+        hide_next = item.startswith("--") and _is_secret_name(item[2:])
+        out.append(redact_text(item))
+    return out
+
+
+def _shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
+    parts = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
+    return " ".join(["env", *parts, *(shlex.quote(a) for a in redact_argv(command.argv))])
+
+
+def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | None = None) -> str:
+    """Human-readable commands for ``--dry-run``: secrets redacted, the rest copy-pasteable."""
+    environ = os.environ if environ is None else environ
+    passed = sorted(k for k in environ if _is_secret_name(k) and k not in (c for cmd in commands for c in cmd.env))
+    lines = []
+    for command in commands:
+        port = f", main_process_port {command.main_process_port}" if command.main_process_port else ""
+        lines.append(f"# peer {command.id} (launcher {command.launcher}{port}; log {command.log_path})")
+        lines.append("# env additions: " + " ".join(f"{k}={v}" for k, v in redact_env(command.env).items()))
+        lines.append(f"cd {shlex.quote(str(command.cwd))} && {_shell_line(command, redact_env(command.env))}")
+        lines.append("")
+    if passed:
+        lines.append(
+            "# passed through from your environment (values hidden): " + " ".join(f"{k}={REDACTED}" for k in passed)
+        )
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
+    """Print what `run_swarm` would start; start nothing, write nothing. Returns 0."""
+    stream = sys.stdout if stream is None else stream
+    commands = build_commands(config)
+    stream.write(
+        f"# swarm: {len(commands)} peer(s), run_dir {config.run_dir}, exchange {redact_text(config.exchange_url)}\n"
+    )
+    stream.write(
+        "# accelerate ports are picked again at launch\n" if any(c.main_process_port for c in commands) else ""
+    )
+    stream.write(describe_commands(commands))
+    for problem in check_files(config):
+        stream.write(f"# warning: {problem}\n")
+    stream.flush()
+    return 0
+
+
+def _write_cmd_file(command: PeerCommand):
+    """The exact command (secrets redacted) and environment of a peer, to reproduce or debug it by hand."""
+    inherited = redact_env({k: v for k, v in os.environ.items() if k not in command.env})
+    lines = [
+        f"# peer {command.id}: started by `trl-ftis swarm` at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"# argv (JSON): {json.dumps(redact_argv(command.argv))}",
+        f"cd {shlex.quote(str(command.cwd))} && {_shell_line(command, redact_env(command.env))}",
+        "",
+        "# environment added by the launcher:",
+        *(f"#   {k}={v}" for k, v in redact_env(command.env).items()),
+        "# inherited environment (secret-named values redacted):",
+        *(f"#   {k}={v}" for k, v in sorted(inherited.items())),
+    ]
+    command.cmd_path.write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,113 @@
+"""The end-of-run summary: each peer's own summary file (`trl_ftis.rules.SUMMARY_FILE`, written by the trainer into
+its output directory), one row per peer, and the table `run_swarm` prints.
+
+Reading a peer's file never raises: a missing, unreadable, malformed or stale file shows ``-`` with a note.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import rules
+
+if TYPE_CHECKING:
+    from .supervisor import _PeerRun
+
+__all__ = ["SUMMARY_FIELDS", "format_summary_table"]
+
+SUMMARY_FIELDS = ("steps", "rows_sent", "rows_received", "rows_accepted", "rows_filtered", "reward")
+
+
+def _describe_code(code: int | None) -> str:
+    if code is None:
+        return "-"
+    if code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return str(code)
+    return str(code)
+
+
+def _format_seconds(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def _format_field(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None, str | None]:
+    """(fields, note): the peer's own summary file, or a note saying why it is not shown. Never raises."""
+    try:
+        if not path.exists():
+            return None, None
+        if not_before is not None and path.stat().st_mtime < not_before - 1.0:
+            return None, f"{path} is older than this run (left from an earlier one?); not shown"
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as exc:
+        return None, f"could not read {path}: {exc}"
+    if not isinstance(data, dict):
+        return None, f"{path} does not hold a JSON object; not shown"
+    return {key: data.get(key) for key in SUMMARY_FIELDS}, None
+
+
+def _summary_rows(runs: list[_PeerRun]) -> list[dict]:
+    rows = []
+    for run in runs:
+        wall = (run.ended - run.started) if run.ended is not None and run.started else None
+        fields, note = _read_peer_summary(run.command.output_dir / rules.SUMMARY_FILE, run.started_at or None)
+        row = {
+            "id": run.command.id,
+            "status": run.status,
+            "exit_code": run.returncode,
+            "wall_time_s": None if wall is None else round(wall, 3),
+            "pid": run.proc.pid if run.proc is not None else None,
+            "log": str(run.command.log_path),
+        }
+        for key in SUMMARY_FIELDS:
+            row[key] = fields.get(key) if fields else None
+        row["note"] = note
+        rows.append(row)
+    return rows
+
+
+def format_summary_table(rows: list[dict]) -> str:
+    """The end-of-run table: one line per peer, `-` for anything unknown, notes below."""
+    header = ["peer", "status", "exit", "wall", *SUMMARY_FIELDS]
+    table = [header]
+    for row in rows:
+        table.append(
+            [
+                row["id"],
+                row["status"],
+                _describe_code(row["exit_code"]),
+                _format_seconds(row["wall_time_s"]),
+                *(_format_field(row[key]) for key in SUMMARY_FIELDS),
+            ]
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    lines = []
+    for n, line in enumerate(table):
+        cells = [cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))]
+        lines.append("  ".join(cells).rstrip())
+        if n == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    notes = [f"note: {row['id']}: {row['note']}" for row in rows if row.get("note")]
+    return "\n".join(lines + notes)
