@@ -4,6 +4,8 @@ The objective (`ftis_loss` and its parts) needs only torch; the trainer classes 
 optional back-ends (vLLM, DeepSpeed, wandb, Redis) only when a run asks for them.
 """
 
+from typing import TYPE_CHECKING
+
 from ._lazy import lazy_exports
 from .objective import (
     KL_REDUCTIONS,
@@ -21,6 +23,11 @@ from .objective import (
 )
 
 __version__ = "0.1.0.dev0"
+
+if TYPE_CHECKING:  # editors and type checkers see the lazily exported classes
+    from .config import FTISConfig
+    from .peer_rows import PeerRow
+    from .trainer import FTISTrainer
 
 _LAZY = {
     "FTISConfig": "config",

@@ -5,6 +5,8 @@
 and importing this package stays cheap.
 """
 
+from typing import TYPE_CHECKING
+
 from .._lazy import lazy_exports
 from .wire import (
     SCHEMA_VERSION,
@@ -18,6 +20,9 @@ from .wire import (
     peek_header,
     tokenizer_fingerprint,
 )
+
+if TYPE_CHECKING:  # editors and type checkers see the lazily exported names
+    from .transports import Envelope, Transport, open_transport
 
 _LAZY = {
     "Transport": "transports",
