@@ -14,9 +14,9 @@ import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
 from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis.gpu_share import gpu_memory_fraction
 from trl_ftis.rules import GPU_MEMORY_FRACTION_ENV
-from trl_ftis.trainer import gpu_memory_fraction
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 
 def test_each_peer_run_is_named_after_the_peer(tmp_path):
@@ -152,7 +152,7 @@ def test_secrets_never_reach_trackers_logs_or_saved_arguments(tmp_path):
     )
     for text in (json.dumps(args.to_dict()), str(args), repr(args), pickle.dumps(args).decode("latin-1")):
         assert "s3cret-value" not in text and "hunter2" not in text
-    assert args.to_dict()["exchange_url"] == "redis://:***@redis.local:6379/0"
+    assert args.to_dict()["exchange_url"] == "redis://:<redacted>@redis.local:6379/0"
     assert args.exchange_url.endswith(":hunter2@redis.local:6379/0")  # the live object still connects
     plain = FTISConfig(str(tmp_path), use_cpu=True, exchange_url="dir:///tmp/swarm")
     assert plain.to_dict()["exchange_url"] == "dir:///tmp/swarm"

@@ -21,11 +21,11 @@ from trl_ftis.objective import (
     VARIANTS,
     Variant,
     clipped_surrogate,
-    compute_group_max_lengths,
     filter_keep_mask,
     filter_statistic,
     ftis_loss,
     ftis_terms,
+    group_max_len,
     grpo_aggregate,
     parse_variant,
     truncated_importance_weights,
@@ -33,8 +33,8 @@ from trl_ftis.objective import (
 
 E = math.exp
 INF = math.inf
-TIGHT = dict(rtol=1e-12, atol=1e-12)
-F32 = dict(rtol=1e-10, atol=1e-12)  # comparisons through w or D (computed in the inputs' precision, >= fp32)
+TIGHT = {"rtol": 1e-12, "atol": 1e-12}
+F32 = {"rtol": 1e-10, "atol": 1e-12}  # comparisons through w or D (computed in the inputs' precision, >= fp32)
 
 
 def t64(rows) -> torch.Tensor:
@@ -139,22 +139,31 @@ def test_ftis_loss_rejects_unknown_variant():
         ftis_loss(LOGPS, None, GEN, ADV, MASK, num_generations=2, variant="f-tiss")
 
 
-# =============================================================================== compute_group_max_lengths
+# =============================================================================== group_max_len
 
 
-def test_compute_group_max_lengths_contiguous_groups():
+def test_group_max_len_contiguous_groups():
     # Lengths [3, 1, 2, 0]: groups of 2 -> max(3,1)=3, max(2,0)=2; one group of 4 -> 3; groups of 1 -> lengths.
-    mask = bmask([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]])
-    assert compute_group_max_lengths(mask, 2).tolist() == [3, 3, 2, 2]
-    assert compute_group_max_lengths(mask, 4).tolist() == [3, 3, 3, 3]
-    assert compute_group_max_lengths(mask, 1).tolist() == [3, 1, 2, 0]
+    lengths = torch.tensor([3, 1, 2, 0])
+    rows = torch.arange(4)
+    assert group_max_len(lengths, rows // 2).tolist() == [3, 3, 2, 2]
+    assert group_max_len(lengths, rows // 4).tolist() == [3, 3, 3, 3]
+    assert group_max_len(lengths, rows).tolist() == [3, 1, 2, 0]
+
+
+def test_group_max_len_follows_group_membership_not_order():
+    lengths = torch.tensor([3, 7, 2, 5, 4])
+    groups = torch.tensor([11, -2, 11, -2, 40])  # any labels, any order
+    result = group_max_len(lengths, groups)
+    assert result.tolist() == [3, 7, 3, 7, 4] and result.dtype == lengths.dtype
+    assert group_max_len(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long)).tolist() == []
 
 
 @pytest.mark.parametrize("num_generations", [3, 0, -2, 8])
-def test_compute_group_max_lengths_rejects_bad_batch_size(num_generations):
+def test_contiguous_groups_from_num_generations_reject_a_bad_batch_size(num_generations):
     mask = torch.ones(4, 2, dtype=torch.bool)
-    with pytest.raises(ValueError):
-        compute_group_max_lengths(mask, num_generations)
+    with pytest.raises(ValueError, match="whole number of groups"):
+        filter_statistic(FS_LOGPS[:, :2], FS_GEN[:, :2], mask, num_generations=num_generations)
 
 
 # =============================================================================== filter_statistic
@@ -265,9 +274,9 @@ def test_clipped_surrogate_epsilon_high():
     ref = t64([[-1.2, -0.85]])
     adv = t64([[1.0, -1.0]])
     for kwargs, value, grad in [
-        (dict(), [-1.2, E(-0.15)], [0.0, E(-0.15)]),
-        (dict(epsilon_high=0.28), [-E(0.2), E(-0.15)], [-E(0.2), E(-0.15)]),
-        (dict(epsilon_low=0.1, epsilon_high=0.28), [-E(0.2), 0.9], [-E(0.2), 0.0]),
+        ({}, [-1.2, E(-0.15)], [0.0, E(-0.15)]),
+        ({"epsilon_high": 0.28}, [-E(0.2), E(-0.15)], [-E(0.2), E(-0.15)]),
+        ({"epsilon_low": 0.1, "epsilon_high": 0.28}, [-E(0.2), 0.9], [-E(0.2), 0.0]),
     ]:
         theta = t64([[-1.0, -1.0]]).requires_grad_(True)
         out = clipped_surrogate(theta, ref, adv, mask, **kwargs)
@@ -476,7 +485,7 @@ def test_ftis_loss_kl_reduction(reduction, threshold, row1_kept):
 def test_ftis_loss_group_max_len_uses_num_generations():
     # With G = 1 each row is its own group, so row 1's L_max is 2 and D = 0.0948 > 0.08: filtered (L = -0.5);
     # with G = 2 its L_max is 3 and D = 0.0632 <= 0.08: kept (L = 0).
-    kwargs = dict(variant="f-nois", kl_threshold=0.08)
+    kwargs = {"variant": "f-nois", "kl_threshold": 0.08}
     assert_scalar(loss_and_grad(LOGPS, None, GEN, ADV, MASK, num_generations=1, **kwargs)[0], -0.5)
     assert_scalar(loss_and_grad(LOGPS, None, GEN, ADV, MASK, num_generations=2, **kwargs)[0], 0.0)
     with pytest.raises(ValueError):

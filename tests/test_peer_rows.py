@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trl_ftis.peer_rows import PeerRow, build_peer_batch, concat_rows, group_advantages, group_max_lengths_by_index
+from trl_ftis.peer_rows import PeerRow, assign_group_statistics, build_peer_batch, concat_rows, group_advantages
 
 
 def test_group_advantages_are_normalised_within_each_group_only():
@@ -17,10 +17,21 @@ def test_group_advantages_are_normalised_within_each_group_only():
     torch.testing.assert_close(group_advantages(rewards, groups, "none"), torch.tensor([0.5, -0.5, -10, 0, 10, 0.0]))
 
 
-def test_group_max_lengths_follow_group_membership_not_order():
-    lengths = torch.tensor([3, 7, 2, 5])
-    groups = torch.tensor([1, 0, 1, 0])
-    assert group_max_lengths_by_index(lengths, groups).tolist() == [3, 7, 3, 7]
+def test_assign_group_statistics_groups_by_sender_and_group_in_any_order():
+    def row(sender, group, length, reward):
+        return PeerRow(
+            prompt="p",
+            completion_ids=[5] * length,
+            generator_logps=[-1.0] * length,
+            reward=reward,
+            group=group,
+            sender=sender,
+        )
+
+    rows = [row("x", 1, 3, 1.0), row("x", 0, 7, 0.0), row("x", 1, 2, 0.0), row("x", 0, 5, 1.0), row("y", 1, 6, 1.0)]
+    assign_group_statistics(rows)
+    assert [r.group_max_length for r in rows] == [3, 7, 3, 7, 6]  # ("y", 1) is not ("x", 1)
+    assert rows[0].advantage > 0 > rows[2].advantage and rows[4].advantage == 0.0
 
 
 def test_build_peer_batch_pads_prompts_left_and_completions_right():

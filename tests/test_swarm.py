@@ -22,15 +22,15 @@ def url():
 
 
 def make_swarm(url, peer_id, tokenizer, **overrides):
-    settings = dict(
-        peer_id=peer_id,
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-        tokenizer_name="char",
-        vocab_limit=len(tokenizer),
-        temperature=1.0,
-        reward_names=["digit_match_reward"],
-        peer_timeout=5.0,
-    )
+    settings = {
+        "peer_id": peer_id,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "tokenizer_name": "char",
+        "vocab_limit": len(tokenizer),
+        "temperature": 1.0,
+        "reward_names": ["digit_match_reward"],
+        "peer_timeout": 5.0,
+    }
     settings.update(overrides)
     return Swarm(url, **settings)
 
@@ -81,7 +81,7 @@ def test_peers_see_each_other_but_not_themselves(tokenizer, url):
     got_a, got_b = a.collect(0), b.collect(0)
     assert [r.sender for r in got_a.rows] == ["b", "b"]
     assert [r.sender for r in got_b.rows] == ["a"] * 4
-    assert got_a.peers["b"].rows_accepted == 2 and got_a.peers["b"].bytes_received > 0
+    assert got_a.peers["b"].rows_received == 2 and got_a.peers["b"].bytes_received > 0
     assert a.collect(1).rows == []  # each message is used once
 
 
@@ -336,6 +336,61 @@ def test_rescoring_uses_our_gold_answer_not_the_senders(tokenizer, make_args, ur
     theirs = digit_match_reward([text], ["46"])[0]  # the unknown prompt's own column
     assert digit_match_reward([text], [text])[0] == 1.0 and ours < 1.0
     assert entry["ftis/peers/forger/reward"] == pytest.approx((ours * 8 + theirs * 8) / 16)
+
+
+@pytest.fixture
+def closed_transports(monkeypatch):
+    """A spy on the memory transport: every call to `close`, by transport, in order."""
+    from trl_ftis.exchange.transports import MemoryTransport
+
+    calls = []
+    close = MemoryTransport.close
+
+    def spy(self):
+        calls.append(self)
+        close(self)
+
+    monkeypatch.setattr(MemoryTransport, "close", spy)
+    return calls
+
+
+def test_swarm_close_is_idempotent_and_reopen_reconnects(tokenizer, url, closed_transports):
+    swarm, sender = make_swarm(url, "a", tokenizer), make_swarm(url, "b", tokenizer)
+    first = swarm.transport
+    swarm.close()
+    swarm.close()
+    assert closed_transports == [first] and swarm.closed
+    swarm.reopen()
+    assert not swarm.closed and swarm.transport is not first
+    sender.publish(rows("b"), 0)
+    assert len(swarm.collect(0).rows) == 4
+
+
+def test_train_closes_the_swarm_once_when_it_ends(tokenizer, make_args, url, closed_transports):
+    trainer = swarm_trainer(tokenizer, make_args, url)
+    first = trainer.swarm.transport
+    trainer.train()
+    assert closed_transports == [first] and trainer.swarm.closed
+    trainer.swarm.close()
+    assert closed_transports == [first]
+    assert trainer.summary()["rows_sent"] == 16  # what a finished run reports is still there
+    # A second train() reconnects, publishes again, and closes its new transport in turn.
+    trainer.train()
+    second = trainer.swarm.transport
+    assert second is not first and closed_transports == [first, second]
+    assert trainer.summary()["rows_sent"] == 32
+
+
+def test_train_closes_the_swarm_when_a_training_step_raises(tokenizer, make_args, url, closed_transports, monkeypatch):
+    trainer = swarm_trainer(tokenizer, make_args, url)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("boom inside a training step")
+
+    monkeypatch.setattr(trainer, "_compute_loss", fail)
+    with pytest.raises(RuntimeError, match="boom inside a training step"):
+        trainer.train()
+    assert closed_transports == [trainer.swarm.transport] and trainer.swarm.closed
 
 
 def test_require_known_prompts_drops_rows_for_prompts_we_do_not_have(tokenizer, make_args, url):

@@ -78,10 +78,16 @@ def test_config_variant_names_are_normalised(make_args):
 def test_every_ftis_field_is_documented_and_parsable():
     from transformers import HfArgumentParser
 
-    for name in ("variant", "is_cap", "kl_threshold", "kl_reduction"):
+    own = set(FTISConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
+    assert {"variant", "is_cap", "kl_threshold", "kl_reduction", "exchange_url", "peer_id"} <= own
+    for name in own:
         field = FTISConfig.__dataclass_fields__[name]
         assert field.metadata.get("help"), name
-        assert name in FTISConfig.__doc__
+        assert f"\n        {name} (`" in FTISConfig.__doc__, name  # documented under Parameters
+    assert FTISConfig.__doc__.count("Parameters:") == 1
+    for name in ("loss_type", "beta", "disable_dropout", "cast_lm_head_to_fp32"):  # changed inherited defaults
+        assert FTISConfig.__dataclass_fields__[name].metadata.get("help"), name
+        assert f"> - `{name}`:" in FTISConfig.__doc__, name
     (args,) = HfArgumentParser(FTISConfig).parse_args_into_dataclasses(
         ["--output_dir", "/tmp/x", "--bf16", "false", "--use_cpu", "true", "--variant", "tis", "--is_cap", "3"]
     )
@@ -99,7 +105,14 @@ def test_trainer_requires_an_ftis_config(tokenizer, dataset, make_args):
 @pytest.mark.parametrize("bf16", [False, True])
 def test_without_peers_it_trains_exactly_like_grpo(tokenizer, dataset, make_args, bf16):
     model = build_tiny_llama(tokenizer, seed=0)
-    common = dict(max_steps=3, loss_type="grpo", beta=0.0, disable_dropout=True, cast_lm_head_to_fp32=True, bf16=bf16)
+    common = {
+        "max_steps": 3,
+        "loss_type": "grpo",
+        "beta": 0.0,
+        "disable_dropout": True,
+        "cast_lm_head_to_fp32": True,
+        "bf16": bf16,
+    }
     grpo = GRPOTrainer(
         copy.deepcopy(model),
         digit_match_reward,
@@ -129,8 +142,70 @@ def peer_rows_from(tokenizer, dataset, make_args, *, steps=1, hidden_size=32, se
     return [row for rows in published for row in rows]
 
 
+TRL_CONTRACT = (
+    "The TRL contract FTISTrainer relies on changed (TRL {version}): GRPOTrainer._compute_loss must call "
+    "self._get_per_token_logps_and_entropies first, getting ℓθ with gradient, and read inputs['advantages'] and "
+    "inputs['old_per_token_logps'] only after that call, from the dict it was given. Check _compute_loss in "
+    "trl/trainer/grpo_trainer.py and move the F-TIS substitution (FTISTrainer._apply_ftis, called from "
+    "FTISTrainer._get_per_token_logps_and_entropies) to where TRL now reads them. {detail}"
+)
+
+
+def contract_message(detail):
+    import trl
+
+    return TRL_CONTRACT.format(version=trl.__version__, detail=detail)
+
+
+def test_trl_loss_contract_advantages_and_reference_are_read_after_the_logps_call(
+    tokenizer, dataset, make_args, monkeypatch
+):
+    """The F-TIS hook replaces `advantages` and `old_per_token_logps` inside the first
+    `_get_per_token_logps_and_entropies` call of TRL's `_compute_loss`: TRL's loss must be built from the replaced
+    values. Here the hook sets A = 1 on every token and ℓref = ℓθ + 1, so every ratio is e^-1 (below 1 - ε: the
+    unclipped branch is the min) and TRL's `grpo` loss must be exactly -e^-1. Had TRL read the batch's advantages
+    earlier the loss would mix their signs; had it read `old_per_token_logps` earlier (None: ℓold = ℓθ) it would be
+    -1."""
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop during train()
+    generator = torch.Generator().manual_seed(0)
+    completion_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
+    batch = {
+        "prompt_ids": torch.randint(3, trainer.vocab_limit, (4, 3), generator=generator),
+        "prompt_mask": torch.ones(4, 3, dtype=torch.long),
+        "completion_ids": torch.randint(3, trainer.vocab_limit, (4, 5), generator=generator),
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.0, -1.0, 0.5, -0.5]),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+    hook_calls = []
+
+    def substitute(inputs, per_token_logps):
+        hook_calls.append(per_token_logps.requires_grad)
+        inputs["advantages"] = torch.ones_like(per_token_logps.detach())
+        inputs["old_per_token_logps"] = per_token_logps.detach() + 1.0
+
+    monkeypatch.setattr(trainer, "_apply_ftis", substitute)
+    loss = trainer._compute_loss(trainer.model, batch)
+
+    assert hook_calls == [True], contract_message(
+        f"The hook ran {len(hook_calls)} times (expected once) or not on log-probs with gradient: {hook_calls}."
+    )
+    assert loss.requires_grad
+    assert loss.item() == pytest.approx(-math.exp(-1.0), abs=1e-6), contract_message(
+        f"TRL's loss is {loss.item():.6f}; built from the hook's advantages and reference it is -e^-1 = "
+        f"{-math.exp(-1.0):.6f} (-1: old_per_token_logps was read before the call; anything else: advantages were)."
+    )
+    assert batch["advantages"].tolist() == [1.0, -1.0, 0.5, -0.5] and "old_per_token_logps" not in batch, (
+        "the caller's batch must stay untouched (it is reused across num_iterations)"
+    )
+
+
 @pytest.mark.parametrize("variant", ["tis", "vis", "f-tis", "f-nois"])
-def test_trainer_loss_is_the_ftis_loss(tokenizer, dataset, make_args, variant):
+def test_trl_loss_contract_trainer_loss_is_the_ftis_loss(tokenizer, dataset, make_args, variant):
+    """End to end, on a batch with peer rows: the loss TRL's `_compute_loss` returns is `ftis_loss` of the same
+    tensors, for each kind of variant (truncated weight, ratio against the generator, filter)."""
     rows = peer_rows_from(tokenizer, dataset, make_args)
     # A low threshold so that the filter acts on some peer rows.
     trainer = make_trainer(tokenizer, make_args(variant=variant, kl_threshold=0.01), dataset)
@@ -161,7 +236,13 @@ def test_trainer_loss_is_the_ftis_loss(tokenizer, dataset, make_args, variant):
         kl_threshold=0.01,
         group_max_lengths=batch["ftis_group_max_len"],
     )
-    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(
+        loss,
+        expected,
+        rtol=1e-5,
+        atol=1e-7,
+        msg=lambda detail: contract_message(f"The trainer's loss is not ftis_loss on the same batch: {detail}"),
+    )
     if variant.startswith("f-"):
         assert trainer._metrics["train"]["ftis/peer/filtered_frac"][-1] > 0
 
@@ -209,7 +290,13 @@ def test_listener_rows_carry_rewards_and_dataset_columns(tokenizer, dataset, mak
 # Peer rows
 # --------------------------------------------------------------------------------------------------------------------
 def a_row(**overrides):
-    row = dict(prompt="12+34=", completion_ids=[8, 9, 2], generator_logps=[-0.5, -1.0, -0.1], reward=1.0, group="g")
+    row = {
+        "prompt": "12+34=",
+        "completion_ids": [8, 9, 2],
+        "generator_logps": [-0.5, -1.0, -0.1],
+        "reward": 1.0,
+        "group": "g",
+    }
     row.update(overrides)
     return PeerRow(**row)
 

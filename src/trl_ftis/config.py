@@ -11,23 +11,27 @@ from .objective import KL_REDUCTIONS, VARIANTS, parse_variant
 from .rules import REDACTED, SWARM_SECRET_ENV, check_peer_id, is_peer_id, normalise_exchange_url, redact_url
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-"""TRL aggregations whose per-token term is ``-min(R A, clip(R) A)``, so that ``A = w·Ã`` is exactly F-TIS."""
+"""TRL aggregations whose per-token term is `-min(R A, clip(R) A)`, so that `A = w·Ã` is exactly F-TIS."""
 COLLABORATION_MODES = ("vertical", "horizontal")
 
 
 @dataclass
 class FTISConfig(GRPOConfig):
     r"""
-    Configuration class for [`FTISTrainer`].
+    Configuration class for the [`FTISTrainer`].
 
     [`FTISConfig`] inherits every parameter of TRL's [`~trl.GRPOConfig`] and adds the options of the F-TIS objective
-    (Filtered Truncated Importance Sampling, "F-TIS: Harnessing Diverse Models in Collaborative GRPO", Blagoev et al.,
-    2026). It also changes four inherited defaults to the paper's recipe: `loss_type="grpo"` (mean over completions of
-    each completion's token mean), `beta=0.0` (no KL-to-reference term), `disable_dropout=True` (with dropout on, even
-    a peer's own samples are off-policy) and `cast_lm_head_to_fp32=True` (log-probs in fp32, so that the summed filter
-    statistic does not cross its threshold from bf16 noise).
+    (Filtered Truncated Importance Sampling, ["F-TIS: Harnessing Diverse Models in Collaborative
+    GRPO"](https://arxiv.org/abs/2605.22537), Blagoev et al., 2026) and of the swarm that exchanges completions between
+    peers (see `docs/objective.md` and `docs/swarm.md`).
+
+    Using [`~transformers.HfArgumentParser`] we can turn this class into
+    [argparse](https://docs.python.org/3/library/argparse#module-argparse) arguments that can be specified on the
+    command line.
 
     Parameters:
+        > Parameters that control the F-TIS objective
+
         variant (`str`, *optional*, defaults to `"f-tis"`):
             Objective variant: `"f-tis"` (the method), or one of the paper's ablations `"nois"`, `"vis"`, `"tis"`,
             `"f-nois"`, `"f-vis"`. `tis` multiplies each token by the truncated weight `min(exp(ℓθ - ℓgen), C)`;
@@ -45,14 +49,13 @@ class FTISConfig(GRPOConfig):
             statistic: `"group_max_len"` (sum divided by the longest completion of its group, the authors' code),
             `"mean"` (divided by its own length) or `"sum"`.
 
-    > Swarm (see `docs/swarm.md`)
+        > Parameters that control the swarm
 
-    Parameters:
         peer_id (`str`, *optional*):
             This peer's name in the swarm: 1-64 ASCII letters, digits, `_`, `.` or `-`, starting with a letter, a
-            digit or `_` (`trl_ftis.rules`). Defaults to `run_name` when it is
-            a valid id, else `"peer"`. When set and `run_name` is not, `run_name` becomes the peer id, so each
-            peer's tracker run (wandb, trackio, ...) is named after it.
+            digit or `_` (`trl_ftis.rules`). Defaults to `run_name` when it is a valid id, else `"peer"`. When set and
+            `run_name` is not, `run_name` becomes the peer id, so each peer's tracker run (wandb, trackio, ...) is
+            named after it.
         exchange_url (`str`, *optional*):
             Where peers exchange completions: `dir:///shared/path` (a shared directory, no server),
             `redis://[:password@]host:port/db` or `rediss://...` (Redis Streams), `memory://name` (in-process, for
@@ -88,6 +91,33 @@ class FTISConfig(GRPOConfig):
         exchange_compact (`bool`, *optional*, defaults to `False`):
             Send 16-bit log-probs and compressed messages (about half the bytes, log-prob error below 0.01 nats);
             the default sends exact fp32 log-probs (8 bytes a token).
+
+    > [!NOTE]
+    > These parameters have default values different from [`~trl.GRPOConfig`] (TRL 1.16):
+    > - `loss_type`: Defaults to `"grpo"` instead of `"dapo"`: the paper's aggregation, the mean over completions of
+    >   each completion's token mean. `"bnpo"`, `"dr_grpo"` and `"dapo"` are accepted too; other loss types are not
+    >   clipped-ratio objectives F-TIS is defined for.
+    > - `beta`: Pinned to `0.0` (TRL's default too): the paper uses no KL-to-reference term, and a change of TRL's
+    >   default must not turn one on.
+    > - `disable_dropout`: Defaults to `True` instead of `False`: with dropout on, generation and scoring differ and
+    >   even a peer's own samples are off-policy.
+    > - `cast_lm_head_to_fp32`: Defaults to `True` with `bf16`/`fp16` and `False` in fp32 (where it changes nothing),
+    >   instead of `False`: log-probs are compared across models, and bf16 noise summed over a completion would push
+    >   the filter statistic across its threshold. The trainer turns it off, with a warning, for a LoRA model with
+    >   tied embeddings, which TRL cannot cast.
+
+    > [!TIP]
+    > `FTISConfig()` is not the paper's full training recipe: the rest of its defaults are TRL's. Where they differ
+    > from the paper (Qwen2.5 1.5B/3B on GSM8K):
+    > - `num_generations` is `8` (paper: G = 12, 12 prompts per peer and optimizer step);
+    > - `top_k` is `0`, no top-k (paper: 50);
+    > - `lr_scheduler_type` is `"linear"`, decaying the learning rate to 0 (the paper gives one learning rate, 1e-6,
+    >   and no schedule: `"constant"`);
+    > - `bf16` is on when `fp16` is not (paper: fp32 weights and Adam states, `bf16=False`);
+    > - `max_completion_length` is `512` (paper: about 600).
+    >
+    > `examples/configs/gsm8k_qwen2.5-1.5b.yaml` (one peer) and `examples/swarms/paper/` (the paper's two-peer
+    > pairings) carry the whole recipe.
     """
 
     variant: str = field(
@@ -187,7 +217,7 @@ class FTISConfig(GRPOConfig):
         metadata={"help": "Send 16-bit log-probs, compressed (about half the bytes); default: exact fp32."},
     )
 
-    # Inherited options whose defaults follow the paper.
+    # Inherited options whose defaults follow the paper (listed in the docstring's note).
     loss_type: str = field(
         default="grpo",
         metadata={

@@ -58,20 +58,18 @@ def parse_variant(name: str) -> Variant:
     )
 
 
-def compute_group_max_lengths(completion_mask: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """Longest completion length of each row's group, for rows ordered in contiguous groups. Shape ``(B,)``."""
-    return group_max_of_lengths(completion_mask.sum(-1), num_generations)
+def group_max_len(lengths: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
+    """Per row, the longest completion length among the rows of its group. Shape ``(B,)``, dtype of ``lengths``.
 
-
-def group_max_of_lengths(lengths: torch.Tensor, num_generations: int) -> torch.Tensor:
-    """Like :func:`compute_group_max_lengths`, from completion lengths of shape ``(B,)``."""
-    if num_generations < 1 or lengths.shape[0] % num_generations != 0:
-        raise ValueError(
-            f"The batch has {lengths.shape[0]} rows, which is not a whole number of groups of "
-            f"num_generations={num_generations}."
-        )
-    group_max = lengths.view(-1, num_generations).amax(dim=1)
-    return group_max.repeat_interleave(num_generations)
+    ``group_index`` holds a group label per row, in any order (any integers: they only need to be equal within a
+    group). TRL's contiguous groups of ``G`` rows are ``group_index = torch.arange(B) // G``.
+    """
+    if lengths.numel() == 0:
+        return lengths.clone()
+    _, index = torch.unique(group_index.to(lengths.device), return_inverse=True)
+    maxes = torch.zeros(int(index.max()) + 1, dtype=lengths.dtype, device=lengths.device)
+    maxes = maxes.scatter_reduce(0, index, lengths, reduce="amax", include_self=False)
+    return maxes[index]
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
@@ -120,7 +118,13 @@ def filter_statistic(
         if group_max_lengths is None:
             if num_generations is None:
                 raise ValueError("kl_reduction='group_max_len' needs group_max_lengths or num_generations.")
-            group_max_lengths = compute_group_max_lengths(completion_mask, num_generations)
+            lengths = completion_mask.sum(-1)
+            if num_generations < 1 or lengths.shape[0] % num_generations != 0:
+                raise ValueError(
+                    f"The batch has {lengths.shape[0]} rows, which is not a whole number of groups of "
+                    f"num_generations={num_generations}."
+                )
+            group_max_lengths = group_max_len(lengths, torch.arange(lengths.shape[0]) // num_generations)
         return total / group_max_lengths.clamp(min=1).to(total.dtype)
     raise ValueError(f"Unknown kl_reduction {kl_reduction!r}; expected one of {', '.join(KL_REDUCTIONS)}.")
 

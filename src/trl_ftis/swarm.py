@@ -8,7 +8,6 @@ Nothing a peer sends can stop the round: a bad message is counted, logged once p
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -31,16 +30,15 @@ LEFTOVER_SLACK_SECONDS = 300.0
 
 @dataclass
 class PeerRoundStats:
-    """What one peer delivered in one round."""
+    """What one peer delivered in one round (its accepted rows are in :attr:`RoundResult.rows`)."""
 
-    messages: int = 0
     rows_received: int = 0
-    rows_accepted: int = 0
+    """Rows in the peer's messages that passed the checks (signature, tokenizer, temperature, duplicate)."""
     rows_stale: int = 0
+    """Of those, rows in messages then dropped as stale."""
     bytes_received: int = 0
     staleness: list[int] = field(default_factory=list)
     """Rounds between this peer's own round and the message's, per message accepted (negative: the peer is ahead)."""
-    rewards: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -184,14 +182,13 @@ class Swarm:
         self.known_peers: set[str] = set()
         self.model_name = model_name
         self.peer_models: dict[str, str] = {}  # sender -> the model it reported (accepted messages only)
-        self.bytes_sent = 0
-        self.rows_sent = 0
         # Expected peers that missed a deadline are not waited for until they send again: a dead peer costs one
         # timeout, not one per round.
         self._absent: set[str] = set()
         self._absent_count = 0
         self._delivered: set[tuple[str, int]] = set()  # (sender, round): a sender publishes once per round
         self._warned: set[tuple[str, str]] = set()
+        self._closed = False
 
     # -- publishing ----------------------------------------------------------------------------------------------
     def publish(self, rows: Sequence[PeerRow], round: int) -> int:
@@ -212,20 +209,16 @@ class Swarm:
         try:
             self.transport.publish(data, sender=self.peer_id, round=round)
             self.transport.prune(sender=self.peer_id, keep_rounds=self.keep_rounds, current_round=round)
-        except Exception as error:  # a lost message costs the others one round of our rows, not our run
+        except Exception as error:  # noqa: BLE001 - a lost message costs the others one round of our rows, not our run
             self._warn_once("publish", type(error).__name__, f"Could not publish round {round}: {error}")
             return 0
-        self.bytes_sent += len(data)
-        self.rows_sent += len(rows)
         return len(data)
 
     # -- collecting ----------------------------------------------------------------------------------------------
     def _satisfied(self, fresh: set[str]) -> bool:
         if self.expected_peers and not set(self.expected_peers) - self._absent <= fresh:
             return False
-        if self.num_expected_peers is not None and len(fresh) < self.num_expected_peers - self._absent_count:
-            return False
-        return True
+        return self.num_expected_peers is None or len(fresh) >= self.num_expected_peers - self._absent_count
 
     @property
     def waits(self) -> bool:
@@ -241,7 +234,7 @@ class Swarm:
         while True:
             try:
                 envelopes = self.transport.poll()
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - any transport failure: train on what arrived
                 self._warn_once("transport", type(error).__name__, f"Polling the exchange failed: {error}")
                 envelopes = []
             for envelope in envelopes:
@@ -255,7 +248,7 @@ class Swarm:
                 break
             try:
                 self.transport.wait(min(remaining, 1.0))
-            except Exception as error:
+            except Exception as error:  # noqa: BLE001 - any transport failure: train on what arrived
                 self._warn_once("transport", type(error).__name__, f"Waiting on the exchange failed: {error}")
                 time.sleep(min(remaining, 0.5))
         result.waited = time.monotonic() - start
@@ -332,7 +325,6 @@ class Swarm:
         if len(self._delivered) > 10_000:
             self._delivered = {key for key in self._delivered if key[1] >= round - self.max_staleness - 1}
         stats = result.peers[sender]
-        stats.messages += 1
         stats.bytes_received += envelope.size
         stats.rows_received += len(message.completions)
         staleness = round - message.round
@@ -347,8 +339,6 @@ class Swarm:
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)
         rows = message_to_rows(message)
         stats.staleness.append(staleness)
-        stats.rows_accepted += len(rows)
-        stats.rewards.extend(row.reward for row in rows)
         result.rows.extend(rows)
         return sender
 
@@ -358,10 +348,20 @@ class Swarm:
             self._warned.add((who, reason))
             logger.log(level, text)
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (and :meth:`reopen` not since)."""
+        return self._closed
+
     def close(self) -> None:
-        self.transport.close()
+        """Close the transport (a Redis connection, open files). Idempotent: only the first call closes it."""
+        if not self._closed:
+            self._closed = True
+            self.transport.close()
 
-
-def prompt_key(prompt: Any) -> str:
-    """A stable text key for a prompt (string or chat messages), to match groups of the same prompt across peers."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+    def reopen(self) -> None:
+        """Open a fresh transport on ``url`` after :meth:`close` (a trainer's second ``train()``). Messages already
+        delivered are refused as duplicates, so nothing is trained on twice."""
+        if self._closed:
+            self.transport = open_transport(self.url)
+            self._closed = False

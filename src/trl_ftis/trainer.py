@@ -6,15 +6,13 @@ import asyncio
 import json
 import logging
 import math
-import os
 import textwrap
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from torch import nn
@@ -26,18 +24,21 @@ from trl.trainer.utils import get_config_model_id, is_async_callable, use_adapte
 
 from .config import FTISConfig
 from .generation import GeneratorLogpsRecorder, records_raw_logits
-from .objective import ftis_terms, group_max_of_lengths, parse_variant
+from .gpu_share import cap_gpu_memory, gpu_memory_fraction
+from .objective import ftis_terms, group_max_len, parse_variant
 from .peer_rows import (
     PeerRow,
     assign_group_statistics,
     build_peer_batch,
+    check_rows,
     concat_rows,
     group_advantages,
-    group_max_lengths_by_index,
+    prompt_columns,
+    prompt_key,
     select_rows,
 )
-from .rules import GPU_MEMORY_FRACTION_ENV, MAX_LOGP, SUMMARY_FILE, redact_url
-from .swarm import RoundResult, Swarm, prompt_key
+from .rules import SUMMARY_FILE, redact_url
+from .swarm import RoundResult, Swarm
 
 logger = logging.getLogger(__name__)
 
@@ -60,27 +61,58 @@ _UNMERGEABLE_FIELDS = (
 
 
 class FTISTrainer(GRPOTrainer):
-    """GRPO with Filtered Truncated Importance Sampling, for training on completions sampled by other models.
+    """
+    Trainer for GRPO with Filtered Truncated Importance Sampling (F-TIS), for training on completions sampled by other
+    models.
 
-    A drop-in replacement for [`~trl.GRPOTrainer`]: same constructor, same features (PEFT, gradient accumulation,
-    `num_iterations`, vLLM, logging, saving, `push_to_hub`). Two things change:
+    F-TIS ("F-TIS: Harnessing Diverse Models in Collaborative GRPO", arXiv 2605.22537) lets peers that train different
+    models on one task share their sampled completions. A drop-in replacement for [`~trl.GRPOTrainer`]: same
+    constructor, same features (PEFT, gradient accumulation, `num_iterations`, vLLM, logging, saving, `push_to_hub`).
+    Two things change:
 
     * The loss is the F-TIS objective (`trl_ftis.objective`): each token's advantage is multiplied by the truncated
       importance weight `min(exp(ℓθ - ℓgen), C)` (stop-gradient) and negative-advantage completions whose filter
       statistic exceeds `kl_threshold` get advantage 0. For the trainer's own rows `ℓgen = ℓold`, so with no peer
       rows it trains exactly like `GRPOTrainer(loss_type="grpo", beta=0)`.
-    * Peer rows (completions sampled by other models that share this model's tokenizer) can be added with
-      [`add_peer_rows`]; they join the next generation batch, with advantages normalised within their own group.
-      [`add_row_listener`] hands out this trainer's own rows (with their generator log-probs) in the same format.
+    * Peer rows (completions sampled by other models that share this model's tokenizer) join the next generation
+      batch, with advantages normalised within their own group: added with [`add_peer_rows`], or received from a swarm
+      (`exchange_url`). [`add_row_listener`] hands out this trainer's own rows (with their generator log-probs) in the
+      same format.
+
+    Methods of [`~trl.GRPOTrainer`] (and [`~transformers.Trainer`]) it overrides, and why:
+
+    * `__init__`: requires an [`FTISConfig`], caps GPU memory for peers sharing a GPU, turns off a
+      `cast_lm_head_to_fp32` that TRL cannot apply (LoRA with tied embeddings), connects the main process to the swarm.
+    * `_generate_single_turn`: records the generator's log-probs during `generate` itself, when someone listens.
+    * `_calculate_rewards`: keeps the raw per-function rewards, which TRL does not store and the shared rows carry.
+    * `_generate_and_score_completions`: adds the F-TIS fields to TRL's batch, hands own rows to listeners, runs the
+      swarm round and merges peer rows.
+    * `_compute_loss`: hands the F-TIS hook a shallow copy of the batch (the buffered batch is reused across
+      `num_iterations`), then runs TRL's loss unchanged.
+    * `_get_per_token_logps_and_entropies`: the F-TIS hook: on its first call inside `_compute_loss` it replaces the
+      batch's advantages and ratio reference (see its docstring for the contract with TRL this relies on).
+    * `training_step`: logs the count of filtered peer rows once per optimizer step.
+    * `train`: closes the swarm's transport when training ends or fails (and reopens it for a second `train()`).
+    * `create_model_card`: adds the F-TIS settings, the swarm's peers and their models to TRL's card.
 
     Metrics are logged under `ftis/own/...` and `ftis/peer/...`: `filtered_frac` (completions whose advantage the
     filter zeroed), `is_weight_mean`/`is_weight_max`/`is_weight_capped_frac` (the truncated weight, per token),
     `kl_mean`/`kl_max` (the filter statistic `D`, finite values) and `kl_nonfinite_frac`, plus `ftis/peer_rows`.
+
+    Args:
+        model (`str` or [`~transformers.PreTrainedModel`] or [`~peft.PeftModel`]):
+            As for [`~trl.GRPOTrainer`].
+        reward_funcs (`RewardFunc` or `list[RewardFunc]`):
+            As for [`~trl.GRPOTrainer`]; they also rescore received rows unless `trust_peer_rewards`.
+        args ([`FTISConfig`], *optional*):
+            The configuration; a `GRPOConfig` is refused. Defaults to `FTISConfig("<model name>-FTIS")`.
+        **kwargs:
+            Every other [`~trl.GRPOTrainer`] argument (`train_dataset`, `processing_class`, `peft_config`, ...).
     """
 
-    _tag_names = ["trl", "grpo", "ftis"]
+    _tag_names: ClassVar[list[str]] = ["trl", "grpo", "ftis"]
     _name = "F-TIS"
-    _paper = {
+    _paper: ClassVar[dict[str, str]] = {
         "title": "F-TIS: Harnessing Diverse Models in Collaborative GRPO",
         "id": "2605.22537",
         # docstyle-ignore
@@ -113,7 +145,6 @@ class FTISTrainer(GRPOTrainer):
         self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
         self._filtered_in_step: dict[str, float] = {}
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
-        self._last_round_peers: dict[str, dict[str, float]] = {}
         self._refused_totals: Counter = Counter()
         self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
         self._prompt_columns: dict[str, dict[str, Any]] | None = None  # prompt key -> training set columns
@@ -126,7 +157,7 @@ class FTISTrainer(GRPOTrainer):
             args.cast_lm_head_to_fp32 = False
         memory_fraction = gpu_memory_fraction()
         if memory_fraction is not None:
-            _cap_gpu_memory(memory_fraction, args)
+            cap_gpu_memory(memory_fraction, args)
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self.swarm: Swarm | None = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
@@ -181,22 +212,29 @@ class FTISTrainer(GRPOTrainer):
         return kept
 
     def add_peer_rows(self, rows: Iterable[PeerRow]) -> int:
-        """Queue completions sampled by other models; they join the next generation batch of this trainer.
+        """
+        Queue completions sampled by other models; they join the next generation batch of this trainer.
 
         Every row is checked before any is accepted: completion ids inside the local vocabulary and embedding,
         generator log-probs finite and <= 0, a finite reward. A bad row raises `ValueError` and nothing is queued.
         Completions longer than `max_completion_length` are dropped (counted in `ftis/peer_rows_dropped`).
-        Returns the number of rows queued.
 
-        In a multi-process job every process merges the rows added to it; [`~trl_ftis`]'s exchange shares received
-        rows out evenly.
+        In a multi-process job every process merges the rows added to it; the swarm exchange shares received rows out
+        evenly.
+
+        Args:
+            rows (`Iterable[PeerRow]`):
+                The completions, as [`PeerRow`]s.
+
+        Returns:
+            `int`: the number of rows queued.
         """
         rows = list(rows)
         for row in rows:
             if not isinstance(row, PeerRow):
                 raise TypeError(f"add_peer_rows takes PeerRow objects, got {type(row).__name__}.")
         if rows:
-            _check_rows(rows, self.vocab_limit)
+            check_rows(rows, self.vocab_limit)
         kept = self._admit(rows)
         self._pending_peer_rows.extend(kept)
         return len(kept)
@@ -207,10 +245,18 @@ class FTISTrainer(GRPOTrainer):
         return len(self._pending_peer_rows)
 
     def add_row_listener(self, listener: RowListener) -> None:
-        """Call `listener(rows)` with this process's own freshly generated rows (as `PeerRow`s) at every training
-        generation, after scoring. The rows carry the generator log-probs, computed only while a listener is
-        registered: from the generation pass itself when `generate` exposes raw logits, else by reusing the
-        batch-time log-probs or one no-grad forward. This is what an exchange publishes to other peers."""
+        """
+        Call `listener(rows)` with this process's own freshly generated rows at every training generation, after
+        scoring.
+
+        The rows carry the generator log-probs, computed only while a listener is registered: from the generation pass
+        itself when `generate` exposes raw logits, else by reusing the batch-time log-probs or one no-grad forward.
+        This is what an exchange publishes to other peers.
+
+        Args:
+            listener (`Callable[[list[PeerRow]], None]`):
+                Called with a list of [`PeerRow`]s.
+        """
         self._row_listeners.append(listener)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -293,7 +339,7 @@ class FTISTrainer(GRPOTrainer):
         batch, device = completion_mask.shape[0], completion_mask.device
         # Groups may span processes, so the longest completion of a group is found on the gathered lengths.
         lengths = self.accelerator.gather(completion_mask.sum(-1))
-        group_max = group_max_of_lengths(lengths, num_generations)
+        group_max = group_max_len(lengths, torch.arange(len(lengths), device=lengths.device) // num_generations)
         start = self.accelerator.process_index * batch
         output["ftis_group_max_len"] = group_max[start : start + batch].to(device)
         output["ftis_gen_logps"] = torch.zeros(completion_mask.shape, dtype=torch.float32, device=device)
@@ -433,7 +479,6 @@ class FTISTrainer(GRPOTrainer):
         }
         for reason, count in result.refused.items():
             metrics[f"ftis/exchange/refused/{reason}"] = float(count)
-        self._last_round_peers = {}
         for sender, stats in result.peers.items():
             mine = accepted.get(sender, [])
             peer = {
@@ -446,7 +491,6 @@ class FTISTrainer(GRPOTrainer):
                 peer["staleness"] = sum(stats.staleness) / len(stats.staleness)
             if mine:
                 peer["reward"] = sum(row.reward for row in mine) / len(mine)
-            self._last_round_peers[sender] = peer
             metrics.update({f"ftis/peers/{sender}/{name}": value for name, value in peer.items()})
         return metrics
 
@@ -468,7 +512,7 @@ class FTISTrainer(GRPOTrainer):
         """Give rows whose prompt is in our training set our own columns (the gold answer a reward function reads):
         a peer must not be able to send a wrong gold answer along with a completion that matches it."""
         if self._prompt_columns is None:
-            self._prompt_columns = _prompt_columns(self.train_dataset)
+            self._prompt_columns = prompt_columns(self.train_dataset)
         kept = []
         for row in rows:
             local = self._prompt_columns.get(prompt_key(row.prompt))
@@ -486,11 +530,36 @@ class FTISTrainer(GRPOTrainer):
         return kept
 
     def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
-        """Score rows with this trainer's reward functions: `(weighted total, per-function rewards)` per row.
+        """
+        Score rows with this trainer's reward functions, on the calling process only (no collectives).
 
         Prompts are passed as the dataset gave them, completions decoded with this trainer's tokenizer (as chat
-        messages for conversational prompts), and the rows' other columns as keyword arguments, as in GRPOTrainer.
-        Runs on the calling process only (no collectives). A row every function declines (None) scores NaN.
+        messages for conversational prompts), and the rows' other columns as keyword arguments, as
+        `GRPOTrainer._calculate_rewards` does. That method cannot be called for peer rows: it ends with a `gather`
+        across processes (received rows are scored on the main process alone: a collective there would hang the
+        job) and its `log_extra` would add peer rows to the local completions table. The deliberate differences from
+        TRL 1.16's path, all here:
+
+        * no `gather`: the rewards of this process's rows only;
+        * `log_extra` and `log_metric` are accepted and ignored (peer rows have no place in the completions table or
+          in the step's reward metrics);
+        * the keyword columns are the union of the rows' `extra` keys (`None` where a row lacks one), not the first
+          row's keys, since rows come from different peers;
+        * no `environments` keyword (peer rows are single-turn text completions);
+        * async reward functions run one after another on TRL's event loop, not concurrently;
+        * a reward model gets its inputs on its own device, and the table is returned on the CPU;
+        * no `profiling_context` around the calls;
+        * no warning for a row every function declines (`None`): it scores NaN, and the caller drops it with a warning;
+        * the total is `nansum(rewards_per_func * reward_weights)` as in TRL's `"sum_then_normalize"`, NaN when every
+          function declined.
+
+        Args:
+            rows (`Sequence[PeerRow]`):
+                The rows to score.
+
+        Returns:
+            `list[tuple[float, dict[str, float]]]`: per row, the weighted total and the reward of each function, by
+            name.
         """
         prompts = [row.prompt for row in rows]
         texts = self._tokenizer.batch_decode([list(row.completion_ids) for row in rows], skip_special_tokens=True)
@@ -549,7 +618,7 @@ class FTISTrainer(GRPOTrainer):
         rewards = torch.tensor([float(row.reward) for row in union])
         lengths = torch.tensor([len(row.completion_ids) for row in union])
         advantages = group_advantages(rewards, index, self.scale_rewards).tolist()
-        group_max = group_max_lengths_by_index(lengths, index).tolist()
+        group_max = group_max_len(lengths, index).tolist()
         for row, advantage, max_length in zip(
             mixed, advantages[len(own_rows) :], group_max[len(own_rows) :], strict=True
         ):
@@ -654,7 +723,8 @@ class FTISTrainer(GRPOTrainer):
     # Loss: the F-TIS terms, fed to TRL's clipped surrogate
     # ------------------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        # A shallow copy: the buffered batch is reused across `num_iterations`, so it must stay untouched.
+        """TRL's loss on a shallow copy of `inputs`, which the F-TIS hook in [`_get_per_token_logps_and_entropies`]
+        rewrites (the buffered batch is reused across `num_iterations`, so it must stay untouched)."""
         self._loss_inputs = dict(inputs)
         try:
             return super()._compute_loss(model, self._loss_inputs)
@@ -662,11 +732,26 @@ class FTISTrainer(GRPOTrainer):
             self._loss_inputs = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        """
+        TRL's per-token log-probs and entropies, plus the F-TIS hook.
+
+        On the first call inside [`_compute_loss`] (and only then: the hook consumes `self._loss_inputs`), the batch's
+        `advantages` become the per-token `w·Ã` and its `old_per_token_logps` the ratio reference (`ℓold`, or `ℓgen`
+        for the `vis` variants), computed by `trl_ftis.objective.ftis_terms` from the fresh `ℓθ` this call returns.
+        TRL's clipped surrogate then computes exactly the F-TIS loss, without a copy of TRL's loss.
+
+        This relies on a contract with TRL's `GRPOTrainer._compute_loss` (TRL 1.16):
+
+        1. its first call of `self._get_per_token_logps_and_entropies` computes `ℓθ`, the learner's log-probs of the
+           batch's completions, with gradient;
+        2. it reads `inputs["advantages"]` (accepting shape `(B, T)` as well as `(B,)`) and
+           `inputs["old_per_token_logps"]` only after that call, from the `inputs` dict it was given.
+
+        `tests/test_trainer.py::test_trl_loss_contract_*` fail, naming this contract, if a TRL upgrade breaks it.
+        """
         result = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
-        # The first call inside `_compute_loss` yields ℓθ; TRL reads `advantages` and `old_per_token_logps` only after
-        # it, so replacing them here applies F-TIS without copying TRL's loss.
         inputs, self._loss_inputs = self._loss_inputs, None
         if inputs is not None:
             self._apply_ftis(inputs, result[0])
@@ -764,6 +849,17 @@ class FTISTrainer(GRPOTrainer):
                 metrics[f"ftis/{name}/kl_mean"].append(d_sum / n_finite)
                 metrics[f"ftis/{name}/kl_max"].append(peaks[1].item())
 
+    def train(self, *args, **kwargs):
+        """[`~transformers.Trainer.train`], then close the swarm's transport, also when training raises (a second call
+        reopens it)."""
+        if self.swarm is not None:
+            self.swarm.reopen()  # does nothing unless a previous train() closed it
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if self.swarm is not None:
+                self.swarm.close()
+
     def training_step(self, model, inputs, num_items_in_batch):
         loss = super().training_step(model, inputs, num_items_in_batch)
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
@@ -776,8 +872,18 @@ class FTISTrainer(GRPOTrainer):
         return loss
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card, plus what a reader needs to reproduce this run: the F-TIS variant and its
-        hyper-parameters, the swarm (this peer and every peer it learned from, with their models) and the paper."""
+        """
+        TRL's model card, plus what a reader needs to reproduce this run: the F-TIS variant and its hyper-parameters,
+        the swarm (this peer and every peer it learned from, with their models) and the paper.
+
+        Args:
+            model_name (`str`, *optional*):
+                Name of the model.
+            dataset_name (`str`, *optional*):
+                Name of the dataset used for training.
+            tags (`str`, `list[str]`, *optional*):
+                Tags to be associated with the model card.
+        """
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if not self.is_world_process_zero():
             return
@@ -805,10 +911,12 @@ class FTISTrainer(GRPOTrainer):
         lines = [
             "## F-TIS training",
             "",
-            "Trained with trl-ftis: GRPO on its own completions plus those "
-            "of the other peers of a swarm, through the F-TIS objective (importance weights truncated against the "
-            "sender's log-probs, negative-advantage samples too far off-policy filtered out), "
-            f"[{self._paper['title']}](https://arxiv.org/abs/{self._paper['id']}).",
+            (
+                "Trained with trl-ftis: GRPO on its own completions plus those "
+                "of the other peers of a swarm, through the F-TIS objective (importance weights truncated against the "
+                "sender's log-probs, negative-advantage samples too far off-policy filtered out), "
+                f"[{self._paper['title']}](https://arxiv.org/abs/{self._paper['id']})."
+            ),
             "",
             "| setting | value |",
             "|---|---|",
@@ -835,7 +943,14 @@ class FTISTrainer(GRPOTrainer):
         return "\n".join(lines) + "\n"
 
     def summary(self) -> dict[str, Any]:
-        """What this peer has done so far: steps, rows sent / received / accepted / filtered, last reward, peers."""
+        """
+        What this peer has done so far; also written to `output_dir/ftis_summary.json` when training ends.
+
+        Returns:
+            `dict[str, Any]`: `peer_id`, `steps`, `rows_sent`, `rows_received`, `rows_accepted`, `rows_filtered`,
+            `bytes_sent`, `reward` (the last logged), `refused` (counts by reason), `peers` (every peer whose rows were
+            merged or whose messages were accepted), `peer_models` and `exchange_url` (password redacted).
+        """
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
         return {
             "peer_id": self.args.peer_id,
@@ -843,73 +958,10 @@ class FTISTrainer(GRPOTrainer):
             **{key: int(value) for key, value in self._totals.items()},
             "reward": rewards[-1] if rewards else None,
             "refused": dict(self._refused_totals),
-            "peers": sorted(set(self._sources) | set(self._last_round_peers)),
+            "peers": sorted(set(self._sources) | (self.swarm.known_peers if self.swarm is not None else set())),
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
-
-
-def _check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
-    """Raise `ValueError` naming the first bad row's sender: ids outside [0, vocab_limit), log-probs not finite
-    and <= 0. One vectorised pass over all rows; the per-row search only runs to name the culprit."""
-    ids = np.concatenate([np.asarray(row.completion_ids).reshape(-1) for row in rows])
-    logps = np.concatenate([np.asarray(row.generator_logps, dtype=np.float64).reshape(-1) for row in rows])
-    ids_ok = ids.dtype.kind in "iu" and ids.min() >= 0 and ids.max() < vocab_limit
-    logps_ok = bool(np.isfinite(logps).all() and (logps <= MAX_LOGP).all())
-    if ids_ok and logps_ok:
-        return
-    for row in rows:
-        row_ids = np.asarray(row.completion_ids)
-        if not ids_ok and (row_ids.dtype.kind not in "iu" or row_ids.min() < 0 or row_ids.max() >= vocab_limit):
-            raise ValueError(
-                f"Peer row from {row.sender!r} has token ids outside this model's vocabulary [0, {vocab_limit}): "
-                "peers must share a tokenizer."
-            )
-        row_logps = np.asarray(row.generator_logps, dtype=np.float64)
-        if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= MAX_LOGP).all()):
-            raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")
-
-
-def _prompt_columns(dataset) -> dict[str, dict[str, Any]]:
-    """Prompt key -> the other columns of its first row, for a map-style dataset (empty for a streaming one)."""
-    if dataset is None or not hasattr(dataset, "__len__") or not hasattr(dataset, "column_names"):
-        return {}
-    names = [name for name in dataset.column_names if name != "prompt"]
-    table: dict[str, dict[str, Any]] = {}
-    for example in dataset:
-        table.setdefault(prompt_key(example["prompt"]), {name: example[name] for name in names})
-    return table
-
-
-def gpu_memory_fraction() -> float | None:
-    """The share of one GPU's memory this process may use, from `FTIS_GPU_MEMORY_FRACTION` (set by the swarm
-    launcher's `gpu_share` for peers that share a GPU); `None` when unset. A bad value raises `ValueError`."""
-    text = os.environ.get(GPU_MEMORY_FRACTION_ENV, "").strip()
-    if not text:
-        return None
-    try:
-        fraction = float(text)
-    except ValueError:
-        fraction = math.nan
-    if not 0 < fraction <= 1:
-        raise ValueError(f"{GPU_MEMORY_FRACTION_ENV} must be a fraction in (0, 1], got {text!r}.")
-    return fraction
-
-
-def _cap_gpu_memory(fraction: float, args: FTISConfig) -> None:
-    """Cap PyTorch's allocator on this process's GPU, so peers sharing a GPU cannot starve each other. A colocated
-    vLLM engine allocates outside that cap, from its own fraction of the whole GPU: it must fit inside the share."""
-    if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization >= fraction:
-        raise ValueError(
-            f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} is a fraction of the whole GPU and "
-            f"does not fit in this peer's share {GPU_MEMORY_FRACTION_ENV}={fraction}: set it below the share "
-            "(e.g. half of it, leaving the rest for training)."
-        )
-    if not torch.cuda.is_available() or args.use_cpu:
-        return
-    device = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    logger.info("This peer may use %.0f%% of GPU %d's memory (%s).", 100 * fraction, device, GPU_MEMORY_FRACTION_ENV)
 
 
 def _ties_embeddings(model) -> bool:
