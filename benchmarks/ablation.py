@@ -71,38 +71,33 @@ def warm_checkpoints(cache: Path, seeds, warmup_steps: int) -> dict:
 
 
 def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: Path, steps: int, eval_size: int):
+    from trl_ftis.demo.tiny import TINY_GRPO_SETTINGS
+
     horizontal = setting.startswith("horiz")
     variant = "f-tis" if setting in ("alone", "horiz-f-tis") else setting
     args = {
+        # The tiny models' CPU settings (the same as tiny_grpo_config's): 128 rows a step, constant lr 2e-4, ...
+        **TINY_GRPO_SETTINGS,
         "peer_id": peer,
         "output_dir": run_dir / peer,
         "model_name_or_path": checkpoint,
         "max_steps": steps,
         # Vertical: 16 own prompts x 8 completions. Horizontal: 32 shared prompts x 4 completions from each peer.
-        "per_device_train_batch_size": 128,
         "num_generations": 4 if horizontal else 8,
-        "max_completion_length": 6,
-        "learning_rate": 2e-4,
-        "lr_scheduler_type": "constant",
         "reward": "exact",
         "variant": variant,
         "eval_size": eval_size,
         "dataset_seed": 3000 + seed if horizontal else (4000 if peer == "big" else 5000) + seed,
         "seed": seed,
-        "bf16": "false",
-        "use_cpu": "true",
-        "gradient_checkpointing": "false",
         "report_to": "none",
-        "save_strategy": "no",
         "logging_steps": 10,
-        "disable_tqdm": "true",
     }
     if setting != "alone":
         args.update(exchange_url=f"dir://{run_dir / 'exchange'}", peer_timeout=120)
         args["collaboration_mode"] = "horizontal" if horizontal else "vertical"
     command = [sys.executable, str(PEER_SCRIPT)]
     for key, value in args.items():
-        command += [f"--{key}", str(value)]
+        command += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     if setting != "alone":
         command += ["--expected_peers", *PEERS]
     return command

@@ -182,10 +182,8 @@ def tiny_task_message(tokenizer, tmp: str):
     from trl_ftis.swarm import rows_to_message
     from trl_ftis.tasks.addition import addition_dataset, digit_match_reward, exact_answer_reward
 
-    args = FTISConfig(
-        **common.trainer_settings(
-            f"{tmp}/tinymsg", per_device_train_batch_size=32, max_steps=1, disable_tqdm=True, logging_steps=1000
-        )
+    args = common.trainer_args(
+        FTISConfig, f"{tmp}/tinymsg", per_device_train_batch_size=32, max_steps=1, logging_steps=1000
     )
     trainer = FTISTrainer(
         build_tiny_llama(tokenizer, hidden_size=64, seed=0),

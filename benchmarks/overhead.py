@@ -127,30 +127,24 @@ def header(command_line: str | None = None) -> None:
     )
 
 
-def trainer_settings(output_dir: str, **overrides) -> dict:
-    """The tests' CPU settings (tests/conftest.py), plus the paper recipe GRPOTrainer needs to match F-TIS."""
-    settings = dict(
-        output_dir=output_dir,
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        per_device_train_batch_size=LOCAL_ROWS,
-        num_generations=NUM_GENERATIONS,
-        max_completion_length=6,
-        max_steps=100_000,
-        learning_rate=1e-3,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        seed=0,
-        dataloader_num_workers=0,
-        loss_type="grpo",
-        beta=0.0,
-        disable_dropout=True,
-        cast_lm_head_to_fp32=True,
-    )
+def trainer_args(config_class, output_dir: str, **overrides):
+    """A ``config_class`` (TRL's GRPOConfig or FTISConfig) with the tests' CPU settings (the tiny models' settings of
+    `trl_ftis.demo.tiny.tiny_grpo_config` with tests/conftest.py's batch and lr), plus the paper recipe GRPOTrainer
+    needs to match F-TIS."""
+    from trl_ftis.demo.tiny import tiny_grpo_config
+
+    settings = {
+        "max_steps": 100_000,
+        "per_device_train_batch_size": LOCAL_ROWS,
+        "num_generations": NUM_GENERATIONS,
+        "learning_rate": 1e-3,
+        "loss_type": "grpo",
+        "beta": 0.0,
+        "disable_dropout": True,
+        "cast_lm_head_to_fp32": True,
+    }
     settings.update(overrides)
-    return settings
+    return tiny_grpo_config(output_dir, config_class=config_class, **settings)
 
 
 def build_trainer(kind: str, model, tokenizer, dataset, output_dir: str, **overrides):
@@ -161,7 +155,7 @@ def build_trainer(kind: str, model, tokenizer, dataset, output_dir: str, **overr
     from trl_ftis.tasks.addition import digit_match_reward
 
     config_class, trainer_class = (GRPOConfig, GRPOTrainer) if kind == "grpo" else (FTISConfig, FTISTrainer)
-    args = config_class(**trainer_settings(output_dir, **overrides))
+    args = trainer_args(config_class, output_dir, **overrides)
     return trainer_class(model, digit_match_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
 
 
@@ -364,7 +358,6 @@ def collect_peer_pool(tokenizer, dataset, tmp: str, rounds: int, hidden: int = 3
         max_steps=rounds,
         seed=7,
         logging_steps=1000,
-        disable_tqdm=True,
     )
     published = []
     peer.add_row_listener(published.append)

@@ -7,8 +7,6 @@ import threading
 import time
 
 import pytest
-import torch
-from transformers import GenerationConfig
 
 from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
 from trl_ftis.tasks.math_problems import (
@@ -328,39 +326,17 @@ def text_tokenizer():
     return build_char_tokenizer(SYSTEM_CHAT_TEMPLATE, alphabet=PRINTABLE_ALPHABET)
 
 
-class ScriptedModel:
-    """Stands in for a causal LM: `generate` appends a fixed reply (then EOS) chosen by the question in the prompt."""
+def scripted_replies(scripted_lm, tokenizer, replies: dict[str, str]):
+    """A stand-in LM replying to the first question of `replies` found in the prompt with its text, then EOS."""
 
-    def __init__(self, tokenizer, replies: dict[str, str]):
-        self.tokenizer = tokenizer
-        self.replies = replies
-        self.training = True
-        self.device = torch.device("cpu")
-        self.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id)
-        self.batch_sizes = []
+    def reply(prompt):
+        text = next(text for question, text in replies.items() if question in prompt)
+        return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
-    def eval(self):
-        return self.train(False)
-
-    def train(self, mode=True):
-        self.training = mode
-        return self
-
-    def generate(self, input_ids, attention_mask, generation_config, **kwargs):
-        assert not self.training and generation_config.do_sample is False
-        prompts = self.tokenizer.batch_decode(input_ids, skip_special_tokens=True)
-        rows = []
-        for prompt in prompts:
-            reply = next(text for question, text in self.replies.items() if question in prompt)
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            rows.append(ids[: generation_config.max_new_tokens])
-        width = max(map(len, rows))
-        padded = [row + [self.tokenizer.pad_token_id] * (width - len(row)) for row in rows]
-        self.batch_sizes.append(len(rows))
-        return torch.cat([input_ids, torch.tensor(padded)], dim=1)
+    return scripted_lm(tokenizer, reply)
 
 
-def test_evaluate_math_scores_greedy_completions(tmp_path, text_tokenizer):
+def test_evaluate_math_scores_greedy_completions(tmp_path, text_tokenizer, scripted_lm):
     questions = {
         "Q-strict": (f"{THINK} <answer>72</answer>", "72"),  # strict and right
         "Q-lenient": ("The answer is \\boxed{1234}.", "1,234"),  # right answer, no format
@@ -369,13 +345,13 @@ def test_evaluate_math_scores_greedy_completions(tmp_path, text_tokenizer):
     }
     rows = [{"question": q, "answer": f"... #### {gold}"} for q, (_, gold) in questions.items()]
     dataset = load_math_dataset("gsm8k", path=_write_jsonl(tmp_path / "test.jsonl", rows))
-    model = ScriptedModel(text_tokenizer, {q: reply for q, (reply, _) in questions.items()})
+    model = scripted_replies(scripted_lm, text_tokenizer, {q: reply for q, (reply, _) in questions.items()})
     text_tokenizer.padding_side = "right"
 
     result = evaluate_math(model, text_tokenizer, dataset, batch_size=3, max_new_tokens=120)
 
     assert text_tokenizer.padding_side == "right" and model.training  # both restored
-    assert model.batch_sizes == [3, 1]
+    assert [len(call) for call in model.calls] == [3, 1]
     assert result["n"] == 4
     assert result["strict_accuracy"] == 0.25
     assert result["answer_accuracy"] == 0.5
@@ -403,7 +379,7 @@ def test_evaluate_math_with_a_real_tiny_model(tmp_path, text_tokenizer):
     assert result["format_rate"] >= result["strict_accuracy"]
 
 
-def test_stop_tokens_include_the_chat_templates_end_of_turn(text_tokenizer):
+def test_stop_tokens_include_the_chat_templates_end_of_turn(text_tokenizer, scripted_lm):
     # Like Qwen2.5 base: EOS is <|endoftext|>, but the chat template ends a turn with <|im_end|>.
     tokenizer = build_char_tokenizer(
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -413,7 +389,7 @@ def test_stop_tokens_include_the_chat_templates_end_of_turn(text_tokenizer):
     tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert stop_token_ids(tokenizer) == [tokenizer.eos_token_id, im_end]
-    model = ScriptedModel(tokenizer, {})
+    model = scripted_lm(tokenizer, reply=None)
     model.generation_config.eos_token_id = [99, tokenizer.eos_token_id]
     assert stop_token_ids(tokenizer, model) == [tokenizer.eos_token_id, 99, im_end]
     # The tiny template ends a turn with EOS itself; a plain-text end of turn adds nothing.

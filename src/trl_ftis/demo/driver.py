@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-# Sized for a 2-core CPU: the full demo stays under 20 minutes, --quick under 5 (see docs/benchmarks.md).
+# Sized for a 2-core CPU (run times: docs/benchmarks.md, sections 4 and 7.3).
 FULL = dict(steps=10, prompts_per_step=2, num_generations=4, max_completion_length=40, eval_size=40, n_train=300)
 QUICK = dict(steps=3, prompts_per_step=2, num_generations=4, max_completion_length=32, eval_size=16, n_train=100)
 # The small peer: SmolLM2 with 24 of its 30 decoder layers. Pruning alone leaves fluent but answerless text, so it is
@@ -70,7 +70,7 @@ def _peer_config(run_dir: Path, base: Path, small: Path, settings: dict, *, base
             "num_generations": settings["num_generations"],
             "max_completion_length": settings["max_completion_length"],
             "temperature": 1.0,
-            "reward_weights": [1.0, 0.2],  # correctness, format (trl_ftis.tasks.DEFAULT_REWARD_FUNCS)
+            "reward_weights": [1.0, 0.2],  # correctness, format (tasks.word_problems.DEFAULT_REWARD_FUNCS)
             "lr_scheduler_type": "constant",
             "max_grad_norm": 1.0,
             "expected_peers": names,
@@ -96,6 +96,7 @@ def heal_small_peer(pruned: Path, target: Path, *, steps: int = HEALING_STEPS, s
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..tasks.word_problems import word_problems
+    from .supervised import supervised_steps
 
     marker = target / ".healed"
     if marker.exists():
@@ -104,32 +105,22 @@ def heal_small_peer(pruned: Path, target: Path, *, steps: int = HEALING_STEPS, s
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(pruned)
     model = AutoModelForCausalLM.from_pretrained(pruned, dtype=torch.float32)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     problems = word_problems(steps * 4, seed=f"healing/{seed}")
-    model.train()
-    for step in range(steps):
-        rows, labels = [], []
-        for problem in problems[step * 4 : step * 4 + 4]:
-            prompt = tokenizer.apply_chat_template(
-                problem["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True
-            )["input_ids"]
-            answer = tokenizer(problem["solution"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
-            rows.append(list(prompt) + answer)
-            labels.append([-100] * len(prompt) + answer)
-        width = max(map(len, rows))
-        pad = tokenizer.pad_token_id
-        input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in rows])
-        attention = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
-        label_ids = torch.tensor([label + [-100] * (width - len(label)) for label in labels])
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=label_ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
+
+    def example(problem: dict) -> tuple[list[int], list[int]]:
+        prompt = tokenizer.apply_chat_template(
+            problem["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+        solution = tokenizer(problem["solution"] + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+        return list(prompt), solution
+
+    batches = ([example(p) for p in problems[step * 4 : step * 4 + 4]] for step in range(steps))
+    _, final_loss = supervised_steps(model, batches, lr=1e-4, pad_id=tokenizer.pad_token_id)
     staging = target.with_name(target.name + ".tmp")
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    (staging / ".healed").write_text(json.dumps({"steps": steps, "source": str(pruned), "final_loss": loss.item()}))
+    (staging / ".healed").write_text(json.dumps({"steps": steps, "source": str(pruned), "final_loss": final_loss}))
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target

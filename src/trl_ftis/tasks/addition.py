@@ -11,9 +11,10 @@ import random
 import zlib
 from collections.abc import Sequence
 
-import torch
 from datasets import Dataset
 from transformers import PreTrainedTokenizerFast
+
+from .generation import generate_completions
 
 
 def in_test_split(prompt: str) -> bool:
@@ -79,7 +80,6 @@ def digit_match_reward(completions: Sequence, answer: Sequence[str], **kwargs) -
     return rewards
 
 
-@torch.no_grad()
 def greedy_accuracy(
     model,
     tokenizer: PreTrainedTokenizerFast,
@@ -89,20 +89,13 @@ def greedy_accuracy(
     batch_size: int = 256,
 ) -> float:
     """Fraction of ``problems`` whose greedy completion equals the answer exactly (then EOS)."""
-    was_training = model.training
-    model.eval()
-    correct = 0
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        encoded = tokenizer([p["prompt"] for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-        output = model.generate(
-            **encoded,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-        texts = tokenizer.batch_decode(output[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-        correct += sum(text.strip() == p["answer"] for text, p in zip(texts, chunk, strict=True))
-    model.train(was_training)
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [p["prompt"] for p in problems],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        stop_ids=[tokenizer.eos_token_id],
+    )
+    correct = sum(c.text.strip() == p["answer"] for c, p in zip(completions, problems, strict=True))
     return correct / max(len(problems), 1)

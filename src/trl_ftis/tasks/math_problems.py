@@ -25,6 +25,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
+from .generation import generate_completions, stop_token_ids
+
 __all__ = [
     "DEFAULT_DATASETS",
     "MAX_ANSWER_CHARS",
@@ -396,41 +398,6 @@ answer_reward.__name__ = "answer_reward"
 # Evaluation
 
 
-def stop_token_ids(tokenizer, model=None) -> list[int]:
-    """Token ids that end a completion: the tokenizer's EOS, the model's generation-config EOS ids and the chat
-    template's end-of-turn token (e.g. Qwen's ``<|im_end|>``, which base models do not list as EOS: without it a
-    greedy completion runs on into a new turn and fails the strict format)."""
-    ids: list[int] = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    declared = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.extend([declared] if isinstance(declared, int) else list(declared or []))
-    end_of_turn = _end_of_turn_token_id(tokenizer)
-    if end_of_turn is not None:
-        ids.append(end_of_turn)
-    return list(dict.fromkeys(ids))
-
-
-def _end_of_turn_token_id(tokenizer) -> int | None:
-    """The special token the chat template writes right after an assistant message, if any."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    marker = "Zq7ANSWERzq7"
-    try:
-        rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": "1+1?"}, {"role": "assistant", "content": marker}], tokenize=False
-        )
-    except Exception:  # noqa: BLE001 - a template that refuses this conversation: rely on the declared EOS ids
-        return None
-    suffix = rendered.split(marker, 1)[-1] if marker in rendered else ""
-    ids = tokenizer(suffix, add_special_tokens=False)["input_ids"] if suffix else []
-    if not ids:
-        return None
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    token = added.get(ids[0])
-    return ids[0] if token is not None and getattr(token, "special", False) else None
-
-
 def evaluate_math(
     model,
     tokenizer,
@@ -448,39 +415,16 @@ def evaluate_math(
     ``solution``, ``completion``, ``strict_answer``, ``lenient_answer``, ``strict_correct``, ``answer_correct``,
     ``completion_tokens``, ``truncated``).
     """
-    import torch
-    from transformers import GenerationConfig
-
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
     rows = [dict(row) for row in dataset]
-    stop_ids = stop_token_ids(tokenizer, model)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), None)
-    generation_config = GenerationConfig(
-        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad_id, eos_token_id=stop_ids
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [row["prompt"] for row in rows],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        stop_ids=stop_token_ids(tokenizer, model),
+        sort_by_length=True,  # less padding per batch
     )
-    rendered = [
-        tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows
-    ]
-    order = sorted(range(len(rows)), key=lambda i: len(rendered[i]), reverse=True)  # less padding per batch
-    completions: dict[int, tuple[str, int, bool]] = {}
-
-    was_training, padding_side = model.training, tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    try:
-        with torch.no_grad():
-            for start in range(0, len(order), batch_size):
-                chunk = order[start : start + batch_size]
-                encoded = tokenizer(
-                    [rendered[i] for i in chunk], return_tensors="pt", padding=True, add_special_tokens=False
-                ).to(model.device)
-                output = model.generate(**encoded, generation_config=generation_config)
-                for i, generated in zip(chunk, output[:, encoded["input_ids"].shape[1] :].tolist(), strict=True):
-                    completions[i] = _cut_at_stop(tokenizer, generated, stop_ids)
-    finally:
-        tokenizer.padding_side = padding_side
-        model.train(was_training)
 
     records = []
     for i, row in enumerate(rows):
@@ -513,11 +457,3 @@ def evaluate_math(
         "mean_completion_tokens": rate(r["completion_tokens"] for r in records),
         "records": records,
     }
-
-
-def _cut_at_stop(tokenizer, generated: list[int], stop_ids: list[int]) -> tuple[str, int, bool]:
-    """(text before the first stop token, tokens generated including it, whether no stop token came)."""
-    for index, token in enumerate(generated):
-        if token in stop_ids:
-            return tokenizer.decode(generated[:index], skip_special_tokens=True), index + 1, False
-    return tokenizer.decode(generated, skip_special_tokens=True), len(generated), True

@@ -15,11 +15,8 @@ stream with every test question excluded, so the two never share a question (and
 same split). To build splits by hand, draw the held-out set and pass its questions as ``exclude`` to the training
 draw.
 
-Measured with SmolLM2-135M-Instruct (:mod:`trl_ftis.demo.smollm`, untrained, one CPU thread, 100 held-out problems,
-default prompt): difficulty 1 greedy 43 % correct / 100 % formatted (~22 tokens a completion; the same with 48 or 96
-new tokens), sampled at temperature 1.0 (4 samples x 32 prompts) 16 % correct / 80 % formatted, mean default reward
-0.33: inside GRPO's useful band, hence the default. Difficulty 2: greedy 4 %, sampled 2 % correct (too hard to start
-from). Without the worked example in the prompt the model rambles: 0-9 % correct, 0-16 % formatted.
+Difficulty 1 is the default because SmolLM2-135M-Instruct (:mod:`trl_ftis.demo.smollm`) starts inside GRPO's useful
+band on it, and difficulty 2 is too hard to start from; the measurements are in docs/benchmarks.md, section 7.1.
 
 Rewards (TRL signature ``f(prompts, completions, answer, **kwargs) -> list[float]``): :func:`correctness_reward`
 (1 iff the number after the last ``####`` equals the answer) and :func:`format_reward` (1 iff the completion ends
@@ -33,6 +30,8 @@ from __future__ import annotations
 import random
 import re
 from collections.abc import Callable, Sequence
+
+from .generation import generate_completions
 
 __all__ = [
     "DEFAULT_DIFFICULTY",
@@ -60,12 +59,11 @@ __all__ = [
 SYSTEM_PROMPT = "Solve the problem. End with the final answer on its own line as #### <number>."
 
 #: One worked example, as a previous user/assistant turn. Without it SmolLM2-135M-Instruct rambles and almost never
-#: writes ``####`` (greedy accuracy 0-9 %, format 0-16 %); with it, it answers in ~20 tokens in the right format
-#: (greedy format rate 100 %). It adds ~35 prompt tokens.
+#: writes ``####``; with it, it answers briefly in the right format (measured: docs/benchmarks.md, section 7.1).
 FEW_SHOT = (("Kim has 3 pens and buys 4 more. How many pens does Kim have now?", "Kim has 3 + 4 = 7 pens.\n#### 7"),)
 
 DIFFICULTIES = (1, 2)
-#: One-step problems: the 135M SmolLM2 starts inside GRPO's useful band on them (16 % of samples correct, see above).
+#: One-step problems: the 135M SmolLM2 starts inside GRPO's useful band on them (docs/benchmarks.md, section 7.1).
 DEFAULT_DIFFICULTY = 1
 
 NAMES = (
@@ -403,61 +401,25 @@ def evaluate_problems(
     """Generate for ``problems`` (chat template, left padding, batches of ``batch_size`` prompts) and score.
 
     Greedy by default; with ``do_sample=True`` draws ``num_samples`` completions a prompt at ``temperature``
-    (seeded with ``seed``). Returns ``{"accuracy", "format_rate", "mean_reward", "mean_tokens", "n"}`` over all
-    completions (``mean_reward`` with :func:`combined_reward`), plus ``"texts"`` if ``return_texts``.
+    (seeded with ``seed``). A completion ends at the tokenizer's or the model's EOS. Returns ``{"accuracy",
+    "format_rate", "mean_reward", "mean_tokens", "n"}`` over all completions (``mean_reward`` with
+    :func:`combined_reward`), plus ``"texts"`` if ``return_texts``.
     """
-    import torch
-
-    was_training = model.training
-    padding_side = tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    eos_ids = model.generation_config.eos_token_id
-    eos_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids or [])
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-        eos_ids.insert(0, tokenizer.eos_token_id)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
-    texts: list[str] = []
-    answers: list[str] = []
-    lengths: list[int] = []
-    try:
-        with torch.no_grad(), torch.random.fork_rng():
-            torch.manual_seed(seed)
-            for start in range(0, len(problems), batch_size):
-                chunk = problems[start : start + batch_size]
-                rendered = [
-                    tokenizer.apply_chat_template(p["prompt"], add_generation_prompt=True, tokenize=False)
-                    for p in chunk
-                ]
-                encoded = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
-                encoded = {k: v.to(model.device) for k, v in encoded.items()}
-                sampling = (
-                    dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0)
-                    if do_sample
-                    else {"do_sample": False}
-                )
-                output = model.generate(
-                    **encoded,
-                    max_new_tokens=max_new_tokens,
-                    num_return_sequences=num_samples if do_sample else 1,
-                    pad_token_id=pad_id,
-                    eos_token_id=eos_ids,
-                    **sampling,
-                )
-                generated = output[:, encoded["input_ids"].shape[1] :]
-                for row in generated.tolist():
-                    length = len(row)
-                    for i, token in enumerate(row):
-                        if token in eos_ids:
-                            length = i + 1
-                            break
-                    lengths.append(length)
-                texts.extend(tokenizer.batch_decode(generated, skip_special_tokens=True))
-                repeat = num_samples if do_sample else 1
-                answers.extend(p["answer"] for p in chunk for _ in range(repeat))
-    finally:
-        tokenizer.padding_side = padding_side
-        model.train(was_training)
+    completions = generate_completions(
+        model,
+        tokenizer,
+        [p["prompt"] for p in problems],
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        do_sample=do_sample,
+        temperature=temperature,
+        num_samples=num_samples,
+        seed=seed,
+    )
+    texts = [c.text for c in completions]
+    lengths = [c.n_tokens for c in completions]
+    repeat = num_samples if do_sample else 1
+    answers = [p["answer"] for p in problems for _ in range(repeat)]
     correct = correctness_reward(None, texts, answers)
     formatted = format_reward(None, texts, answers)
     rewards = combined_reward(None, texts, answers)
