@@ -2,7 +2,7 @@
 
     trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS]
 
-Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets ``func`` to a handler
+Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets `func` to a handler
 taking the parsed arguments and returning an exit code; to add a subcommand, write such a function and list it in
 `SUBCOMMANDS`. Handlers import what they need when they run, so `trl-ftis --help` and `import trl_ftis.cli` stay
 fast.

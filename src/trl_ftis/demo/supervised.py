@@ -1,8 +1,8 @@
-"""The one supervised loop of the demo: next-token prediction on ``prompt + target`` with the loss on the target only.
+"""The one supervised loop of the demo: next-token prediction on `prompt + target` with the loss on the target only.
 
-:func:`~trl_ftis.demo.tiny.supervised_warmup` (the tiny models' warm-up on the addition task) and
-:func:`~trl_ftis.demo.driver.heal_small_peer` (the pruned SmolLM2's healing on worked solutions) both run
-:func:`supervised_steps`; they differ only in how they tokenize their examples and pick the batches.
+[`trl_ftis.demo.tiny.supervised_warmup`] (the tiny models' warm-up on the addition task) and
+[`trl_ftis.demo.driver.heal_small_peer`] (the pruned SmolLM2's healing on worked solutions) both run
+[`supervised_steps`]; they differ only in how they tokenize their examples and pick the batches.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ Example = tuple[Sequence[int], Sequence[int]]
 
 
 def pad_supervised_batch(examples: Sequence[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """``input_ids``, ``attention_mask`` and ``labels`` for ``prompt + target`` rows, padded on the right with
-    ``pad_id``; the labels are -100 (no loss) on the prompt and the padding."""
+    """`input_ids`, `attention_mask` and `labels` for `prompt + target` rows, padded on the right with
+    `pad_id`; the labels are -100 (no loss) on the prompt and the padding."""
     rows = [list(prompt) + list(target) for prompt, target in examples]
     width = max(map(len, rows))
     input_ids = torch.full((len(rows), width), pad_id)
@@ -40,13 +40,13 @@ def supervised_steps(
     pad_id: int,
     on_step: Callable[[int, float], bool] | None = None,
 ) -> tuple[int, float | None]:
-    """One AdamW step (learning rate ``lr``, a fresh optimizer) per batch of ``(prompt_ids, target_ids)`` examples
-    in ``batches``, in train mode, with the loss on the targets only (:func:`pad_supervised_batch`).
+    """One AdamW step (learning rate `lr`, a fresh optimizer) per batch of `(prompt_ids, target_ids)` examples
+    in `batches`, in train mode, with the loss on the targets only ([`pad_supervised_batch`]).
 
-    ``batches`` may be a generator: it is drawn from one batch a step, so it can stop early or draw lazily.
-    ``on_step(step, loss)``, if given, runs after each step (1-based) and stops the loop by returning True; the
-    model is put back in train mode after it (it may evaluate). Returns ``(steps taken, the last step's loss)``
-    (``(0, None)`` when there was no batch).
+    `batches` may be a generator: it is drawn from one batch a step, so it can stop early or draw lazily.
+    `on_step(step, loss)`, if given, runs after each step (1-based) and stops the loop by returning True; the
+    model is put back in train mode after it (it may evaluate). Returns `(steps taken, the last step's loss)`
+    (`(0, None)` when there was no batch).
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()

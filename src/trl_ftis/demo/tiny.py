@@ -1,7 +1,7 @@
 """Tiny models and a character tokenizer, built locally in seconds, and the one CPU training config they use.
 
 They make tests, the quick demo and the CPU benchmarks independent of the Hugging Face Hub: a Llama with hidden
-size 64 and 2 layers learns 2-digit addition (:mod:`trl_ftis.tasks.addition`, ``"23+48="`` -> ``"71<eos>"``) on a
+size 64 and 2 layers learns 2-digit addition ([`trl_ftis.tasks.addition`], `"23+48="` -> `"71<eos>"`) on a
 2-core CPU in under a minute.
 """
 
@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 ALPHABET = "0123456789+-*=QA: "
-#: Every printable ASCII character plus newline: enough for GSM8K-style text (anything else becomes ``<unk>``).
+#: Every printable ASCII character plus newline: enough for GSM8K-style text (anything else becomes `<unk>`).
 PRINTABLE_ALPHABET = "".join(chr(code) for code in range(32, 127)) + "\n"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
 
@@ -39,9 +39,9 @@ SYSTEM_CHAT_TEMPLATE = (
 def build_char_tokenizer(
     chat_template: str | None = CHAT_TEMPLATE, *, alphabet: str = ALPHABET
 ) -> PreTrainedTokenizerFast:
-    """A character-level tokenizer over ``alphabet`` plus ``<pad> <bos> <eos> <unk>``, padding on the left.
+    """A character-level tokenizer over `alphabet` plus `<pad> <bos> <eos> <unk>`, padding on the left.
 
-    The default :data:`ALPHABET` covers the addition task; ``alphabet=PRINTABLE_ALPHABET,
+    The default [`ALPHABET`] covers the addition task; ``alphabet=PRINTABLE_ALPHABET,
     chat_template=SYSTEM_CHAT_TEMPLATE`` encodes word problems and R1-style prompts.
     """
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
@@ -74,7 +74,7 @@ def build_tiny_llama(
 ) -> LlamaForCausalLM:
     """A randomly initialised Llama sized for the character tokenizer (about 133k parameters by default).
 
-    Raise ``max_position_embeddings`` for longer texts (a character a token: an R1-style prompt is ~600).
+    Raise `max_position_embeddings` for longer texts (a character a token: an R1-style prompt is ~600).
     """
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -99,7 +99,7 @@ def build_tiny_llama(
 
 #: The CPU settings of GRPO with these tiny models on the addition task: 16 prompts x 8 completions of at most 6
 #: tokens a step, constant lr 2e-4 (5e-4 wrecks the policy), fp32, no gradient checkpointing, no tqdm bars.
-#: :func:`tiny_grpo_config` builds a config from them; scripts that pass flags to a peer process use them directly.
+#: [`tiny_grpo_config`] builds a config from them; scripts that pass flags to a peer process use them directly.
 TINY_GRPO_SETTINGS = {
     "per_device_train_batch_size": 128,
     "num_generations": 8,
@@ -117,10 +117,10 @@ TINY_GRPO_SETTINGS = {
 
 
 def tiny_grpo_config(output_dir: str, *, max_steps: int, seed: int = 0, config_class=None, **overrides):
-    """A config for GRPO with these tiny models on a CPU (:data:`TINY_GRPO_SETTINGS`, then ``overrides``).
+    """A config for GRPO with these tiny models on a CPU ([`TINY_GRPO_SETTINGS`], then `overrides`).
 
-    ``config_class`` is `FTISConfig` by default; TRL's `GRPOConfig` (or any subclass of it) gets the same settings.
-    This is the one source of the tiny CPU settings: the tests' ``make_args`` fixture, the quick demo and the CPU
+    `config_class` is `FTISConfig` by default; TRL's `GRPOConfig` (or any subclass of it) gets the same settings.
+    This is the one source of the tiny CPU settings: the tests' `make_args` fixture, the quick demo and the CPU
     benchmarks all start from it.
     """
     if config_class is None:
@@ -145,10 +145,10 @@ def supervised_warmup(
     dev_problems: Sequence[dict] | None = None,
     eval_every: int = 50,
 ) -> int:
-    """Teach ``model`` the task by next-token prediction on ``prompt + answer + <eos>`` (loss on the answer only,
-    :func:`~trl_ftis.demo.supervised.supervised_steps`), on ``batch_size`` problems drawn with ``seed`` a step.
+    """Teach `model` the task by next-token prediction on `prompt + answer + <eos>` (loss on the answer only,
+    [`trl_ftis.demo.supervised.supervised_steps`]), on `batch_size` problems drawn with `seed` a step.
 
-    Stops after ``steps`` steps, or earlier once greedy accuracy on ``dev_problems`` reaches ``target_accuracy``
+    Stops after `steps` steps, or earlier once greedy accuracy on `dev_problems` reaches `target_accuracy`
     (GRPO needs a non-zero starting reward, and a model that already solves the task leaves nothing to learn).
     Returns the number of steps taken.
     """

@@ -1,7 +1,7 @@
 """Exchange of sampled completions between peers: the wire format and the transports that carry it.
 
-:mod:`.wire` (standard library + numpy only) encodes and decodes :class:`Message` objects; the transports
-(``Transport``, ``Envelope``, ``open_transport``) are imported on first use, so the wire format works on its own
+[`.wire`] (standard library + numpy only) encodes and decodes [`Message`] objects; the transports
+(`Transport`, `Envelope`, `open_transport`) are imported on first use, so the wire format works on its own
 and importing this package stays cheap.
 """
 

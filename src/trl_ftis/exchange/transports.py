@@ -8,16 +8,16 @@ training run.
 
 Three transports, chosen by URL (`open_transport`):
 
-* ``dir:///abs/path`` or ``dir://relative/path``: a shared directory, the default. No server; works for peers on
+* `dir:///abs/path` or `dir://relative/path`: a shared directory, the default. No server; works for peers on
   one machine or on a shared file system, and the directory doubles as a recording of the run. Each message is
-  one file ``<round:010d>.<sender>.<uuid4 hex>.ftis``, written under a ``.tmp`` name then renamed (atomic).
-* ``redis://[[user]:password@]host:port/db`` and ``rediss://`` (TLS): Redis Streams, for peers on several
-  machines. One stream per swarm (key ``ftis:<swarm>``, option ``swarm`` or ``?swarm=NAME``), trimmed to about
-  ``max_stream_len`` entries so the server's memory stays bounded. Needs the ``redis`` package
-  (``pip install 'trl-ftis[redis]'``), imported only when such a URL is opened.
-* ``memory://NAME``: in-process and thread-safe, for unit tests.
+  one file `<round:010d>.<sender>.<uuid4 hex>.ftis`, written under a `.tmp` name then renamed (atomic).
+* `redis://[[user]:password@]host:port/db` and `rediss://` (TLS): Redis Streams, for peers on several
+  machines. One stream per swarm (key `ftis:<swarm>`, option `swarm` or `?swarm=NAME`), trimmed to about
+  `max_stream_len` entries so the server's memory stays bounded. Needs the `redis` package
+  (`pip install 'trl-ftis[redis]'`), imported only when such a URL is opened.
+* `memory://NAME`: in-process and thread-safe, for unit tests.
 
-Every ``poll`` returns each message once per transport instance, oldest first, including the instance's own
+Every `poll` returns each message once per transport instance, oldest first, including the instance's own
 messages: the receiver filters its own by sender after decoding (the transport's sender is only a claim).
 """
 
@@ -100,7 +100,7 @@ class Envelope:
 
 
 def validate_sender(sender: str) -> str:
-    """Return `sender` if it is a valid peer id (:func:`trl_ftis.rules.check_peer_id`), else raise ValueError.
+    """Return `sender` if it is a valid peer id ([`trl_ftis.rules.check_peer_id`]), else raise ValueError.
 
     Sender names end up in file names of a directory other peers read and in Redis keys, so the rule keeps out path
     separators, "..", control characters and over-long names.
@@ -154,7 +154,7 @@ class Transport(ABC):
         """Everything new since the last poll of this instance, oldest first, without blocking.
 
         At most `max_batch` envelopes per call (the rest come with the next call), so one poll's memory is
-        bounded by ``max_batch * max_message_bytes``.
+        bounded by `max_batch * max_message_bytes`.
         """
 
     @abstractmethod
@@ -167,7 +167,7 @@ class Transport(ABC):
 
     @abstractmethod
     def prune(self, *, sender: str, keep_rounds: int, current_round: int) -> None:
-        """Drop `sender`'s own messages of rounds older than ``current_round - keep_rounds`` (retention)."""
+        """Drop `sender`'s own messages of rounds older than `current_round - keep_rounds` (retention)."""
 
     def close(self) -> None:
         """Release resources. Idempotent; the transport cannot be used afterwards."""
@@ -506,11 +506,11 @@ def _int_hint(value) -> int | None:
 
 
 class RedisTransport(Transport):
-    """Redis Streams: one stream ``ftis:<swarm>``, XADD to publish, XREAD from the last seen id to poll.
+    """Redis Streams: one stream `ftis:<swarm>`, XADD to publish, XREAD from the last seen id to poll.
 
     A new instance starts reading at the beginning of the retained stream, so a peer that joins late sees the
     recent messages. The stream is trimmed at each XADD to about `max_stream_len` entries (approximate trimming
-    removes whole internal nodes, so it can exceed the bound by up to the server's ``stream-node-max-entries``,
+    removes whole internal nodes, so it can exceed the bound by up to the server's `stream-node-max-entries`,
     100 by default). Every call has a socket timeout; connection failures are retried with exponential backoff
     until `connect_timeout` seconds have passed, then raise TransportError. A publish that times out after it was
     sent is not retried (it may have arrived); one retried after a dropped connection may, rarely, arrive twice.
@@ -739,10 +739,10 @@ class RedisTransport(Transport):
 
 
 def open_transport(url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, **options) -> Transport:
-    """Open the transport named by `url`: ``dir://PATH``, ``memory://NAME``, ``redis://...`` or ``rediss://...``.
+    """Open the transport named by `url`: `dir://PATH`, `memory://NAME`, `redis://...` or `rediss://...`.
 
-    `options` go to the transport class (e.g. ``swarm``, ``max_stream_len``, ``connect_timeout`` for Redis,
-    ``poll_interval`` for a directory); unknown options raise TypeError.
+    `options` go to the transport class (e.g. `swarm`, `max_stream_len`, `connect_timeout` for Redis,
+    `poll_interval` for a directory); unknown options raise TypeError.
     """
     if not isinstance(url, str):
         raise TypeError(f"transport URL must be a string, got {type(url).__name__}")

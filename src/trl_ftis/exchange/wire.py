@@ -1,15 +1,15 @@
 """The wire format peers use to exchange sampled completions: versioned, typed, size-limited, optionally signed.
 
-A :class:`Message` is what one peer publishes for one training step: the prompts it sampled (as the dataset gave
+A [`Message`] is what one peer publishes for one training step: the prompts it sampled (as the dataset gave
 them, so every receiver renders them with its own chat template), and per completion the token ids, the
-generator's per-token log-probs and the rewards. :func:`encode_message` turns it into bytes, :func:`decode_message`
-turns bytes from an *untrusted* peer back into a validated :class:`Message`.
+generator's per-token log-probs and the rewards. [`encode_message`] turns it into bytes, [`decode_message`]
+turns bytes from an *untrusted* peer back into a validated [`Message`].
 
-Decoding never executes anything (no pickle, no ``torch.load``, no ``eval``): the small text parts are JSON, the
-numbers are raw little-endian arrays read with :func:`numpy.frombuffer`. Every declared size is checked against
-:class:`Limits` and against the actual byte count before anything is allocated, and every failure is an
-:class:`ExchangeError` with a short machine-readable ``reason``, so a receiver can skip and count a bad peer with
-one ``except`` clause. The byte layout is documented in ``docs/wire-format.md``.
+Decoding never executes anything (no pickle, no `torch.load`, no `eval`): the small text parts are JSON, the
+numbers are raw little-endian arrays read with [`numpy.frombuffer`]. Every declared size is checked against
+[`Limits`] and against the actual byte count before anything is allocated, and every failure is an
+[`ExchangeError`] with a short machine-readable `reason`, so a receiver can skip and count a bad peer with
+one `except` clause. The byte layout is documented in `docs/wire-format.md`.
 
 This module depends on the standard library and numpy only (no torch, no transformers).
 """
@@ -52,7 +52,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-"""Version of the layout below; a receiver rejects messages with a newer version (reason ``"version"``)."""
+"""Version of the layout below; a receiver rejects messages with a newer version (reason `"version"`)."""
 
 MAGIC = b"FTIS"
 # magic, schema version (u16), flags (u16), header length (u32), body length (u64); all little-endian.
@@ -65,7 +65,7 @@ FLAG_COMPACT = 1 << 1
 FLAG_COMPRESSED = 1 << 2
 _KNOWN_FLAGS = FLAG_SIGNED | FLAG_COMPACT | FLAG_COMPRESSED
 
-"""Largest accepted log-prob: a log-prob is <= 0, plus slack for fp32 rounding of ``log_softmax``."""
+"""Largest accepted log-prob: a log-prob is <= 0, plus slack for fp32 rounding of `log_softmax`."""
 
 COMPACT_LOGP_REL_ERROR = 2.0**-11
 """Compact mode sends log-probs as float16: round-to-nearest with a 10-bit mantissa, so the relative error of a
@@ -123,11 +123,11 @@ REASONS = frozenset(
 
 
 class ExchangeError(ValueError):
-    """The one exception :func:`decode_message` and :func:`peek_header` raise for bad input.
+    """The one exception [`decode_message`] and [`peek_header`] raise for bad input.
 
-    ``reason`` is a short machine code (one of :data:`REASONS`), meant for counters such as
-    ``skipped_messages[reason] += 1``; the message says what was wrong and names the sender when it is known.
-    It subclasses :class:`ValueError`, which is also what :func:`encode_message` raises for a bad :class:`Message`.
+    `reason` is a short machine code (one of [`REASONS`]), meant for counters such as
+    `skipped_messages[reason] += 1`; the message says what was wrong and names the sender when it is known.
+    It subclasses [`ValueError`], which is also what [`encode_message`] raises for a bad [`Message`].
     """
 
     def __init__(self, reason: str, message: str):
@@ -143,7 +143,7 @@ class ExchangeError(ValueError):
 class Limits:
     """Upper bounds a receiver enforces; each is checked before the memory it guards is allocated.
 
-    ``max_message_bytes`` bounds the bytes on the wire *and* the body after decompression.
+    `max_message_bytes` bounds the bytes on the wire *and* the body after decompression.
     """
 
     max_message_bytes: int = 256 * 2**20
@@ -156,12 +156,12 @@ class Limits:
 
 @dataclass
 class WireGroup:
-    """One prompt; several completions may point at it (``WireCompletion.group``)."""
+    """One prompt; several completions may point at it (`WireCompletion.group`)."""
 
     prompt: Any
     """A string, or a list of chat messages: dicts with string keys and string (or null) values."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """The dataset row's other JSON-able columns, e.g. ``{"answer": "47"}`` (reward functions may read them)."""
+    """The dataset row's other JSON-able columns, e.g. `{"answer": "47"}` (reward functions may read them)."""
 
 
 @dataclass(eq=False)  # eq=False: comparing numpy arrays with == is elementwise, a generated __eq__ would raise
@@ -169,16 +169,16 @@ class WireCompletion:
     """One sampled completion."""
 
     group: int
-    """Index into :attr:`Message.groups`."""
+    """Index into [`Message.groups`]."""
     completion_ids: np.ndarray
-    """Token ids, int32 or int64, shape ``(L,)`` with ``L >= 1``; decoded messages hold int32."""
+    """Token ids, int32 or int64, shape `(L,)` with `L >= 1`; decoded messages hold int32."""
     generator_logps: np.ndarray
-    """The generator's full-softmax log-prob of each token at the shared temperature: float32, ``(L,)``, finite,
-    ``<= 0`` (up to :data:`MAX_LOGP` of rounding slack)."""
+    """The generator's full-softmax log-prob of each token at the shared temperature: float32, `(L,)`, finite,
+    `<= 0` (up to [`MAX_LOGP`] of rounding slack)."""
     reward: float
     """Total reward, finite; it travels as float32."""
     rewards_per_func: np.ndarray
-    """float32, shape ``(K,)`` with ``K = len(Message.reward_names)``; NaN where a reward function returned None."""
+    """float32, shape `(K,)` with `K = len(Message.reward_names)`; NaN where a reward function returned None."""
 
 
 @dataclass(eq=False)
@@ -186,15 +186,15 @@ class Message:
     """Everything one peer shares for one training step."""
 
     sender: str
-    """Peer id, by the rule of :func:`trl_ftis.rules.peer_id_problem` (transports use it in file names and keys)."""
+    """Peer id, by the rule of [`trl_ftis.rules.peer_id_problem`] (transports use it in file names and keys)."""
     round: int
-    """The sender's training step, ``>= 0``."""
+    """The sender's training step, `>= 0`."""
     tokenizer_fingerprint: str
-    """Hex SHA-256 from :func:`tokenizer_fingerprint`; receivers compare it with their own."""
+    """Hex SHA-256 from [`tokenizer_fingerprint`]; receivers compare it with their own."""
     tokenizer_name: str
-    """Human-readable name of the tokenizer (e.g. its ``name_or_path``), only for error messages."""
+    """Human-readable name of the tokenizer (e.g. its `name_or_path`), only for error messages."""
     temperature: float
-    """Sampling temperature of the generator log-probs, ``> 0``."""
+    """Sampling temperature of the generator log-probs, `> 0`."""
     reward_names: list[str]
     groups: list[WireGroup]
     completions: list[WireCompletion]
@@ -203,7 +203,7 @@ class Message:
     model: str = ""
     """The sender's model (name or path), for logs, summaries and model cards; optional (empty: not sent)."""
     compact: bool = False
-    """How the message was (or is to be) encoded; :func:`decode_message` sets it."""
+    """How the message was (or is to be) encoded; [`decode_message`] sets it."""
 
     def num_tokens(self) -> int:
         """Total number of completion tokens."""
@@ -237,7 +237,7 @@ def _is_number(value: Any) -> bool:
 
 
 def _finite_float(value: Any) -> float | None:
-    """``value`` as a finite float, or None when it is not a number, not finite, or an int too large for a float
+    """`value` as a finite float, or None when it is not a number, not finite, or an int too large for a float
     (JSON allows 10**400, on which math.isfinite raises OverflowError)."""
     if not _is_number(value):
         return None
@@ -566,14 +566,14 @@ def encode_message(
     compress: bool | None = None,
     limits: Limits = Limits(),
 ) -> bytes:
-    """The bytes of ``message`` (layout: ``docs/wire-format.md``).
+    """The bytes of `message` (layout: `docs/wire-format.md`).
 
     Args:
-        message: what to send. It is validated with the checks a receiver runs (raises :class:`ExchangeError`, a
-            :class:`ValueError`, naming the problem), and numpy values in prompts/extra become plain JSON.
+        message: what to send. It is validated with the checks a receiver runs (raises [`ExchangeError`], a
+            [`ValueError`], naming the problem), and numpy values in prompts/extra become plain JSON.
         secret: the swarm secret (bytes, or str as UTF-8); when set, an HMAC-SHA256 signature is appended.
         compact: ids as uint16 (when every id < 65536, else int32) and log-probs as float16 (relative error
-            <= :data:`COMPACT_LOGP_REL_ERROR`). Default: ``message.compact``. Exact mode (``False``) sends int32 ids
+            <= [`COMPACT_LOGP_REL_ERROR`]). Default: `message.compact`. Exact mode (`False`) sends int32 ids
             and float32 log-probs, exactly 8 bytes per completion token.
         compress: zlib-compress the body; default: on in compact mode, off in exact mode.
         limits: the encoder refuses messages a receiver with these limits would reject.
@@ -766,7 +766,7 @@ def _parse_header(frame: _Frame, limits: Limits) -> _Header:
 
 
 def _inflate(payload: memoryview, expected: int, sender: str) -> bytes:
-    """zlib-decompresses at most ``expected`` bytes (+1 to detect more): a zip bomb never gets its memory."""
+    """zlib-decompresses at most `expected` bytes (+1 to detect more): a zip bomb never gets its memory."""
     inflater = zlib.decompressobj()
     try:
         out = inflater.decompress(payload, expected + 1)  # max_length 0 would mean "unlimited"; +1 avoids it
@@ -790,14 +790,14 @@ def decode_message(
     vocab_limit: int | None = None,
     limits: Limits = Limits(),
 ) -> Message:
-    """Validates and decodes bytes from a peer; raises :class:`ExchangeError` (and nothing else) for bad input.
+    """Validates and decodes bytes from a peer; raises [`ExchangeError`] (and nothing else) for bad input.
 
     Args:
         data: the message (bytes, bytearray or memoryview).
-        secret: the swarm secret. When set, the message must be signed (else reason ``"unsigned"``) with this
-            secret (else ``"signature"``); the HMAC is verified before the header or the arrays are parsed.
+        secret: the swarm secret. When set, the message must be signed (else reason `"unsigned"`) with this
+            secret (else `"signature"`); the HMAC is verified before the header or the arrays are parsed.
             Without a secret, signed and unsigned messages are both accepted and the signature is not checked.
-        vocab_limit: when given, every token id must be in ``[0, vocab_limit)`` (reason ``"ids"``); pass the
+        vocab_limit: when given, every token id must be in `[0, vocab_limit)` (reason `"ids"`); pass the
             receiver's embedding size.
         limits: size limits, each checked before the memory it guards is allocated.
 
@@ -882,9 +882,9 @@ def decode_message(
 def peek_header(data: bytes, *, limits: Limits = Limits()) -> dict:
     """The header's small fields, WITHOUT verifying the signature or reading the arrays: for cheap staleness checks.
 
-    ``data`` may be the whole message or just its first ``PREAMBLE_SIZE + header_length`` bytes. The values are
-    *unauthenticated*: use them only to skip a message early, never to trust one (run :func:`decode_message` with
-    the secret for that). Raises :class:`ExchangeError` like :func:`decode_message`.
+    `data` may be the whole message or just its first `PREAMBLE_SIZE + header_length` bytes. The values are
+    *unauthenticated*: use them only to skip a message early, never to trust one (run [`decode_message`] with
+    the secret for that). Raises [`ExchangeError`] like [`decode_message`].
 
     Returns a dict with ``schema_version, signed, compact, compressed, sender, round, created,
     tokenizer_fingerprint, tokenizer_name, temperature, reward_names, num_groups, num_completions, num_tokens,
@@ -926,12 +926,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
     """Hex SHA-256 identifying what token ids mean: peers may exchange ids only when their fingerprints match.
 
     Covers the full vocabulary (token -> id, sorted), the special tokens with their roles and ids, which added
-    tokens are special, and ``len(tokenizer)``. It is identical for two loads of the same tokenizer and changes if
+    tokens are special, and `len(tokenizer)`. It is identical for two loads of the same tokenizer and changes if
     any id, token or special token differs. The chat template is deliberately left out: each peer renders
     prompts with its own template, and that does not change what an id means.
 
-    ``tokenizer`` is any object with ``get_vocab()``, ``__len__`` and (optionally) ``special_tokens_map``,
-    ``all_special_tokens``, ``added_tokens_decoder`` and ``convert_tokens_to_ids``, e.g. a transformers tokenizer.
+    `tokenizer` is any object with `get_vocab()`, `__len__` and (optionally) `special_tokens_map`,
+    `all_special_tokens`, `added_tokens_decoder` and `convert_tokens_to_ids`, e.g. a transformers tokenizer.
     """
     convert = getattr(tokenizer, "convert_tokens_to_ids", None)
 

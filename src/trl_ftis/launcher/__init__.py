@@ -7,7 +7,7 @@ cannot hang the others in a collective.
 
 The package, one concern per module (each step can be used and tested alone):
 
-* `schema`: the YAML schema (documented in ``docs/swarm-launcher.md``) and its validation. `load_swarm_config`
+* `schema`: the YAML schema (documented in `docs/swarm-launcher.md`) and its validation. `load_swarm_config`
   returns a `SwarmConfig`; every problem is reported at once, naming the peer and the key, before anything starts.
 * `commands`: `build_commands(config)` turns it into one `PeerCommand` (argv + environment additions) per peer;
   nothing starts. Also `check_files`, `dry_run` and the redaction of secrets for display (`redact_env`,
@@ -19,7 +19,7 @@ The package, one concern per module (each step can be used and tested alone):
 The rules shared with the rest of trl-ftis (peer ids, exchange URL schemes, redaction, environment variable and file
 names) come from `trl_ftis.rules`. Only the standard library and PyYAML are imported here, so
 `trl-ftis swarm --dry-run` stays fast. `__all__` is the package's API, re-exported from the modules (`redact_text`
-from `trl_ftis.rules`); the ``X as X`` imports keep the constants that the package exported before it was split.
+from `trl_ftis.rules`); the `X as X` imports keep the constants that the package exported before it was split.
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def _render_value(value: Any) -> str:
 
 
 def render_args(args: Mapping[str, Any]) -> list[str]:
-    """``{"lr": 0.1, "use_peft": True, "report_to": ["wandb", "none"], "x": None}`` ->
-    ``["--lr", "0.1", "--use_peft", "true", "--report_to", "wandb", "none"]`` (None is omitted)."""
+    """`{"lr": 0.1, "use_peft": True, "report_to": ["wandb", "none"], "x": None}` ->
+    `["--lr", "0.1", "--use_peft", "true", "--report_to", "wandb", "none"]` (None is omitted)."""
     out: list[str] = []
     for key, value in args.items():
         if value is None:
@@ -105,10 +105,10 @@ def _free_port(taken: set[int]) -> int:
 def build_commands(config: SwarmConfig) -> list[PeerCommand]:
     """One `PeerCommand` per peer, in config order. Starts nothing and writes nothing.
 
-    Each command is ``sys.executable SCRIPT`` (launcher python) or ``sys.executable -m accelerate.commands.launch
+    Each command is `sys.executable SCRIPT` (launcher python) or ``sys.executable -m accelerate.commands.launch
     [--config_file F] [--num_processes N] --main_process_port PORT SCRIPT`` (launcher accelerate; every accelerate
     peer gets a different free port so that no two peers ever join one process group), followed by
-    ``--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID`` and the peer's args.
+    `--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID` and the peer's args.
     """
     ports: set[int] = set()
     swarm_name = config.run_dir.name  # runs/<config file stem> by default
@@ -191,7 +191,7 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """`argv` with URL passwords and the values of secret-named options (``--hub_token X``) replaced."""
+    """`argv` with URL passwords and the values of secret-named options (`--hub_token X`) replaced."""
     out = []
     hide_next = False
     for item in argv:
@@ -209,7 +209,7 @@ def _shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
 
 
 def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | None = None) -> str:
-    """Human-readable commands for ``--dry-run``: secrets redacted, the rest copy-pasteable."""
+    """Human-readable commands for `--dry-run`: secrets redacted, the rest copy-pasteable."""
     environ = os.environ if environ is None else environ
     passed = sorted(k for k in environ if _is_secret_name(k) and k not in (c for cmd in commands for c in cmd.env))
     lines = []

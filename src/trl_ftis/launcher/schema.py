@@ -1,4 +1,4 @@
-"""The swarm config: its YAML schema (documented in ``docs/swarm-launcher.md``) and its validation.
+"""The swarm config: its YAML schema (documented in `docs/swarm-launcher.md`) and its validation.
 
 `load_swarm_config(path_or_dict)` returns a `SwarmConfig` of `PeerConfig`s, or raises `SwarmConfigError` listing every
 problem at once, each naming the peer and the key, before anything starts. The rules shared with the rest of trl-ftis
@@ -237,12 +237,12 @@ def _resolve_path(value: Any, key: str, where: str, problems: _Problems) -> Path
 
 
 def dir_exchange_url(path: str | os.PathLike) -> str:
-    """The ``dir://`` exchange URL of the directory `path` (``dir:///abs/path`` for an absolute one)."""
+    """The `dir://` exchange URL of the directory `path` (`dir:///abs/path` for an absolute one)."""
     return f"{_DIR_PREFIX}{os.fspath(path)}"
 
 
 def exchange_dir(url: str) -> str | None:
-    """The directory of a ``dir://`` exchange URL as `load_swarm_config` writes it (lower-case scheme); `None` for
+    """The directory of a `dir://` exchange URL as `load_swarm_config` writes it (lower-case scheme); `None` for
     any other scheme."""
     return url[len(_DIR_PREFIX) :] if url.startswith(_DIR_PREFIX) else None
 
@@ -308,9 +308,9 @@ def load_swarm_config(
 ) -> SwarmConfig:
     """Read and validate a swarm config (a YAML file or an already-parsed mapping).
 
-    `run_dir` (the CLI's ``--run-dir``) wins over the config's ``run_dir``; the default is ``runs/<config file
-    stem>`` (``runs/swarm`` for a mapping). Relative paths (``script``, ``accelerate_config``, ``run_dir`` and a
-    relative ``dir://`` exchange) are made absolute against the current directory.
+    `run_dir` (the CLI's `--run-dir`) wins over the config's `run_dir`; the default is ``runs/<config file
+    stem>` (`runs/swarm` for a mapping). Relative paths (`script`, `accelerate_config`, `run_dir`` and a
+    relative `dir://` exchange) are made absolute against the current directory.
 
     Raises `SwarmConfigError` listing every problem, each naming the peer and the key.
     """

@@ -1,7 +1,7 @@
 """The end-of-run summary: each peer's own summary file (`trl_ftis.rules.SUMMARY_FILE`, written by the trainer into
 its output directory), one row per peer, and the table `run_swarm` prints.
 
-Reading a peer's file never raises: a missing, unreadable, malformed or stale file shows ``-`` with a note.
+Reading a peer's file never raises: a missing, unreadable, malformed or stale file shows `-` with a note.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ one fails or on a signal, and writes the summary.
 
 `Supervisor` runs one swarm: each peer in its own session and process group, a reader thread per peer (console and
 log) and a waiter thread per peer (its exit code). `_ProcessTracker` finds every process the peers started, through
-their process groups and, on Linux, ``/proc`` (descendants that left the group, even once orphaned), so that none
+their process groups and, on Linux, `/proc` (descendants that left the group, even once orphaned), so that none
 outlives the launcher; `_die_with_parent` makes the peers' main processes follow a launcher killed with SIGKILL.
 
 (`Supervisor` is not `trl_ftis.swarm.Swarm`, the round client each peer's trainer uses to exchange samples.)
@@ -433,9 +433,9 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
     seconds to exit, then SIGKILL. A second Ctrl-C skips the rest of the grace period. The same clean-up runs when
     all peers succeeded, for anything they left running, so no process started by the swarm outlives this call.
 
-    Console lines are written to `stream` (default: sys.stdout) prefixed with ``[<id>]``; each peer's raw output
-    goes to ``<run_dir>/logs/<id>.log``, its command and environment (secrets redacted) to ``<id>.cmd``, and the
-    summary table to ``<run_dir>/summary.json``. Signal handlers are installed only when called from the main thread.
+    Console lines are written to `stream` (default: sys.stdout) prefixed with `[<id>]`; each peer's raw output
+    goes to `<run_dir>/logs/<id>.log`, its command and environment (secrets redacted) to `<id>.cmd`, and the
+    summary table to `<run_dir>/summary.json`. Signal handlers are installed only when called from the main thread.
 
     Raises `SwarmConfigError` before anything starts when a script or accelerate config file is missing.
     """

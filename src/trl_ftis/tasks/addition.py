@@ -1,7 +1,7 @@
-"""The addition task: ``"23+48="`` -> ``"71"``, a verifiable task that the tiny models of :mod:`trl_ftis.demo.tiny`
+"""The addition task: `"23+48="` -> `"71"`, a verifiable task that the tiny models of [`trl_ftis.demo.tiny`]
 learn on a 2-core CPU in under a minute (tests, the quick demo, the CPU benchmarks).
 
-A fixed tenth of all problems (:func:`in_test_split`) is held out whatever the seed, so every peer and every seed is
+A fixed tenth of all problems ([`in_test_split`]) is held out whatever the seed, so every peer and every seed is
 evaluated on problems no training stream contains.
 """
 
@@ -25,10 +25,10 @@ def in_test_split(prompt: str) -> bool:
 def addition_problems(
     n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
 ) -> list[dict]:
-    """``n`` distinct problems ``{"prompt": "23+48=", "answer": "71"}`` drawn with ``seed``.
+    """`n` distinct problems `{"prompt": "23+48=", "answer": "71"}` drawn with `seed`.
 
-    Prompts in ``exclude`` are skipped. ``split="train"`` or ``"test"`` draws only from that side of the fixed
-    split of :func:`in_test_split` (about 810 test problems with 2 digits), so every peer and every seed is
+    Prompts in `exclude` are skipped. `split="train"` or `"test"` draws only from that side of the fixed
+    split of [`in_test_split`] (about 810 test problems with 2 digits), so every peer and every seed is
     evaluated on problems no training stream contains.
     """
     if split not in (None, "train", "test"):
@@ -55,7 +55,7 @@ def addition_problems(
 def addition_dataset(
     n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
 ) -> Dataset:
-    """:func:`addition_problems` as a `datasets.Dataset` with columns ``prompt`` and ``answer``."""
+    """[`addition_problems`] as a `datasets.Dataset` with columns `prompt` and `answer`."""
     return Dataset.from_list(addition_problems(n, seed=seed, digits=digits, exclude=exclude, split=split))
 
 
@@ -70,7 +70,7 @@ def exact_answer_reward(completions: Sequence, answer: Sequence[str], **kwargs) 
 
 def digit_match_reward(completions: Sequence, answer: Sequence[str], **kwargs) -> list[float]:
     """A dense reward for tests: the fraction of answer characters the completion gets right, position by position,
-    minus 0.1 per extra character. Unlike :func:`exact_answer_reward` it varies even for an untrained model."""
+    minus 0.1 per extra character. Unlike [`exact_answer_reward`] it varies even for an untrained model."""
     rewards = []
     for completion, expected in zip(completions, answer, strict=True):
         text = (completion[-1]["content"] if isinstance(completion, list) else completion).strip()
@@ -88,7 +88,7 @@ def greedy_accuracy(
     max_new_tokens: int = 6,
     batch_size: int = 256,
 ) -> float:
-    """Fraction of ``problems`` whose greedy completion equals the answer exactly (then EOS)."""
+    """Fraction of `problems` whose greedy completion equals the answer exactly (then EOS)."""
     completions = generate_completions(
         model,
         tokenizer,

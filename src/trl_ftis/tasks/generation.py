@@ -1,10 +1,10 @@
-"""The one generation loop of the tasks' evaluations: batched, left-padded ``model.generate`` without gradients, each
+"""The one generation loop of the tasks' evaluations: batched, left-padded `model.generate` without gradients, each
 completion cut at its first stop token.
 
-:func:`~trl_ftis.tasks.addition.greedy_accuracy`, :func:`~trl_ftis.tasks.word_problems.evaluate_problems` and
-:func:`~trl_ftis.tasks.math_problems.evaluate_math` all generate through :func:`generate_completions` and differ only
+[`trl_ftis.tasks.addition.greedy_accuracy`], [`trl_ftis.tasks.word_problems.evaluate_problems`] and
+[`trl_ftis.tasks.math_problems.evaluate_math`] all generate through [`generate_completions`] and differ only
 in how they render prompts, which tokens stop a completion and how they score it. (Not to be confused with
-:mod:`trl_ftis.generation`, the trainer's record of generator log-probs.)
+[`trl_ftis.generation`], the trainer's record of generator log-probs.)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Completion(NamedTuple):
     text: str
     #: Tokens generated, the stop token included.
     n_tokens: int
-    #: True when no stop token came (the completion ran into ``max_new_tokens``).
+    #: True when no stop token came (the completion ran into `max_new_tokens`).
     truncated: bool
 
 
@@ -38,7 +38,7 @@ def default_stop_ids(tokenizer, model=None) -> list[int]:
 
 def stop_token_ids(tokenizer, model=None) -> list[int]:
     """Token ids that end a completion: the tokenizer's EOS, the model's generation-config EOS ids and the chat
-    template's end-of-turn token (e.g. Qwen's ``<|im_end|>``, which base models do not list as EOS: without it a
+    template's end-of-turn token (e.g. Qwen's `<|im_end|>`, which base models do not list as EOS: without it a
     greedy completion runs on into a new turn and fails the strict format)."""
     ids = default_stop_ids(tokenizer, model)
     end_of_turn = _end_of_turn_token_id(tokenizer)
@@ -93,19 +93,19 @@ def generate_completions(
 ) -> list[Completion]:
     """Generate for every prompt and cut each completion at its first stop token.
 
-    ``prompts`` are texts (tokenized as they are, without special tokens) or conversations (rendered with the chat
-    template, :func:`render_prompt`). They go through ``model.generate`` in batches of ``batch_size``, left-padded,
+    `prompts` are texts (tokenized as they are, without special tokens) or conversations (rendered with the chat
+    template, [`render_prompt`]). They go through `model.generate` in batches of `batch_size`, left-padded,
     in eval mode and without gradients; the model's train mode and the tokenizer's padding side are restored
-    afterwards, even on an error. ``stop_ids`` end a completion (default :func:`default_stop_ids`); any
-    generation setting not given here comes from ``model.generation_config``.
+    afterwards, even on an error. `stop_ids` end a completion (default [`default_stop_ids`]); any
+    generation setting not given here comes from `model.generation_config`.
 
-    Greedy by default. ``do_sample=True`` draws ``num_samples`` completions a prompt with ``temperature``,
-    ``top_p`` and ``top_k`` (0: off). ``seed``, if given, seeds torch's RNG for the call inside
-    ``torch.random.fork_rng`` (the global RNG state is left as it was). ``sort_by_length`` batches the prompts
+    Greedy by default. `do_sample=True` draws `num_samples` completions a prompt with `temperature`,
+    `top_p` and `top_k` (0: off). `seed`, if given, seeds torch's RNG for the call inside
+    `torch.random.fork_rng` (the global RNG state is left as it was). `sort_by_length` batches the prompts
     longest first (less padding); the results are in prompt order either way.
 
-    Returns one :class:`Completion` ``(text, n_tokens, truncated)`` a prompt, or with ``num_samples > 1`` the
-    ``num_samples`` completions of each prompt one after another.
+    Returns one [`Completion`] `(text, n_tokens, truncated)` a prompt, or with `num_samples > 1` the
+    `num_samples` completions of each prompt one after another.
     """
     import contextlib
 

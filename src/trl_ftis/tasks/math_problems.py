@@ -1,17 +1,17 @@
 """The paper's task: GSM8K (train, in-distribution test) and MATH-500 (out-of-distribution test) with an R1-Zero prompt.
 
-The prompt (:func:`r1_prompt`) is DeepSeek R1-Zero's system message, which asks for the reasoning inside
-``<think> </think>`` and the answer inside ``<answer> </answer>``, followed by the question. Two scores:
+The prompt ([`r1_prompt`]) is DeepSeek R1-Zero's system message, which asks for the reasoning inside
+`<think> </think>` and the answer inside `<answer> </answer>`, followed by the question. Two scores:
 
-* **strict** (the paper's training reward, :func:`strict_reward`): 1 only if the completion is exactly one think block
-  followed by exactly one answer block and nothing else (:func:`strict_answer`), and the answer verifies against the
-  gold answer with ``math-verify`` (:func:`answers_match`);
-* **answer-only** (:func:`answer_reward`): the answer is taken leniently (:func:`lenient_answer`: the answer block,
-  else the last ``\\boxed{}``, else the last number) and must verify; the format does not matter.
+* **strict** (the paper's training reward, [`strict_reward`]): 1 only if the completion is exactly one think block
+  followed by exactly one answer block and nothing else ([`strict_answer`]), and the answer verifies against the
+  gold answer with `math-verify` ([`answers_match`]);
+* **answer-only** ([`answer_reward`]): the answer is taken leniently ([`lenient_answer`]: the answer block,
+  else the last `\\boxed{}`, else the last number) and must verify; the format does not matter.
 
-Datasets (:func:`load_math_dataset`) get the columns ``prompt`` (the conversation), ``solution`` (the gold answer, the
-column TRL passes to the reward functions) and ``question``. :func:`evaluate_math` measures greedy pass@1 with both
-scores. ``math-verify`` is optional: ``pip install 'trl-ftis[math]'``.
+Datasets ([`load_math_dataset`]) get the columns `prompt` (the conversation), `solution` (the gold answer, the
+column TRL passes to the reward functions) and `question`. [`evaluate_math`] measures greedy pass@1 with both
+scores. `math-verify` is optional: `pip install 'trl-ftis[math]'`.
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ MATH_VERIFY_TIMEOUT_SECONDS = 5
 
 
 def r1_prompt(question: str, system_prompt: str | None = R1_ZERO_SYSTEM_PROMPT) -> list[dict]:
-    """The conversational prompt: the system message (omitted when ``system_prompt`` is empty or None) and the
-    user's ``question``."""
+    """The conversational prompt: the system message (omitted when `system_prompt` is empty or None) and the
+    user's `question`."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": question})
     return messages
@@ -86,9 +86,9 @@ _GSM8K_NUMBER = re.compile(r"-?\d*\.?\d+")
 
 
 def gsm8k_gold_answer(answer_text: str) -> str:
-    """The gold answer of a GSM8K solution: the number after ``####``, without commas and ``$``.
+    """The gold answer of a GSM8K solution: the number after `####`, without commas and `$`.
 
-    ``"... so 72 in all.\\n#### 1,234"`` -> ``"1234"``. Raises ValueError naming the text if there is no ``####`` or
+    `"... so 72 in all.\\n#### 1,234"` -> `"1234"`. Raises ValueError naming the text if there is no `####` or
     no number after it.
     """
     if not isinstance(answer_text, str) or "####" not in answer_text:
@@ -110,14 +110,14 @@ def load_math_dataset(
     system_prompt: str | None = R1_ZERO_SYSTEM_PROMPT,
     limit: int | None = None,
 ):
-    """GSM8K or MATH-500 as a `datasets.Dataset` with the columns ``prompt`` (an R1-style conversation),
-    ``solution`` (the gold answer) and ``question``.
+    """GSM8K or MATH-500 as a `datasets.Dataset` with the columns `prompt` (an R1-style conversation),
+    `solution` (the gold answer) and `question`.
 
-    ``path`` reads a local JSONL file instead of the Hub: GSM8K rows need ``question`` and ``answer`` (a solution
-    ending in ``#### <number>``), MATH-500 rows ``problem`` and ``answer`` (the final answer, LaTeX). Otherwise
-    ``datasets.load_dataset(name, config, split=split)`` with the defaults of :data:`DEFAULT_DATASETS` (GSM8K:
-    ``openai/gsm8k``, config ``main``, split ``train``; MATH-500: ``HuggingFaceH4/MATH-500``, split ``test``; a
-    ``config`` given with the default ``name`` replaces the default config). ``limit`` keeps the first rows.
+    `path` reads a local JSONL file instead of the Hub: GSM8K rows need `question` and `answer` (a solution
+    ending in `#### <number>`), MATH-500 rows `problem` and `answer` (the final answer, LaTeX). Otherwise
+    `datasets.load_dataset(name, config, split=split)` with the defaults of [`DEFAULT_DATASETS`] (GSM8K:
+    `openai/gsm8k`, config `main`, split `train`; MATH-500: `HuggingFaceH4/MATH-500`, split `test`; a
+    `config` given with the default `name` replaces the default config). `limit` keeps the first rows.
     """
     if kind not in DEFAULT_DATASETS:
         raise ValueError(f"kind must be one of {', '.join(DEFAULT_DATASETS)}, got {kind!r}.")
@@ -183,7 +183,7 @@ def _features():
 
 
 def _read_jsonl(path: str | Path, limit: int | None):
-    """Yields ``("file:line", row)`` for the first ``limit`` non-blank lines of a JSONL file of objects."""
+    """Yields `("file:line", row)` for the first `limit` non-blank lines of a JSONL file of objects."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"Dataset file not found: {path}")
@@ -242,9 +242,9 @@ _TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 def strict_answer(text: Any) -> str | None:
     """The stripped content of the answer block if the completion has the exact R1 format, else None.
 
-    Exact format: optional whitespace, one ``<think>...</think>``, only whitespace, one ``<answer>...</answer>``,
-    then only whitespace. A second block of either kind, text before ``<think>``, between the blocks or after
-    ``</answer>``, or the blocks in the other order all give None. Accepts a string or a conversational completion.
+    Exact format: optional whitespace, one `<think>...</think>`, only whitespace, one `<answer>...</answer>`,
+    then only whitespace. A second block of either kind, text before `<think>`, between the blocks or after
+    `</answer>`, or the blocks in the other order all give None. Accepts a string or a conversational completion.
     """
     text = _completion_text(text)
     if any(text.count(tag) != 1 for tag in _TAGS):
@@ -265,8 +265,8 @@ _NUMBER = re.compile(r"(?<![\d.])-?\d+(?:,\d{3})*(?:\.\d+)?")
 
 
 def lenient_answer(text: Any) -> str | None:
-    """The answer for answer-only scoring: the content of the last non-empty ``<answer>`` block, else of the last
-    ``\\boxed{}``, else the last number in the text; None if there is none of these."""
+    """The answer for answer-only scoring: the content of the last non-empty `<answer>` block, else of the last
+    `\\boxed{}`, else the last number in the text; None if there is none of these."""
     text = _completion_text(text)
     for block in reversed(_ANSWER_BLOCK.findall(text)):
         if block.strip():
@@ -279,7 +279,7 @@ def lenient_answer(text: Any) -> str | None:
 
 
 def _last_boxed_content(text: str) -> str | None:
-    """The content of the last ``\\boxed{...}`` (nested braces allowed), None if there is none or it is unclosed."""
+    """The content of the last `\\boxed{...}` (nested braces allowed), None if there is none or it is unclosed."""
     start = text.rfind("\\boxed{")
     if start < 0:
         return None
@@ -313,9 +313,9 @@ _LATEX_DELIMITERS = ("$", "\\(", "\\[", "\\boxed")
 
 
 def _for_parsing(text: str) -> str:
-    """The text math-verify should parse: LaTeX (backslashes) or bare math (no letters) is put between ``$``, so
+    """The text math-verify should parse: LaTeX (backslashes) or bare math (no letters) is put between `$`, so
     that it is read as one expression ("2\\sqrt{2}" is not just "2", "3, 5" is a set); words ("72 dollars") are left
-    for its plain-text extraction; already delimited LaTeX is left alone. An escaped ``\\$`` is currency: dropped."""
+    for its plain-text extraction; already delimited LaTeX is left alone. An escaped `\\$` is currency: dropped."""
     text = text.replace("\\$", "").strip()
     if any(delimiter in text for delimiter in _LATEX_DELIMITERS):
         return text
@@ -341,10 +341,10 @@ def _parse_gold(gold: str, timeout: int | None):
 
 
 def answers_match(predicted: str | None, gold: str) -> bool:
-    """Whether ``predicted`` verifies against ``gold`` with math-verify (numbers, fractions, LaTeX, sets, ...).
+    """Whether `predicted` verifies against `gold` with math-verify (numbers, fractions, LaTeX, sets, ...).
 
-    ``"1,234"``, ``"\\boxed{1234}"``, ``"$1234$"`` and ``"1234.0"`` all match the gold ``"1234"``; ``"0.5"`` matches
-    ``"\\frac{1}{2}"``. Never raises on a bad prediction (unparsable, too long, timed out: False). Raises ImportError
+    `"1,234"`, `"\\boxed{1234}"`, `"$1234$"` and `"1234.0"` all match the gold `"1234"`; `"0.5"` matches
+    `"\\frac{1}{2}"`. Never raises on a bad prediction (unparsable, too long, timed out: False). Raises ImportError
     if math-verify is not installed.
     """
     math_verify = _math_verify()
@@ -373,8 +373,8 @@ def answers_match(predicted: str | None, gold: str) -> bool:
 
 
 def strict_reward(completions: Sequence, solution: Sequence[str], **kwargs) -> list[float]:
-    """The paper's reward: 1.0 if the completion has the exact think/answer format (:func:`strict_answer`) and its
-    answer verifies against ``solution`` (:func:`answers_match`), else 0.0."""
+    """The paper's reward: 1.0 if the completion has the exact think/answer format ([`strict_answer`]) and its
+    answer verifies against `solution` ([`answers_match`]), else 0.0."""
     return [
         1.0 if answers_match(strict_answer(completion), gold) else 0.0
         for completion, gold in zip(completions, solution, strict=True)
@@ -382,8 +382,8 @@ def strict_reward(completions: Sequence, solution: Sequence[str], **kwargs) -> l
 
 
 def answer_reward(completions: Sequence, solution: Sequence[str], **kwargs) -> list[float]:
-    """Answer-only reward: 1.0 if the leniently extracted answer (:func:`lenient_answer`) verifies against
-    ``solution``, whatever the format, else 0.0."""
+    """Answer-only reward: 1.0 if the leniently extracted answer ([`lenient_answer`]) verifies against
+    `solution`, whatever the format, else 0.0."""
     return [
         1.0 if answers_match(lenient_answer(completion), gold) else 0.0
         for completion, gold in zip(completions, solution, strict=True)
@@ -406,14 +406,14 @@ def evaluate_math(
     batch_size: int = 16,
     max_new_tokens: int = 1024,
 ) -> dict:
-    """Greedy pass@1 on ``dataset`` (rows with ``prompt`` and ``solution``, e.g. from :func:`load_math_dataset`).
+    """Greedy pass@1 on `dataset` (rows with `prompt` and `solution`, e.g. from [`load_math_dataset`]).
 
-    Prompts go through the tokenizer's chat template, in left-padded batches of ``batch_size`` (sorted by length,
-    results in dataset order). A completion ends at a stop token (:func:`stop_token_ids`) or after
-    ``max_new_tokens``. Returns ``{"n", "strict_accuracy", "answer_accuracy", "format_rate", "truncated_rate",
-    "mean_completion_tokens", "records"}``, where ``records`` holds one dict a question (``question``,
-    ``solution``, ``completion``, ``strict_answer``, ``lenient_answer``, ``strict_correct``, ``answer_correct``,
-    ``completion_tokens``, ``truncated``).
+    Prompts go through the tokenizer's chat template, in left-padded batches of `batch_size` (sorted by length,
+    results in dataset order). A completion ends at a stop token ([`stop_token_ids`]) or after
+    `max_new_tokens`. Returns ``{"n", "strict_accuracy", "answer_accuracy", "format_rate", "truncated_rate",
+    "mean_completion_tokens", "records"}`, where `records` holds one dict a question (`question``,
+    `solution`, `completion`, `strict_answer`, `lenient_answer`, `strict_correct`, `answer_correct`,
+    `completion_tokens`, `truncated`).
     """
     rows = [dict(row) for row in dataset]
     completions = generate_completions(

@@ -6,23 +6,23 @@ Each problem is a short story about buying, selling, sharing or comparing a few 
     solution: "Mia has 14 + 9 = 23 marbles.\\n#### 23"
     answer:   "23"
 
-``difficulty=1`` problems take one operation (+, -, x or exact division), ``difficulty=2`` problems two. The chat
-prompt (:func:`chat_prompt`) asks the model to think briefly and end with ``#### <number>`` on its own line, as
-GSM8K solutions do, so :func:`extract_answer` and the reward functions also apply to GSM8K itself.
+`difficulty=1` problems take one operation (+, -, x or exact division), `difficulty=2` problems two. The chat
+prompt ([`chat_prompt`]) asks the model to think briefly and end with `#### <number>` on its own line, as
+GSM8K solutions do, so [`extract_answer`] and the reward functions also apply to GSM8K itself.
 
-Held-out sets: :func:`train_test_split_problems` draws the test set first and the training set from another seed
-stream with every test question excluded, so the two never share a question (and the same ``seed`` always gives the
-same split). To build splits by hand, draw the held-out set and pass its questions as ``exclude`` to the training
+Held-out sets: [`train_test_split_problems`] draws the test set first and the training set from another seed
+stream with every test question excluded, so the two never share a question (and the same `seed` always gives the
+same split). To build splits by hand, draw the held-out set and pass its questions as `exclude` to the training
 draw.
 
-Difficulty 1 is the default because SmolLM2-135M-Instruct (:mod:`trl_ftis.demo.smollm`) starts inside GRPO's useful
+Difficulty 1 is the default because SmolLM2-135M-Instruct ([`trl_ftis.demo.smollm`]) starts inside GRPO's useful
 band on it, and difficulty 2 is too hard to start from; the measurements are in docs/benchmarks.md, section 7.1.
 
-Rewards (TRL signature ``f(prompts, completions, answer, **kwargs) -> list[float]``): :func:`correctness_reward`
-(1 iff the number after the last ``####`` equals the answer) and :func:`format_reward` (1 iff the completion ends
-with exactly one ``#### <number>`` line). The demo default is :data:`DEFAULT_REWARD_FUNCS` with
-:data:`DEFAULT_REWARD_WEIGHTS` (``[1.0, 0.2]``, pass them as ``reward_funcs`` and ``FTISConfig(reward_weights=...)``),
-or equivalently the single function :func:`combined_reward`.
+Rewards (TRL signature `f(prompts, completions, answer, **kwargs) -> list[float]`): [`correctness_reward`]
+(1 iff the number after the last `####` equals the answer) and [`format_reward`] (1 iff the completion ends
+with exactly one `#### <number>` line). The demo default is [`DEFAULT_REWARD_FUNCS`] with
+[`DEFAULT_REWARD_WEIGHTS`] (`[1.0, 0.2]`, pass them as `reward_funcs` and `FTISConfig(reward_weights=...)`),
+or equivalently the single function [`combined_reward`].
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ __all__ = [
 SYSTEM_PROMPT = "Solve the problem. End with the final answer on its own line as #### <number>."
 
 #: One worked example, as a previous user/assistant turn. Without it SmolLM2-135M-Instruct rambles and almost never
-#: writes ``####``; with it, it answers briefly in the right format (measured: docs/benchmarks.md, section 7.1).
+#: writes `####`; with it, it answers briefly in the right format (measured: docs/benchmarks.md, section 7.1).
 FEW_SHOT = (("Kim has 3 pens and buys 4 more. How many pens does Kim have now?", "Kim has 3 + 4 = 7 pens.\n#### 7"),)
 
 DIFFICULTIES = (1, 2)
@@ -211,8 +211,8 @@ def chat_prompt(
     system_prompt: str | None = SYSTEM_PROMPT,
     examples: Sequence[tuple[str, str]] = FEW_SHOT,
 ) -> list[dict]:
-    """The conversational prompt for ``question``: the system message (unless ``system_prompt`` is None), one
-    user/assistant turn per worked example in ``examples`` (question, answer), then the user's ``question``."""
+    """The conversational prompt for `question`: the system message (unless `system_prompt` is None), one
+    user/assistant turn per worked example in `examples` (question, answer), then the user's `question`."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     for example_question, example_answer in examples:
         messages.append({"role": "user", "content": example_question})
@@ -238,11 +238,11 @@ def word_problems(
     system_prompt: str | None = SYSTEM_PROMPT,
     examples: Sequence[tuple[str, str]] = FEW_SHOT,
 ) -> list[dict]:
-    """``n`` distinct word problems drawn with ``seed`` (deterministic across runs and platforms).
+    """`n` distinct word problems drawn with `seed` (deterministic across runs and platforms).
 
     Each is ``{"prompt": [chat messages], "question": str, "answer": "23", "solution": "... #### 23",
-    "difficulty": 1}``. ``difficulty`` is 1 (one operation), 2 (two operations) or ``"mixed"`` (either, half and
-    half on average). Questions in ``exclude`` are skipped (use it to keep training problems off a held-out set).
+    "difficulty": 1}`. `difficulty` is 1 (one operation), 2 (two operations) or `"mixed"`` (either, half and
+    half on average). Questions in `exclude` are skipped (use it to keep training problems off a held-out set).
     """
     if n < 0:
         raise ValueError("n must be >= 0")
@@ -279,8 +279,8 @@ def word_problems(
 def train_test_split_problems(
     n_train: int, n_test: int, seed: int | str = 0, *, difficulty: int | str = DEFAULT_DIFFICULTY, **kwargs
 ) -> tuple[list[dict], list[dict]]:
-    """``(train, test)``: ``n_test`` held-out problems from the seed stream ``"<seed>/test"``, and ``n_train``
-    training problems from ``"<seed>/train"`` with every test question excluded, so no question is in both."""
+    """`(train, test)`: `n_test` held-out problems from the seed stream `"<seed>/test"`, and `n_train`
+    training problems from `"<seed>/train"` with every test question excluded, so no question is in both."""
     test = word_problems(n_test, seed=f"{seed}/test", difficulty=difficulty, **kwargs)
     exclude = {p["question"] for p in test} | set(kwargs.pop("exclude", None) or ())
     train = word_problems(n_train, seed=f"{seed}/train", difficulty=difficulty, exclude=exclude, **kwargs)
@@ -288,8 +288,8 @@ def train_test_split_problems(
 
 
 def word_problem_dataset(problems: Sequence[dict]):
-    """``problems`` as a `datasets.Dataset` (columns ``prompt``, ``question``, ``answer``, ``solution``,
-    ``difficulty``), ready for ``FTISTrainer(train_dataset=...)``: the reward functions receive ``answer``."""
+    """`problems` as a `datasets.Dataset` (columns `prompt`, `question`, `answer`, `solution`,
+    `difficulty`), ready for `FTISTrainer(train_dataset=...)`: the reward functions receive `answer`."""
     from datasets import Dataset
 
     return Dataset.from_list(list(problems))
@@ -316,11 +316,11 @@ def _normalise_number(text: str) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The integer after the *last* ``####`` in ``text`` as a canonical string, else None.
+    """The integer after the *last* `####` in `text` as a canonical string, else None.
 
-    Commas, a leading ``$`` and a trailing period are ignored and anything after the number is allowed
-    (``"#### $1,234."`` -> ``"1234"``, ``"#### 47 apples"`` -> ``"47"``, ``"#### 47.0"`` -> ``"47"``); a non-integer
-    (``"#### 2.5"``), a missing number (``"#### many"``) or no ``####`` at all give None.
+    Commas, a leading `$` and a trailing period are ignored and anything after the number is allowed
+    (`"#### $1,234."` -> `"1234"`, `"#### 47 apples"` -> `"47"`, `"#### 47.0"` -> `"47"`); a non-integer
+    (`"#### 2.5"`), a missing number (`"#### many"`) or no `####` at all give None.
     """
     if not isinstance(text, str):
         return None
@@ -334,8 +334,8 @@ def extract_answer(text: str) -> str | None:
 
 
 def has_final_answer_format(text: str) -> bool:
-    """True iff ``text`` contains ``####`` exactly once, on a last line of the form ``#### <integer>``
-    (surrounding whitespace allowed, commas allowed in the number; no ``$``, units or trailing text)."""
+    """True iff `text` contains `####` exactly once, on a last line of the form `#### <integer>`
+    (surrounding whitespace allowed, commas allowed in the number; no `$`, units or trailing text)."""
     if not isinstance(text, str) or text.count("####") != 1:
         return False
     return _FINAL_LINE.search(text.strip()) is not None
@@ -354,7 +354,7 @@ def completion_text(completion) -> str:
 
 
 def correctness_reward(prompts, completions, answer, **kwargs) -> list[float]:
-    """1.0 iff :func:`extract_answer` of the completion equals the reference ``answer`` (as an integer), else 0.0."""
+    """1.0 iff [`extract_answer`] of the completion equals the reference `answer` (as an integer), else 0.0."""
     rewards = []
     for completion, expected in zip(completions, answer, strict=True):
         got = extract_answer(completion_text(completion))
@@ -363,18 +363,18 @@ def correctness_reward(prompts, completions, answer, **kwargs) -> list[float]:
 
 
 def format_reward(prompts, completions, answer=None, **kwargs) -> list[float]:
-    """1.0 iff the completion ends with exactly one ``#### <number>`` line (:func:`has_final_answer_format`)."""
+    """1.0 iff the completion ends with exactly one `#### <number>` line ([`has_final_answer_format`])."""
     return [1.0 if has_final_answer_format(completion_text(c)) else 0.0 for c in completions]
 
 
-#: Demo default: correctness plus a small bonus for the answer format (GRPOConfig/FTISConfig ``reward_weights``).
+#: Demo default: correctness plus a small bonus for the answer format (GRPOConfig/FTISConfig `reward_weights`).
 DEFAULT_REWARD_FUNCS = (correctness_reward, format_reward)
 DEFAULT_REWARD_WEIGHTS = (1.0, 0.2)
 
 
 def combined_reward(prompts, completions, answer, **kwargs) -> list[float]:
-    """``1.0 * correctness + 0.2 * format`` in one function (the same as :data:`DEFAULT_REWARD_FUNCS` with
-    :data:`DEFAULT_REWARD_WEIGHTS`): in {0, 0.2, 1.0, 1.2}."""
+    """`1.0 * correctness + 0.2 * format` in one function (the same as [`DEFAULT_REWARD_FUNCS`] with
+    [`DEFAULT_REWARD_WEIGHTS`]): in {0, 0.2, 1.0, 1.2}."""
     correct = correctness_reward(prompts, completions, answer)
     formatted = format_reward(prompts, completions, answer)
     w_correct, w_format = DEFAULT_REWARD_WEIGHTS
@@ -398,12 +398,12 @@ def evaluate_problems(
     seed: int = 0,
     return_texts: bool = False,
 ) -> dict:
-    """Generate for ``problems`` (chat template, left padding, batches of ``batch_size`` prompts) and score.
+    """Generate for `problems` (chat template, left padding, batches of `batch_size` prompts) and score.
 
-    Greedy by default; with ``do_sample=True`` draws ``num_samples`` completions a prompt at ``temperature``
-    (seeded with ``seed``). A completion ends at the tokenizer's or the model's EOS. Returns ``{"accuracy",
-    "format_rate", "mean_reward", "mean_tokens", "n"}`` over all completions (``mean_reward`` with
-    :func:`combined_reward`), plus ``"texts"`` if ``return_texts``.
+    Greedy by default; with `do_sample=True` draws `num_samples` completions a prompt at `temperature`
+    (seeded with `seed`). A completion ends at the tokenizer's or the model's EOS. Returns ``{"accuracy",
+    "format_rate", "mean_reward", "mean_tokens", "n"}` over all completions (`mean_reward`` with
+    [`combined_reward`]), plus `"texts"` if `return_texts`.
     """
     completions = generate_completions(
         model,
@@ -439,7 +439,7 @@ def evaluate_problems(
 def exact_accuracy(
     model, tokenizer, problems: Sequence[dict], max_new_tokens: int = 96, batch_size: int = 16
 ) -> float:
-    """Greedy accuracy on ``problems``: the fraction whose completion's number after the last ``####`` equals the
+    """Greedy accuracy on `problems`: the fraction whose completion's number after the last `####` equals the
     answer (batched left-padded generation with the tokenizer's chat template)."""
     return evaluate_problems(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size)[
         "accuracy"
