@@ -1,8 +1,10 @@
 """A throwaway `redis-server` for tests, and the session-scoped `redis_url` fixture that provides one.
 
 `start_redis_server(tmp_dir)` starts ``redis-server`` (from ``$REDIS_SERVER`` or PATH) on a free port bound to
-127.0.0.1, without persistence, waits until it answers PING and returns ``(url, stop)``. It raises
-`RedisServerUnavailable` with the reason when the binary is missing or the server does not come up.
+127.0.0.1 (or on ``port=``, e.g. to restart a server where its clients expect it), without persistence, waits until
+it answers PING and returns ``(url, stop)``; ``stop()`` terminates it, ``stop(kill=True)`` kills it (SIGKILL, as a
+crash would). Its data is lost either way. It raises `RedisServerUnavailable` with the reason when the binary is
+missing or the server does not come up.
 
 The `redis_url` fixture uses ``$FTIS_TEST_REDIS_URL`` when set (an external server: tests must then use their own
 keys and must not flush the database), else starts a local server for the test session; when neither works the
@@ -44,9 +46,12 @@ def _answers_ping(port: int) -> bool:
 
 
 def _stopper(proc: subprocess.Popen, log):
-    def stop() -> None:
+    def stop(kill: bool = False) -> None:
         if proc.poll() is None:
-            proc.terminate()
+            if kill:
+                proc.kill()
+            else:
+                proc.terminate()
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -57,19 +62,23 @@ def _stopper(proc: subprocess.Popen, log):
     return stop
 
 
-def start_redis_server(tmp_dir, *, timeout: float = START_TIMEOUT_S, attempts: int = 3):
-    """Start a local redis-server in `tmp_dir`; return ``(url, stop)``. Raises RedisServerUnavailable."""
+def start_redis_server(tmp_dir, *, timeout: float = START_TIMEOUT_S, attempts: int = 3, port: int | None = None):
+    """Start a local redis-server in `tmp_dir` (on `port`, else a free one); return ``(url, stop)``.
+
+    Raises RedisServerUnavailable."""
     binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not binary:
         raise RedisServerUnavailable("redis-server not found on PATH (install it or set REDIS_SERVER)")
     tmp_dir = Path(tmp_dir)
     tmp_dir.mkdir(parents=True, exist_ok=True)
     reason = "unknown"
-    # Another process can take the free port between our check and the server's bind: try a few ports.
+    # Another process can take the free port between our check and the server's bind: try a few ports (or, with a
+    # fixed port, try it again: a server killed a moment ago may still hold it).
+    fixed = port
     for attempt in range(attempts):
-        port = _free_port()
-        log_path = tmp_dir / f"redis-{port}.log"
-        log = open(log_path, "wb")
+        port = fixed if fixed is not None else _free_port()
+        log_path = tmp_dir / f"redis-{port}-{attempt}-{time.monotonic_ns()}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - closed by stop()
         command = [
             binary,
             "--port", str(port),
@@ -95,6 +104,8 @@ def start_redis_server(tmp_dir, *, timeout: float = START_TIMEOUT_S, attempts: i
         tail = log_path.read_bytes()[-400:].decode("utf-8", "replace").strip()
         if exited is not None:
             reason = f"{binary} exited with code {exited}: {tail or 'no output'}"
+            if fixed is not None:
+                time.sleep(0.2)  # give the port's previous owner a moment to let go of it
         else:
             reason = f"{binary} did not answer PING on port {port} within {timeout:.0f}s: {tail or 'no output'}"
     raise RedisServerUnavailable(reason)

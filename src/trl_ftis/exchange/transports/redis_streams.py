@@ -1,0 +1,389 @@
+"""`redis://` and `rediss://`: Redis Streams, one stream per swarm."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import deque
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ...rules import REDACTED, redact_url
+from .base import (
+    _MAX_HINT_CHARS,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    MALFORMED,
+    TOO_LARGE,
+    Envelope,
+    Transport,
+    TransportError,
+    _poll_bytes,
+    _positive_number,
+    _prune_cutoff,
+    _validate_data,
+    _validate_round,
+    validate_sender,
+)
+
+logger = logging.getLogger(__name__)
+
+_SWARM_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
+_FIRST_DELAY = 0.05  # seconds before the first retry; doubled after each failure...
+_MAX_DELAY = 1.0  # ...up to this
+_OUTAGE_ATTEMPTS = 2  # attempts per call while the server is known to be down (the second after a fresh connect)
+
+
+def _text_hint(value) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value[: _MAX_HINT_CHARS * 4].decode("utf-8", errors="replace")
+    return str(value)[:_MAX_HINT_CHARS]
+
+
+def _int_hint(value) -> int | None:
+    if isinstance(value, bytes) and 0 < len(value) <= 20 and value.isdigit():
+        return int(value)
+    return None
+
+
+def _entry_id(value) -> tuple[int, int] | None:
+    """A stream id `ms-seq` as a comparable pair, or None when it is not one."""
+    try:
+        text = value.decode("ascii") if isinstance(value, bytes) else str(value)
+        ms, seq = text.split("-")
+        return int(ms), int(seq)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _entry_bytes(fields) -> int:
+    """What one stream entry cost to receive: the lengths of all its field names and values."""
+    if not isinstance(fields, dict):
+        return 0
+    return sum(len(k) + len(v) for k, v in fields.items() if isinstance(k, bytes) and isinstance(v, bytes))
+
+
+class RedisTransport(Transport):
+    """Redis Streams: one stream `ftis:<swarm>`, XADD to publish, XREAD from the last seen id to poll.
+
+    A new instance starts reading at the beginning of the retained stream, so a peer that joins late sees the
+    recent messages. The stream is trimmed at each XADD to about `max_stream_len` entries (approximate trimming
+    removes whole internal nodes, so it can exceed the bound by up to the server's `stream-node-max-entries`,
+    100 by default).
+
+    One poll reads at most `max_batch` entries and, once it holds one, no further XREAD after `max_poll_bytes`
+    bytes: each XREAD asks for at most as many entries as the remaining byte budget holds messages of
+    `max_message_bytes` (at least one). Redis sends entries whole, so a hostile entry larger than
+    `max_message_bytes` is downloaded before it is dropped: the server's `proto-max-bulk-len` (512 MB by default)
+    bounds one field.
+
+    Faults: every call has a socket timeout. A healthy transport retries connection failures with exponential
+    backoff (50 ms doubling to 1 s) until `connect_timeout` seconds have passed, then raises TransportError and
+    logs, once, that the server is unreachable; while it stays unreachable each call makes at most two quick
+    attempts, so a run is not slowed by `connect_timeout` per call, and the first call that gets through logs the
+    recovery. A server restarted without its data is picked up again: new entries get larger ids, and a publish
+    whose id is smaller than the last one read (the stream was recreated with older ids) makes the next poll
+    re-read the stream from its start. A publish that times out after it was sent is not retried (it may have
+    arrived); one retried after a dropped connection may, rarely, arrive twice. If the server stops answering in
+    the middle of a call, that call can take up to `socket_timeout` longer than its own deadline (the socket
+    timeout is what bounds it): keep `socket_timeout` short.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        swarm: str | None = None,
+        max_stream_len: int = 10_000,
+        connect_timeout: float = 10.0,
+        socket_timeout: float = 5.0,
+        max_batch: int = 1000,
+        page_size: int = 100,
+        max_poll_bytes: int | None = None,
+        client_options: dict | None = None,
+    ):
+        self.url = redact_url(url)
+        self._password = None
+        try:
+            parts = urlsplit(url)
+            self._password = parts.password
+            host, port = parts.hostname, parts.port
+        except ValueError as exc:
+            raise TransportError(f"invalid redis URL {self.url}: {exc}") from None
+        if parts.scheme.lower() not in ("redis", "rediss"):
+            raise ValueError(f"not a redis:// or rediss:// URL: {self.url}")
+        self._where = f"{host or 'localhost'}:{port or 6379}"
+        self.max_message_bytes = _positive_number("max_message_bytes", max_message_bytes, integer=True)
+        self.max_stream_len = _positive_number("max_stream_len", max_stream_len, integer=True)
+        self.connect_timeout = _positive_number("connect_timeout", connect_timeout)
+        self.socket_timeout = _positive_number("socket_timeout", socket_timeout)
+        self.max_batch = _positive_number("max_batch", max_batch, integer=True)
+        self.page_size = _positive_number("page_size", page_size, integer=True)
+        self.max_poll_bytes = _poll_bytes(max_poll_bytes, self.max_message_bytes)
+
+        # ?swarm=NAME is ours; every other query parameter is for redis-py (e.g. ssl_cert_reqs).
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        url_swarms = [v for k, v in query if k == "swarm"]
+        if len(set(url_swarms)) > 1 or (url_swarms and swarm is not None and url_swarms[0] != swarm):
+            raise ValueError(f"conflicting swarm names in {self.url} and the swarm option")
+        self.swarm = swarm if swarm is not None else (url_swarms[0] if url_swarms else "default")
+        if not isinstance(self.swarm, str) or not _SWARM_RE.match(self.swarm):
+            raise ValueError(f"swarm name must match {_SWARM_RE.pattern}, got {self.swarm!r}")
+        self.key = f"ftis:{self.swarm}"
+        client_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "swarm"])))
+
+        try:
+            import redis
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+        except ImportError:
+            raise TransportError(
+                f"{self.url} needs the redis package: pip install 'trl-ftis[redis]' (or pip install redis)"
+            ) from None
+        self._redis = redis
+        # Transient errors: retried by us, against our deadline. Configuration errors: raised at once.
+        self._transient = (redis.ConnectionError, redis.TimeoutError, OSError)
+        self._fatal = (redis.AuthenticationError, redis.ResponseError)
+        options = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": min(self.socket_timeout, self.connect_timeout),
+            "retry": Retry(NoBackoff(), 0),  # redis-py's own retries would overrun our deadline
+            "decode_responses": False,
+        }
+        options.update(client_options or {})
+        try:
+            self._client = redis.Redis.from_url(client_url, **options)
+        except (ValueError, TypeError) as exc:
+            raise TransportError(f"invalid redis URL or options for {self.url}: {self._scrub(exc)}") from None
+        self._last_id = b"0-0"  # from the start of the retained stream: late joiners see recent messages
+        self._buffer: deque[Envelope] = deque()  # entries that wait() fetched, returned by the next poll()
+        self._own: deque[tuple[str, int, bytes]] = deque(maxlen=self.max_stream_len)  # for prune
+        self._down_since: float | None = None  # monotonic time the current outage was noticed, None when up
+        self.outages = 0  # how many times the server became unreachable after it had answered
+        self._ever_up = False
+        try:
+            self._call("PING", self._client.ping)  # fail fast on a wrong host or password
+        except BaseException:
+            self._client.close()
+            raise
+
+    def _scrub(self, exc: BaseException) -> str:
+        text = f"{type(exc).__name__}: {exc}"
+        if self._password:
+            text = text.replace(self._password, REDACTED)
+        return text
+
+    # -- outages
+
+    def _down(self, what: str, exc: BaseException) -> None:
+        """Note a failure that outlived its retries: logged once per outage, at debug level after that."""
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            if not self._ever_up:  # the constructor's PING: the TransportError it raises says it all
+                return
+            self.outages += 1
+            logger.warning(
+                "Redis at %s (%s) is unreachable (%s during %s). Publishing and polling fail until it is back; "
+                "every call tries again. Its recovery will be logged.",
+                self._where,
+                self.url,
+                self._scrub(exc),
+                what,
+            )
+        else:
+            logger.debug("redis %s on %s still failing: %s", what, self.url, self._scrub(exc))
+
+    def _up(self) -> None:
+        self._ever_up = True
+        if self._down_since is not None:
+            logger.warning(
+                "Redis at %s (%s) is reachable again after %.1f s. Messages sent during the outage (and, if the "
+                "server restarted without persistence, everything it held) may be lost.",
+                self._where,
+                self.url,
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+
+    def _call(self, what: str, fn, *, retry_timeouts: bool = True):
+        """Run one redis call, retrying transient failures with backoff until `connect_timeout` has passed.
+
+        While the server is known to be down (an earlier call ran out of retries), only `_OUTAGE_ATTEMPTS` quick
+        attempts: every call still reconnects, none waits `connect_timeout` again.
+        """
+        start = time.monotonic()
+        deadline = start + self.connect_timeout
+        delay = _FIRST_DELAY
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                result = fn()
+            except self._fatal as exc:
+                raise TransportError(f"redis {what} on {self.url} failed: {self._scrub(exc)}") from None
+            except self._transient as exc:
+                remaining = deadline - time.monotonic()
+                give_up = remaining <= 0 or (not retry_timeouts and isinstance(exc, self._redis.TimeoutError))
+                if self._down_since is not None and attempts >= _OUTAGE_ATTEMPTS:
+                    give_up = True
+                if give_up:
+                    self._down(what, exc)
+                    # `from None`: the chained exception would repeat details we already summarise (and scrub).
+                    raise TransportError(
+                        f"cannot reach redis at {self._where} ({self.url}) for {what}: {attempts} attempt(s) in "
+                        f"{time.monotonic() - start:.1f}s, last error {self._scrub(exc)}"
+                    ) from None
+                time.sleep(max(0.0, min(delay, remaining)))
+                delay = min(delay * 2, _MAX_DELAY)
+            else:
+                self._up()
+                return result
+
+    # -- reading
+
+    @staticmethod
+    def _entries(response) -> list:
+        """[(id, fields)] from an XREAD reply in either RESP2 (list) or RESP3 (dict) shape."""
+        if not response:
+            return []
+        if isinstance(response, dict):
+            # RESP3: {key: [[(id, fields), ...]]}, the entry list wrapped once more.
+            streams = [value[0] if value and isinstance(value[0], list) else value for value in response.values()]
+        else:
+            streams = [item[1] for item in response]  # RESP2: [[key, [(id, fields), ...]]]
+        return [entry for entries in streams for entry in entries]
+
+    def _envelope(self, entry_id, fields) -> Envelope:
+        source = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else str(entry_id)
+        fields = fields if isinstance(fields, dict) else {}
+        sender_hint = _text_hint(fields.get(b"sender"))
+        round_hint = _int_hint(fields.get(b"round"))
+        data = fields.get(b"data")
+        if not isinstance(data, bytes):
+            return Envelope(b"", source, sender_hint, round_hint, 0, MALFORMED)
+        if len(data) > self.max_message_bytes:
+            # Redis has already sent it (a stream field cannot be sized before reading); drop it now.
+            return Envelope(b"", source, sender_hint, round_hint, len(data), TOO_LARGE)
+        return Envelope(data, source, sender_hint, round_hint, len(data))
+
+    def _take(self, response) -> tuple[list[Envelope], int]:
+        """The envelopes of an XREAD reply and the bytes it carried; advances the read cursor."""
+        out, received = [], 0
+        for entry_id, fields in self._entries(response):
+            self._last_id = entry_id
+            received += _entry_bytes(fields)
+            out.append(self._envelope(entry_id, fields))
+        return out, received
+
+    def publish(self, data: bytes, *, sender: str, round: int) -> None:
+        self._check_open()
+        validate_sender(sender)
+        round = _validate_round(round)
+        data = _validate_data(data, self.max_message_bytes)
+        fields = {"sender": sender, "round": str(round), "data": data}
+        entry_id = self._call(
+            "XADD",
+            lambda: self._client.xadd(self.key, fields, maxlen=self.max_stream_len, approximate=True),
+            retry_timeouts=False,
+        )
+        self._own.append((sender, round, entry_id))
+        new, last = _entry_id(entry_id), _entry_id(self._last_id)
+        if new is not None and last is not None and new < last:
+            # XADD * always gives an id above every entry of the stream, so ours being below the last id we read
+            # means the stream we read is gone (a restarted server, a deleted key): read the new one from its start.
+            logger.warning(
+                "The redis stream %s on %s was recreated (new ids are older than the last one read); reading it "
+                "again from its start.",
+                self.key,
+                self.url,
+            )
+            self._last_id = b"0-0"
+
+    def _page_count(self, room_bytes: int, room_entries: int) -> int:
+        """Entries to ask one XREAD for: no more than the remaining byte budget holds messages (at least one)."""
+        return max(1, min(self.page_size, room_entries, room_bytes // self.max_message_bytes))
+
+    def poll(self) -> list[Envelope]:
+        self._check_open()
+        out: list[Envelope] = []
+        received = 0
+        while self._buffer and len(out) < self.max_batch:
+            envelope = self._buffer.popleft()
+            received += envelope.size
+            out.append(envelope)
+        while len(out) < self.max_batch and not (out and received >= self.max_poll_bytes):
+            count = self._page_count(self.max_poll_bytes - received, self.max_batch - len(out))
+            try:
+                # No BLOCK argument: returns at once.
+                response = self._call(
+                    "XREAD", lambda count=count: self._client.xread({self.key: self._last_id}, count=count)
+                )
+            except TransportError:
+                if out:  # already taken off the stream (or wait()'s buffer): hand them over, fail next time
+                    return out
+                raise
+            page, size = self._take(response)
+            out.extend(page)
+            received += size
+            if len(page) < count:
+                break
+        return out
+
+    def wait(self, timeout: float) -> bool:
+        self._check_open()
+        if self._buffer:
+            return True
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        # Block in chunks well below the socket timeout, so the socket never times out under a healthy BLOCK.
+        chunk = max(0.001, self.socket_timeout / 2)
+        delay = _FIRST_DELAY
+        while True:
+            remaining = deadline - time.monotonic()
+            block_ms = int(min(remaining, chunk) * 1000)
+            if block_ms < 1:
+                return False  # never send BLOCK 0: it means "forever"
+            try:
+                # COUNT 1: wait() only needs to know that something is there; poll() reads it within its budget.
+                response = self._client.xread({self.key: self._last_id}, count=1, block=block_ms)
+            except self._fatal as exc:
+                raise TransportError(f"redis XREAD on {self.url} failed: {self._scrub(exc)}") from None
+            except self._transient as exc:
+                # poll() and publish() raise on outages; wait() only promises to return in time (with backoff).
+                self._down("XREAD", exc)
+                time.sleep(max(0.0, min(delay, deadline - time.monotonic())))
+                delay = min(delay * 2, _MAX_DELAY)
+                continue
+            self._up()
+            page, _ = self._take(response)
+            if page:
+                self._buffer.extend(page)
+                return True
+
+    def prune(self, *, sender: str, keep_rounds: int, current_round: int) -> None:
+        """Delete `sender`'s old entries that this instance published (others' entries are never touched).
+
+        Trimming already bounds the stream; pruning just frees memory sooner. Entries from before this instance
+        existed are left to trimming.
+        """
+        self._check_open()
+        cutoff = _prune_cutoff(sender, keep_rounds, current_round)
+        old = [item for item in self._own if item[0] == sender and item[1] < cutoff]
+        if not old:
+            return
+        keep = [item for item in self._own if not (item[0] == sender and item[1] < cutoff)]
+        ids = [item[2] for item in old]
+        for i in range(0, len(ids), 1000):
+            batch = ids[i : i + 1000]
+            self._call("XDEL", lambda batch=batch: self._client.xdel(self.key, *batch))
+        self._own.clear()
+        self._own.extend(keep)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            try:
+                self._client.close()
+            except Exception as exc:  # noqa: BLE001 - closing must not raise over a broken connection
+                logger.debug("closing %s: %s", self.url, self._scrub(exc))
