@@ -1,5 +1,7 @@
 """The wire format: round trips, byte sizes, signing, and hostile input (which must only ever raise ExchangeError)."""
 
+import hashlib
+import hmac
 import json
 import math
 import pickle
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from trl_ftis.exchange import (
     SCHEMA_VERSION,
@@ -30,6 +33,7 @@ from trl_ftis.exchange import (
 from trl_ftis.exchange.wire import (
     COMPACT_LOGP_ABS_ERROR,
     COMPACT_LOGP_REL_ERROR,
+    ED25519_SIGNATURE_SIZE,
     PREAMBLE_SIZE,
     REASONS,
     SIGNATURE_SIZE,
@@ -60,17 +64,17 @@ def make_message(n=8, length=16, k=2, n_groups=2, seed=0, vocab=VOCAB, low_logp=
     groups = [WireGroup(prompt=f"{10 + g}+{20 + g}=", extra={"answer": str(30 + 2 * g)}) for g in range(n_groups - 1)]
     if n_groups:
         groups.append(WireGroup(prompt=[{"role": "user", "content": "1+2="}], extra={"answer": "3", "id": 7}))
-    fields = dict(
-        sender="peer-a",
-        round=3,
-        tokenizer_fingerprint=FINGERPRINT,
-        tokenizer_name="tiny-char",
-        temperature=1.0,
-        reward_names=[f"reward_{j}" for j in range(k)],
-        groups=groups,
-        completions=completions,
-        created=1_700_000_000.5,
-    )
+    fields = {
+        "sender": "peer-a",
+        "round": 3,
+        "tokenizer_fingerprint": FINGERPRINT,
+        "tokenizer_name": "tiny-char",
+        "temperature": 1.0,
+        "reward_names": [f"reward_{j}" for j in range(k)],
+        "groups": groups,
+        "completions": completions,
+        "created": 1_700_000_000.5,
+    }
     fields.update(overrides)
     return Message(**fields)
 
@@ -130,7 +134,7 @@ def small_header(**overrides):
 
 
 def small_body(**overrides):
-    columns = dict(group=[0], length=[2], reward=[1.0], rpf=[[0.5]], ids=[1, 2], logps=[-0.5, -1.5])
+    columns = {"group": [0], "length": [2], "reward": [1.0], "rpf": [[0.5]], "ids": [1, 2], "logps": [-0.5, -1.5]}
     columns.update(overrides)
     return columns_body(**columns)
 
@@ -713,3 +717,478 @@ def test_the_optional_model_name_travels_and_is_checked():
     expect("header", decode_message, assemble(small_header(model="bad\nname"), body))
     expect("header", decode_message, assemble(small_header(model=7), body))
     expect("header", decode_message, assemble(small_header(model="x" * 5000), body))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Signatures are verified before anything is parsed
+
+KEY_A = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))  # fixed keys: Ed25519 signatures are deterministic
+KEY_B = Ed25519PrivateKey.from_private_bytes(bytes(range(32, 64)))
+KEY_MALLORY = Ed25519PrivateKey.from_private_bytes(bytes(range(64, 96)))
+PUBLIC_KEYS = {"peer-a": KEY_A.public_key(), "peer-b": KEY_B.public_key(), "mallory": KEY_MALLORY.public_key()}
+
+
+def sign_frame(core: bytes, *, secret=None, private_key=None, signer: str | None = None) -> bytes:
+    """Signs preamble + header + body as a sender holding `secret` / `private_key` would, naming `signer` in the
+    Ed25519 block; sets the flags. Lets a test play a swarm member crafting any bytes it likes."""
+    flags = struct.unpack_from("<H", core, 6)[0] & ~(wire.FLAG_SIGNED | wire.FLAG_ED25519)
+    flags |= (wire.FLAG_SIGNED if secret is not None else 0) | (wire.FLAG_ED25519 if private_key is not None else 0)
+    data = core[:6] + struct.pack("<H", flags) + core[8:]
+    if private_key is not None:
+        name = signer.encode() if isinstance(signer, str) else signer
+        data += bytes([len(name)]) + name
+        data += private_key.sign(data)
+    if secret is not None:
+        data += hmac.new(secret.encode() if isinstance(secret, str) else secret, data, hashlib.sha256).digest()
+    return data
+
+
+@pytest.fixture
+def no_parsing(monkeypatch):
+    """Fails the test if the header JSON is parsed or the body inflated."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("parsed before the signature was verified")
+
+    monkeypatch.setattr(wire.json, "loads", forbidden)
+    monkeypatch.setattr(wire.zlib, "decompressobj", forbidden)
+
+
+def big_message() -> bytes:
+    """A 16 MiB message whose header is one big JSON prompt: the costliest thing to parse."""
+    header = small_header(groups=[{"prompt": "x" * (16 * 2**20), "extra": {}}])
+    return assemble(header, small_body())
+
+
+@pytest.mark.parametrize(
+    "options,reason",
+    [
+        ({"secret": "s"}, "unsigned"),
+        ({"public_keys": PUBLIC_KEYS}, "unsigned"),
+        ({"secret": "s", "public_keys": PUBLIC_KEYS}, "unsigned"),
+    ],
+)
+def test_an_unsigned_message_is_refused_from_the_preamble_alone(no_parsing, options, reason):
+    data = big_message()
+    assert len(data) > 16 * 2**20
+    tracemalloc.start()
+    try:
+        expect(reason, decode_message, data, **options)
+        expect(reason, peek_header, data, **options)
+        expect(reason, peek_header, data[:PREAMBLE_SIZE], **options)  # the flags are all it needs
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**10
+
+
+@pytest.mark.parametrize(
+    "signing,options,reason",
+    [
+        ({"secret": "wrong"}, {"secret": "s"}, "signature"),
+        ({"private_key": KEY_MALLORY, "signer": "peer-a"}, {"public_keys": PUBLIC_KEYS}, "signature"),
+        ({"private_key": KEY_MALLORY, "signer": "stranger"}, {"public_keys": PUBLIC_KEYS}, "unknown_peer"),
+        (
+            {"secret": "wrong", "private_key": KEY_A, "signer": "peer-a"},
+            {"secret": "s", "public_keys": PUBLIC_KEYS},
+            "signature",
+        ),
+    ],
+)
+def test_a_wrongly_signed_message_costs_one_hash_and_no_parsing(no_parsing, signing, options, reason):
+    data = sign_frame(big_message(), **signing)
+    tracemalloc.start()
+    try:
+        expect(reason, decode_message, data, **options)
+        expect(reason, peek_header, data, **options)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**10  # the 16 MiB are hashed in place, never copied
+
+
+def test_peek_header_verifies_first_when_given_a_secret_or_keys():
+    data = encode_message(make_message(round=41), secret="s", private_key=KEY_A)
+    info = peek_header(data, secret="s", public_keys=PUBLIC_KEYS)
+    assert info["verified"] and info["signed"] and info["ed25519"] and info["signer"] == "peer-a"
+    assert info["round"] == 41 and info["message_bytes"] == len(data)
+    assert not peek_header(data)["verified"] and peek_header(data)["signer"] is None
+    tampered = data[:30] + bytes([data[30] ^ 1]) + data[31:]
+    expect("signature", peek_header, tampered, secret="s")
+    expect("signature", peek_header, tampered, public_keys=PUBLIC_KEYS)
+    # Verifying needs the signed bytes: a header-only prefix is truncated.
+    expect("truncated", peek_header, data[: PREAMBLE_SIZE + info["header_bytes"]], secret="s")
+
+
+def test_the_hmac_is_checked_before_the_ed25519_signature(monkeypatch):
+    calls = []
+    monkeypatch.setattr(wire._keys, "verify", lambda *args: calls.append(args) or True)
+    data = encode_message(make_message(), secret="wrong", private_key=KEY_A)
+    expect("signature", decode_message, data, secret="s", public_keys=PUBLIC_KEYS)
+    assert calls == []  # a non-member never reaches Ed25519
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Per-peer Ed25519 keys: identity, not only membership
+
+
+def test_ed25519_round_trip_and_layout():
+    message = make_message()
+    plain = encode_message(message)
+    for secret in (None, "s"):
+        data = encode_message(message, private_key=KEY_A, secret=secret)
+        hmac_size = SIGNATURE_SIZE if secret else 0
+        # preamble + header + body unchanged, then the block: signer length, signer, 64-byte signature; then the HMAC
+        assert data[8 : len(plain)] == plain[8:]
+        assert data[len(plain)] == len("peer-a") and data[len(plain) + 1 : len(plain) + 7] == b"peer-a"
+        assert len(data) == len(plain) + 1 + 6 + ED25519_SIGNATURE_SIZE + hmac_size
+        signature_start = len(plain) + 7
+        KEY_A.public_key().verify(data[signature_start : signature_start + 64], data[:signature_start])
+        decoded = decode_message(data, secret=secret, public_keys=PUBLIC_KEYS, vocab_limit=VOCAB)
+        assert decoded.sender == "peer-a" and decoded.num_tokens() == message.num_tokens()
+        assert decode_message(data).sender == "peer-a"  # a receiver without keys does not check the block
+    for compact in (False, True):
+        data = encode_message(message, private_key=KEY_A, compact=compact)
+        assert decode_message(data, public_keys=PUBLIC_KEYS).compact is compact
+
+
+def test_a_member_with_the_secret_cannot_write_as_another_peer_when_keys_are_required():
+    impersonation = make_message(sender="peer-b")
+    core = encode_message(impersonation)
+    both = {"secret": "s", "public_keys": PUBLIC_KEYS}
+    # With the secret alone, membership is all that is proven: mallory can write as peer-b.
+    assert decode_message(encode_message(impersonation, secret="s"), secret="s").sender == "peer-b"
+    # With keys required: her own key, naming herself as signer -> the header's sender is not the signer.
+    error = expect(
+        "identity", decode_message, sign_frame(core, secret="s", private_key=KEY_MALLORY, signer="mallory"), **both
+    )
+    assert "mallory" in str(error) and "peer-b" in str(error)
+    # Her key, naming peer-b as signer -> the signature does not match peer-b's key.
+    expect("signature", decode_message, sign_frame(core, secret="s", private_key=KEY_MALLORY, signer="peer-b"), **both)
+    expect("signature", decode_message, encode_message(impersonation, secret="s", private_key=KEY_MALLORY), **both)
+    # No Ed25519 block at all -> unsigned; a signer nobody registered -> unknown_peer.
+    expect("unsigned", decode_message, encode_message(impersonation, secret="s"), **both)
+    stranger = sign_frame(core, secret="s", private_key=KEY_MALLORY, signer="stranger")
+    expect("unknown_peer", decode_message, stranger, **both)
+    # Her own messages are fine.
+    assert decode_message(encode_message(make_message(sender="mallory"), secret="s", private_key=KEY_MALLORY), **both)
+
+
+def test_tampering_with_any_byte_of_an_ed25519_signed_message_is_detected():
+    data = encode_message(make_message(n=2, length=4, k=1), private_key=KEY_A)
+    for position in range(len(data)):
+        for mask in (0x01, 0x80):
+            tampered = bytearray(data)
+            tampered[position] ^= mask
+            with pytest.raises(ExchangeError) as info:
+                decode_message(bytes(tampered), public_keys=PUBLIC_KEYS)
+            assert info.value.reason in REASONS
+    # Stripping the block and clearing the flag makes it unsigned.
+    stripped = bytearray(data[: -(1 + 6 + ED25519_SIGNATURE_SIZE)])
+    stripped[6] &= ~wire.FLAG_ED25519
+    expect("unsigned", decode_message, bytes(stripped), public_keys=PUBLIC_KEYS)
+    assert decode_message(bytes(stripped)).sender == "peer-a"
+
+
+@pytest.mark.parametrize("signer", [b"", b"x" * 65, b"../x", b"p\xc3\xaber", b"a b"])
+def test_malformed_ed25519_blocks(signer):
+    core = encode_message(make_message())
+    data = sign_frame(core, private_key=KEY_A, signer=signer)
+    expect("signature", decode_message, data)  # malformed whether or not keys are required
+    expect("signature", decode_message, data, public_keys=PUBLIC_KEYS)
+
+
+def test_every_truncation_of_an_ed25519_signed_message_is_truncated():
+    data = encode_message(make_message(n=2, length=3, k=1), secret="s", private_key=KEY_A)
+    for end in range(len(data)):
+        expect("truncated", decode_message, data[:end], secret="s", public_keys=PUBLIC_KEYS)
+        expect("truncated", decode_message, data[:end])
+    expect("too_large", decode_message, data + b"\0", secret="s", public_keys=PUBLIC_KEYS)
+
+
+def test_key_arguments_are_type_checked():
+    with pytest.raises(TypeError):
+        encode_message(make_message(), private_key=b"\0" * 32)
+    data = encode_message(make_message(), private_key=KEY_A)
+    with pytest.raises(TypeError):
+        decode_message(data, public_keys={"peer-a": KEY_A})  # a private key where a public key belongs
+    expect("unknown_peer", decode_message, data, public_keys={})  # no registered peer at all
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Number ranges
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def f32_next(value: float, direction: float) -> float:
+    return float(np.nextafter(np.float32(value), np.float32(direction)))
+
+
+def message_with(**fields):
+    """A one-completion message (2 tokens, K = 1) with `reward`, `rpf` or `logps` replaced."""
+    message = make_message(n=1, length=2, k=1, n_groups=1)
+    completion = message.completions[0]
+    if "reward" in fields:
+        completion.reward = fields["reward"]
+    if "rpf" in fields:
+        completion.rewards_per_func = np.array([fields["rpf"]], np.float32)
+    if "logps" in fields:
+        completion.generator_logps = np.array([-0.5, fields["logps"]], np.float32)
+    return message
+
+
+REWARD_CASES = [
+    (0.0, True),
+    (1e6, True),
+    (-1e6, True),
+    (f32_next(1e6, np.inf), False),
+    (f32_next(-1e6, -np.inf), False),
+    (F32_MAX, False),
+    (-F32_MAX, False),
+    (np.inf, False),
+    (-np.inf, False),
+    (np.nan, False),
+]
+
+
+@pytest.mark.parametrize("value,ok", REWARD_CASES)
+def test_reward_range(value, ok):
+    for field_, reason_field in (("reward", "reward"), ("rpf", "rpf")):
+        body = small_body(**{reason_field: [value] if field_ == "reward" else [[value]]})
+        data = assemble(small_header(), body)
+        message = message_with(**{field_: value})
+        if ok or (field_ == "rpf" and math.isnan(value)):  # NaN: a reward function returned None
+            assert decode_message(data).num_tokens() == 2
+            decode_message(encode_message(message))
+        else:
+            expect("rewards", decode_message, data)
+            expect("rewards", encode_message, message)
+            expect("rewards", encode_message, message, compact=True)
+    # NaN is allowed per function only (a reward function returned None).
+    assert np.isnan(decode_message(encode_message(message_with(rpf=np.nan))).completions[0].rewards_per_func[0])
+    limits = Limits(max_abs_reward=10)
+    expect("rewards", decode_message, assemble(small_header(), small_body(reward=[10.5])), limits=limits)
+    expect("rewards", encode_message, message_with(rpf=-10.5), limits=limits)
+    decode_message(encode_message(message_with(reward=10.0), limits=limits), limits=limits)
+
+
+@pytest.mark.parametrize(
+    "value,ok",
+    [
+        (-1e5, True),
+        (-65504.0, True),
+        (0.0, True),
+        (1e-4, True),  # MAX_LOGP, rounding slack
+        (f32_next(-1e5, -np.inf), False),
+        (-F32_MAX, False),
+        (F32_MAX, False),
+        (-np.inf, False),
+        (np.inf, False),
+        (np.nan, False),
+    ],
+)
+def test_log_prob_range(value, ok):
+    data = assemble(small_header(), small_body(logps=[-0.5, value]))
+    message = message_with(logps=value)
+    if ok:
+        assert decode_message(data).completions[0].generator_logps[1] == np.float32(value)
+        for compact in (False, True):
+            decode_message(encode_message(message, compact=compact))
+    else:
+        expect("logps", decode_message, data)
+        expect("logps", encode_message, message)
+        expect("logps", encode_message, message, compact=True)
+
+
+def test_compact_rounding_never_crosses_a_custom_log_prob_floor():
+    limits = Limits(min_logp=-1000.3)  # float16 rounds -1000.3 to -1000.5, below the floor
+    message = message_with(logps=-1000.3)
+    got = decode_message(encode_message(message, compact=True, limits=limits), limits=limits)
+    assert got.completions[0].generator_logps[1] == -1000.0  # the lowest float16 >= the floor
+    expect("logps", decode_message, assemble(small_header(), small_body(logps=[-0.5, -1000.5])), limits=limits)
+
+
+@pytest.mark.parametrize(
+    "field_,value,ok",
+    [
+        ("temperature", 0.01, True),
+        ("temperature", 100.0, True),
+        ("temperature", math.nextafter(0.01, 0), False),
+        ("temperature", math.nextafter(100.0, math.inf), False),
+        ("temperature", F32_MAX, False),
+        ("temperature", -1.0, False),
+        ("round", 0, True),
+        ("round", 2**63 - 1, True),
+        ("round", 2**63, False),
+        ("round", -1, False),
+        ("created", 0.0, True),
+        ("created", 253_402_300_799.0, True),
+        ("created", math.nextafter(253_402_300_799.0, math.inf), False),
+        ("created", F32_MAX, False),
+        ("created", -1e-300, False),
+    ],
+)
+def test_header_number_ranges(field_, value, ok):
+    data = assemble(small_header(**{field_: value}), small_body())
+    message = make_message(**{field_: value})
+    if ok:
+        assert getattr(decode_message(data), field_) == value
+        assert getattr(decode_message(encode_message(message)), field_) == value
+    else:
+        expect("header", decode_message, data)
+        expect("header", encode_message, message)
+    for bad in (math.inf, -math.inf, math.nan):  # not JSON: refused by the parser, and by the encoder
+        raw = json.dumps(small_header(**{field_: bad})).encode()
+        expect("header", decode_message, assemble(None, small_body(), raw_header=raw))
+
+
+def test_temperature_range_is_configurable():
+    data = encode_message(make_message(temperature=0.005), limits=Limits(min_temperature=0.001))
+    expect("header", decode_message, data)
+    assert decode_message(data, limits=Limits(min_temperature=0.001)).temperature == 0.005
+
+
+@pytest.mark.parametrize(
+    "limit,inside,outside",
+    [
+        # (Limits field, message kwargs just at the limit, message kwargs one over): limit values are small here
+        ("max_completions", {"n": 4, "n_groups": 1}, {"n": 5, "n_groups": 1}),
+        ("max_groups", {"n": 4, "n_groups": 4}, {"n": 5, "n_groups": 5}),
+        ("max_completion_tokens", {"n": 1, "length": 4}, {"n": 1, "length": 5}),
+        ("max_total_tokens", {"n": 2, "length": 2}, {"n": 1, "length": 5}),
+        ("max_reward_functions", {"n": 1, "k": 4}, {"n": 1, "k": 5}),
+    ],
+)
+def test_count_limits_just_inside_and_just_outside(limit, inside, outside):
+    limits = Limits(**{limit: 4})
+    decode_message(encode_message(make_message(**inside), limits=limits), limits=limits)
+    data = encode_message(make_message(**outside))
+    expect("limits", decode_message, data, limits=limits)
+    expect("limits", encode_message, make_message(**outside), limits=limits)
+
+
+def test_limits_are_validated():
+    for bad in (
+        {"max_completions": -1},
+        {"max_completions": 1.5},
+        {"max_message_bytes": True},
+        {"max_abs_reward": 0.0},
+        {"max_abs_reward": math.inf},
+        {"min_logp": 0.0},
+        {"min_logp": math.nan},
+        {"min_temperature": 0.0},
+        {"min_temperature": 2.0, "max_temperature": 1.0},
+    ):
+        with pytest.raises(ValueError):
+            Limits(**bad)
+    for bad in ({"max_rows": 0}, {"max_completion_length": -1}, {"max_rows": 2.0}, {"max_prompt_chars": -1}):
+        with pytest.raises(ValueError):
+            Limits.for_receiver(**{"max_completion_length": 8, "max_rows": 8, **bad})
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Cost bounded by what the receiver will use (Limits.for_receiver)
+
+
+def test_for_receiver_derives_tight_limits():
+    limits = Limits.for_receiver(max_completion_length=512, max_rows=512, max_groups=64, max_prompt_chars=4096)
+    assert limits.max_completions == 512 and limits.max_groups == 64
+    assert limits.max_completion_tokens == 512 and limits.max_total_tokens == 512 * 512
+    body = 512 * (12 + 4 * 64) + 8 * 512 * 512
+    assert body < limits.max_message_bytes - limits.max_header_bytes < body * 1.01 + 1024
+    assert limits.max_header_bytes == 64 * 2**10 + 1600 * 64 + 64 * (6 * 4096 + 16_384 + 1024)
+    assert limits.max_message_bytes < 12 * 2**20  # vs 256 MiB by default
+    # In bytes never looser than the defaults: 512 groups of 32 768-character prompts would exceed them.
+    loose = Limits.for_receiver(max_completion_length=512, max_rows=512)
+    assert loose.max_header_bytes == Limits().max_header_bytes and loose.max_completions == 512
+    assert loose.max_message_bytes < Limits().max_message_bytes
+    # Number bounds and any derived field can be overridden.
+    custom = Limits.for_receiver(max_completion_length=8, max_rows=8, max_abs_reward=5.0, max_message_bytes=10**6)
+    assert custom.max_abs_reward == 5.0 and custom.max_message_bytes == 10**6 and custom.max_groups == 8
+
+
+def test_a_message_at_the_receivers_caps_fits_the_derived_limits():
+    # The worst an honest peer sends: every row, every token, K reward functions, prompts of max_prompt_chars of
+    # the characters JSON spends the most bytes on, the largest extra columns, 4-byte characters in the names.
+    rows, length, k, prompt_chars, extra_bytes = 12, 7, 3, 50, 300
+    limits = Limits.for_receiver(
+        max_completion_length=length,
+        max_rows=rows,
+        max_prompt_chars=prompt_chars,
+        max_extra_bytes=extra_bytes,
+        max_reward_functions=k,
+    )
+    message = make_message(
+        n=rows,
+        length=length,
+        k=k,
+        n_groups=rows,
+        vocab=151_000,
+        tokenizer_name="\U0001f600" * 4096,
+        model="\U0001f600" * 4096,
+        reward_names=["\U0001f600" * 256] * k,
+    )
+    for i, group in enumerate(message.groups):
+        prompt = "\x01" * prompt_chars if i % 2 else [{"role": "\x01" * 10, "content": "\x01" * (prompt_chars - 17)}]
+        group.prompt, group.extra = prompt, {"a": "x" * (extra_bytes - 12)}
+    for compact in (False, True):
+        data = encode_message(message, compact=compact, secret="s", private_key=KEY_A, limits=limits)
+        decoded = decode_message(data, secret="s", public_keys=PUBLIC_KEYS, limits=limits)
+        assert decoded.num_tokens() == rows * length
+    # One more row, or one more token, and the receiver refuses it from the header.
+    expect("limits", decode_message, encode_message(make_message(n=rows + 1, length=length)), limits=limits)
+    expect("limits", decode_message, encode_message(make_message(n=1, length=length + 1)), limits=limits)
+
+
+def test_a_tiny_message_declaring_many_rows_is_refused_from_its_header(monkeypatch):
+    # 65 536 one-token rows in a ~1.4 KiB compressed message (the body is all zeros but for the lengths).
+    n = 65_536
+    header = small_header(
+        reward_names=[],
+        groups=[{"prompt": "p", "extra": {}}],
+        counts={"completions": n, "tokens": n},
+        dtypes={"ids": "<u2", "logps": "<f2"},
+    )
+    body = columns_body([0] * n, [1] * n, [0.0] * n, np.zeros((n, 0)), [0] * n, [0.0] * n, "<u2", "<f2")
+    data = assemble(header, zlib.compress(body, 9), flags=wire.FLAG_COMPACT | wire.FLAG_COMPRESSED)
+    assert len(data) < 1600
+    assert len(decode_message(data).completions) == n  # the default limits take it: 65 536 row objects
+    limits = Limits.for_receiver(max_completion_length=512, max_rows=512)
+    created = []
+    monkeypatch.setattr(wire, "WireCompletion", lambda **fields: created.append(1))
+    monkeypatch.setattr(wire.zlib, "decompressobj", lambda: pytest.fail("inflated a body the header already refuses"))
+    tracemalloc.start()
+    try:
+        error = expect("limits", decode_message, data, limits=limits)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "65536 completions" in str(error) and created == []
+    assert peak < 64 * 2**10  # O(header): the 1 MiB body is never inflated
+
+
+def test_a_zip_bomb_costs_at_most_the_derived_body_size():
+    limits = Limits.for_receiver(max_completion_length=512, max_rows=512, max_reward_functions=0)
+    header = small_header(
+        reward_names=[], counts={"completions": 512, "tokens": 512 * 512}, dtypes={"ids": "<u2", "logps": "<f2"}
+    )
+    declared = 512 * 12 + 512 * 512 * 4  # what the counts imply: about 1 MiB
+    compressor = zlib.compressobj(9)
+    bomb = b"".join(compressor.compress(bytes(2**20)) for _ in range(64)) + compressor.flush()  # 64 MiB of zeros
+    data = assemble(header, bomb, flags=wire.FLAG_COMPACT | wire.FLAG_COMPRESSED)
+    assert len(data) < 128 * 2**10
+    tracemalloc.start()
+    try:
+        expect("too_large", decode_message, data, limits=limits)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # At most (twice, while zlib joins its output blocks) the body the receiver would accept, never the 64 MiB.
+    assert peak < 2 * declared + 256 * 2**10
+    # Counts beyond the derived limits: refused before inflating anything.
+    too_many = small_header(reward_names=[], counts={"completions": 513, "tokens": 513}, dtypes=header["dtypes"])
+    expect("limits", decode_message, assemble(too_many, bomb, flags=6), limits=limits)
+    # A header larger than the derived budget: refused before it is parsed.
+    huge_header = small_header(groups=[{"prompt": "x" * limits.max_header_bytes, "extra": {}}])
+    expect("too_large", decode_message, assemble(huge_header, small_body()), limits=limits)

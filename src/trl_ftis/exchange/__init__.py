@@ -1,6 +1,7 @@
 """Exchange of sampled completions between peers: the wire format and the transports that carry it.
 
-[`.wire`] (standard library + numpy only) encodes and decodes [`Message`] objects; the transports
+[`.wire`] (standard library + numpy only) encodes and decodes [`Message`] objects within [`Limits`];
+[`.keys`] holds the per-peer Ed25519 keys (the `cryptography` package, imported on first use); the transports
 (`Transport`, `Envelope`, `open_transport`) are imported on first use, so the wire format works on its own
 and importing this package stays cheap.
 """
@@ -8,10 +9,19 @@ and importing this package stays cheap.
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
+from .keys import (
+    KeyFileError,
+    generate_keypair,
+    load_private_key,
+    load_public_keys,
+    public_key_text,
+    save_private_key,
+    save_public_keys,
+)
+from .limits import Limits
 from .wire import (
     SCHEMA_VERSION,
     ExchangeError,
-    Limits,
     Message,
     WireCompletion,
     WireGroup,
@@ -34,6 +44,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Envelope",
     "ExchangeError",
+    "KeyFileError",
     "Limits",
     "Message",
     "Transport",
@@ -41,8 +52,14 @@ __all__ = [
     "WireGroup",
     "decode_message",
     "encode_message",
+    "generate_keypair",
+    "load_private_key",
+    "load_public_keys",
     "open_transport",
     "peek_header",
+    "public_key_text",
+    "save_private_key",
+    "save_public_keys",
     "tokenizer_fingerprint",
 ]
 

@@ -6,12 +6,15 @@ generator's per-token log-probs and the rewards. [`encode_message`] turns it int
 turns bytes from an *untrusted* peer back into a validated [`Message`].
 
 Decoding never executes anything (no pickle, no `torch.load`, no `eval`): the small text parts are JSON, the
-numbers are raw little-endian arrays read with [`numpy.frombuffer`]. Every declared size is checked against
-[`Limits`] and against the actual byte count before anything is allocated, and every failure is an
-[`ExchangeError`] with a short machine-readable `reason`, so a receiver can skip and count a bad peer with
-one `except` clause. The byte layout is documented in `docs/wire-format.md`.
+numbers are raw little-endian arrays read with [`numpy.frombuffer`]. Required signatures (a swarm secret, per-peer
+Ed25519 keys, or both) are verified on the exact signed bytes right after the fixed-size preamble, before any parser
+sees the header or the body. Every declared size and count is checked against [`Limits`] (tight ones:
+[`Limits.for_receiver`]) before the memory it guards is allocated, every number against its range, and every
+failure is an [`ExchangeError`] with a short machine-readable `reason`, so a receiver can skip and count a bad peer
+with one `except` clause. The byte layout is documented in `docs/wire-format.md`.
 
-This module depends on the standard library and numpy only (no torch, no transformers).
+This module depends on the standard library and numpy only (no torch, no transformers); Ed25519 keys need the
+`cryptography` package, imported on first use ([`trl_ftis.exchange.keys`]).
 """
 
 from __future__ import annotations
@@ -25,16 +28,24 @@ import re
 import struct
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..rules import MAX_LOGP, peer_id_problem
+from ..rules import MAX_LOGP, PEER_ID_MAX_CHARS, peer_id_problem
+from . import keys as _keys
+from .fingerprint import tokenizer_fingerprint
+from .limits import Limits
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 __all__ = [
     "COMPACT_LOGP_ABS_ERROR",
     "COMPACT_LOGP_REL_ERROR",
+    "ED25519_SIGNATURE_SIZE",
     "MAGIC",
     "PREAMBLE_SIZE",
     "REASONS",
@@ -59,13 +70,14 @@ MAGIC = b"FTIS"
 _PREAMBLE = struct.Struct("<4sHHIQ")
 PREAMBLE_SIZE = _PREAMBLE.size  # 20 bytes
 SIGNATURE_SIZE = 32  # HMAC-SHA256 digest
+ED25519_SIGNATURE_SIZE = _keys.SIGNATURE_SIZE  # 64
 
-FLAG_SIGNED = 1 << 0
+FLAG_SIGNED = 1 << 0  # an HMAC-SHA256 (swarm secret) trailer
 FLAG_COMPACT = 1 << 1
 FLAG_COMPRESSED = 1 << 2
-_KNOWN_FLAGS = FLAG_SIGNED | FLAG_COMPACT | FLAG_COMPRESSED
-
-"""Largest accepted log-prob: a log-prob is <= 0, plus slack for fp32 rounding of `log_softmax`."""
+FLAG_ED25519 = 1 << 3  # an Ed25519 (per-peer key) block: signer id length (u8), signer id, 64-byte signature
+_KNOWN_FLAGS = FLAG_SIGNED | FLAG_COMPACT | FLAG_COMPRESSED | FLAG_ED25519
+_MAX_TRAILER_BYTES = 1 + PEER_ID_MAX_CHARS + ED25519_SIGNATURE_SIZE + SIGNATURE_SIZE
 
 COMPACT_LOGP_REL_ERROR = 2.0**-11
 """Compact mode sends log-probs as float16: round-to-nearest with a 10-bit mantissa, so the relative error of a
@@ -77,7 +89,8 @@ _FLOAT16_MIN = float(np.finfo(np.float16).min)  # -65504: compact mode clamps lo
 # Level 1: on ids + float16 log-probs, levels 3-9 gain < 1% in size and cost up to 5x the time (measured).
 _ZLIB_LEVEL = 1
 _MAX_JSON_DEPTH = 32  # a chat prompt reaches depth 6 in the header; anything near 32 is hostile
-_MAX_ROUND = 2**63 - 1
+_MAX_ROUND = 2**63 - 1  # fits int64 wherever a round is stored
+_MAX_CREATED = 253_402_300_799.0  # 9999-12-31T23:59:59Z: datetime.fromtimestamp works on every accepted value
 _MAX_NAME_CHARS = 4096  # tokenizer_name (a name_or_path can be a long local path)
 _MAX_REWARD_NAME_CHARS = 256
 _FINGERPRINT_RE = re.compile(r"[0-9a-f]{64}")
@@ -88,18 +101,8 @@ _ID_DTYPES = {"<i4": np.dtype("<i4"), "<u2": np.dtype("<u2")}
 _LOGP_DTYPES = {"<f4": np.dtype("<f4"), "<f2": np.dtype("<f2")}
 # Fixed part of the body per completion: group index (u32), length (u32), reward (f32); then K f32 per completion.
 _FIXED_PER_COMPLETION = 12
-_HEADER_KEYS = (
-    "sender",
-    "round",
-    "created",
-    "tokenizer_fingerprint",
-    "tokenizer_name",
-    "temperature",
-    "reward_names",
-    "groups",
-    "counts",
-    "dtypes",
-)
+_HEADER_KEYS = ("sender", "round", "created", "tokenizer_fingerprint", "tokenizer_name", "temperature")
+_HEADER_KEYS += ("reward_names", "groups", "counts", "dtypes")
 # Keys a header may carry or leave out (added after schema version 1 without breaking it).
 _OPTIONAL_HEADER_KEYS = ("model",)
 
@@ -109,15 +112,17 @@ REASONS = frozenset(
         "magic",  # not a trl-ftis message
         "version",  # a schema version this code does not read
         "too_large",  # a byte size above Limits, extra bytes after the message, or a zip bomb
-        "unsigned",  # a secret is configured but the message carries no signature
-        "signature",  # the HMAC does not match
-        "header",  # the JSON header is malformed, has wrong types/values, or a bad sender
+        "unsigned",  # a required signature (HMAC and/or Ed25519) is absent: refused from the preamble's flags alone
+        "signature",  # an HMAC or Ed25519 signature does not match (or its block is malformed)
+        "unknown_peer",  # public keys are required and the signer named in the Ed25519 block has none registered
+        "identity",  # validly signed by peer X's key, but the header names another sender
+        "header",  # the JSON header is malformed, has wrong types/values/ranges, or a bad sender
         "body",  # the compressed body is not a valid zlib stream
         "shape",  # array sizes/indices inconsistent (body size, lengths, group index, rewards_per_func)
         "ids",  # a token id outside [0, vocab_limit) (or not an integer on encode)
-        "logps",  # a log-prob that is not finite or is > MAX_LOGP
-        "rewards",  # a reward that is not finite (rewards_per_func: NaN allowed, +-inf not)
-        "limits",  # a count above Limits (completions, groups, tokens, reward functions)
+        "logps",  # a log-prob that is not finite, is > MAX_LOGP or < Limits.min_logp
+        "rewards",  # a reward not finite or above Limits.max_abs_reward in magnitude (rewards_per_func: NaN allowed)
+        "limits",  # a declared count above Limits (completions, groups, tokens, reward functions)
     }
 )
 
@@ -137,21 +142,6 @@ class ExchangeError(ValueError):
 
     def __reduce__(self):  # keep it picklable (multiprocessing), despite the two-argument constructor
         return (type(self), (self.reason, self.message))
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Upper bounds a receiver enforces; each is checked before the memory it guards is allocated.
-
-    `max_message_bytes` bounds the bytes on the wire *and* the body after decompression.
-    """
-
-    max_message_bytes: int = 256 * 2**20
-    max_header_bytes: int = 64 * 2**20
-    max_completions: int = 65_536  # also bounds the number of groups
-    max_completion_tokens: int = 131_072  # per completion
-    max_total_tokens: int = 64 * 2**20
-    max_reward_functions: int = 64
 
 
 @dataclass
@@ -331,8 +321,8 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
     if not _is_int(round_) or not 0 <= round_ <= _MAX_ROUND:
         raise _fail("header", f"round must be a non-negative integer, got {round_!r:.40}", sender)
     created = _finite_float(header["created"])
-    if created is None or created < 0:
-        problem = f"created must be a finite non-negative number, got {header['created']!r:.40}"
+    if created is None or not 0 <= created <= _MAX_CREATED:
+        problem = f"created must be unix seconds in [0, {_MAX_CREATED:.0f}], got {header['created']!r:.40}"
         raise _fail("header", problem, sender)
     fingerprint = header["tokenizer_fingerprint"]
     if not isinstance(fingerprint, str) or not _FINGERPRINT_RE.fullmatch(fingerprint):
@@ -340,8 +330,9 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
     name = _check_printable(header["tokenizer_name"], "tokenizer_name", _MAX_NAME_CHARS, sender)
     model = _check_printable(header.get("model", ""), "model", _MAX_NAME_CHARS, sender)
     temperature = _finite_float(header["temperature"])
-    if temperature is None or temperature <= 0:
-        problem = f"temperature must be a finite number > 0, got {header['temperature']!r:.40}"
+    if temperature is None or not limits.min_temperature <= temperature <= limits.max_temperature:
+        low, high = limits.min_temperature, limits.max_temperature
+        problem = f"temperature must be a number in [{low}, {high}], got {header['temperature']!r:.40}"
         raise _fail("header", problem, sender)
 
     reward_names = header["reward_names"]
@@ -355,8 +346,8 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
     groups = header["groups"]
     if not isinstance(groups, list):
         raise _fail("header", "groups must be a list", sender)
-    if len(groups) > limits.max_completions:
-        raise _fail("limits", f"{len(groups)} groups, more than {limits.max_completions}", sender)
+    if len(groups) > limits.max_groups:
+        raise _fail("limits", f"{len(groups)} groups, more than {limits.max_groups}", sender)
     for i, group in enumerate(groups):
         if not isinstance(group, dict) or set(group) != {"prompt", "extra"}:
             raise _fail("header", f"groups[{i}] must be an object with exactly 'prompt' and 'extra'", sender)
@@ -456,11 +447,19 @@ def _check_columns(columns: _Columns, header: _Header, *, vocab_limit: int | Non
         raise _fail("logps", f"non-finite generator log-prob {float(bad)!r}", sender)
     if columns.logps.size and float(columns.logps.max()) > MAX_LOGP:
         raise _fail("logps", f"positive generator log-prob {float(columns.logps.max())!r}", sender)
+    if columns.logps.size and float(columns.logps.min()) < limits.min_logp:  # compared as float64: exact
+        raise _fail("logps", f"generator log-prob {float(columns.logps.min())!r} < {limits.min_logp}", sender)
     if not np.isfinite(columns.reward).all():
         bad = int(np.argmin(np.isfinite(columns.reward)))
         raise _fail("rewards", f"completion {bad} has a non-finite reward {float(columns.reward[bad])!r}", sender)
-    if np.isinf(columns.rewards_per_func).any():  # NaN is allowed: a reward function returned None
-        raise _fail("rewards", "an infinite per-function reward", sender)
+    bound = limits.max_abs_reward
+    if columns.reward.size and float(np.abs(columns.reward).max()) > bound:
+        bad = int(np.argmax(np.abs(columns.reward)))
+        raise _fail("rewards", f"completion {bad} has reward {float(columns.reward[bad])!r}, |r| > {bound}", sender)
+    # NaN is allowed (a reward function returned None); fmax skips it. +-inf is above any bound.
+    largest = float(np.fmax.reduce(np.abs(columns.rewards_per_func).ravel(), initial=-np.inf))
+    if largest > bound:
+        raise _fail("rewards", f"a per-function reward of magnitude {largest!r}, more than {bound}", sender)
     starts = np.zeros(columns.length.size, dtype=np.int64)
     np.cumsum(columns.length[:-1], dtype=np.int64, out=starts[1:])
     return starts
@@ -562,9 +561,10 @@ def encode_message(
     message: Message,
     *,
     secret: bytes | str | None = None,
+    private_key: Ed25519PrivateKey | None = None,
     compact: bool | None = None,
     compress: bool | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(),  # noqa: B008 - a frozen dataclass
 ) -> bytes:
     """The bytes of `message` (layout: `docs/wire-format.md`).
 
@@ -572,12 +572,16 @@ def encode_message(
         message: what to send. It is validated with the checks a receiver runs (raises [`ExchangeError`], a
             [`ValueError`], naming the problem), and numpy values in prompts/extra become plain JSON.
         secret: the swarm secret (bytes, or str as UTF-8); when set, an HMAC-SHA256 signature is appended.
+        private_key: this peer's Ed25519 private key ([`trl_ftis.exchange.keys`]); when set, a block naming
+            `message.sender` as the signer and its Ed25519 signature are appended (before the HMAC, if any).
         compact: ids as uint16 (when every id < 65536, else int32) and log-probs as float16 (relative error
             <= [`COMPACT_LOGP_REL_ERROR`]). Default: `message.compact`. Exact mode (`False`) sends int32 ids
             and float32 log-probs, exactly 8 bytes per completion token.
         compress: zlib-compress the body; default: on in compact mode, off in exact mode.
         limits: the encoder refuses messages a receiver with these limits would reject.
     """
+    if private_key is not None:
+        _keys.check_private_key(private_key)
     if not isinstance(message, Message):
         raise TypeError(f"encode_message expects a Message, got {type(message).__name__}")
     compact = bool(message.compact if compact is None else compact)
@@ -634,8 +638,12 @@ def encode_message(
     if compact:
         # float16 holds [-65504, 65504]: a lower log-prob would become -inf. Such a token is astronomically
         # unlikely and its weight min(exp(lθ - lgen), C) is capped at C either way, so clamp rather than fail;
-        # the <= MAX_LOGP rounding slack above 0 becomes 0, so float16 rounding cannot push it past MAX_LOGP.
-        logps_wire = np.clip(logps, _FLOAT16_MIN, 0.0).astype("<f2")
+        # the <= MAX_LOGP rounding slack above 0 becomes 0, so float16 rounding cannot push it past MAX_LOGP,
+        # and the lowest float16 >= min_logp is the floor, so rounding cannot push a value below min_logp either.
+        floor = np.float16(max(limits.min_logp, _FLOAT16_MIN))
+        if float(floor) < limits.min_logp:
+            floor = np.nextafter(floor, np.float16(0))
+        logps_wire = np.maximum(np.clip(logps, _FLOAT16_MIN, 0.0).astype("<f2"), floor)
     else:
         logps_wire = logps.astype("<f4")
 
@@ -660,8 +668,12 @@ def encode_message(
         raise _fail(
             "too_large", f"the header has {len(header_bytes)} bytes, more than {limits.max_header_bytes}", sender
         )
+    flags |= FLAG_ED25519 if private_key is not None else 0
     data = _PREAMBLE.pack(MAGIC, SCHEMA_VERSION, flags, len(header_bytes), len(body)) + header_bytes + body
-    if secret is not None:
+    if private_key is not None:  # the signer's id, then its signature of everything before the signature
+        data += bytes([len(sender)]) + sender.encode("ascii")
+        data += _keys.sign(private_key, data)
+    if secret is not None:  # the HMAC of everything before it (the Ed25519 block included)
         data += hmac.new(_secret_key(secret), data, hashlib.sha256).digest()
     if len(data) > limits.max_message_bytes:
         raise _fail("too_large", f"the message has {len(data)} bytes, more than {limits.max_message_bytes}", sender)
@@ -674,7 +686,7 @@ def encode_message(
 
 @dataclass
 class _Frame:
-    """The preamble's fields, checked against the limits and the bytes present."""
+    """The preamble's fields and the signature trailers, checked against the limits and the bytes present."""
 
     view: memoryview
     version: int
@@ -682,6 +694,9 @@ class _Frame:
     header_length: int
     body_length: int
     total_length: int
+    signer: str | None = None
+    """The peer id in the Ed25519 block (unverified until [`_verify`] checked it); None without the block or when
+    only the header was read."""
 
     @property
     def signed(self) -> bool:
@@ -695,6 +710,10 @@ class _Frame:
     def compressed(self) -> bool:
         return bool(self.flags & FLAG_COMPRESSED)
 
+    @property
+    def body_end(self) -> int:
+        return PREAMBLE_SIZE + self.header_length + self.body_length
+
 
 def _as_view(data: Any) -> memoryview:
     if isinstance(data, (bytes, bytearray)):
@@ -707,8 +726,9 @@ def _as_view(data: Any) -> memoryview:
     raise ExchangeError("header", f"message: expected bytes, got {type(data).__name__}")
 
 
-def _read_frame(data: Any, limits: Limits, *, need_body: bool) -> _Frame:
-    """Parses and checks the preamble: magic, version, flags, declared lengths vs limits and vs the byte count."""
+def _read_frame(data: Any, limits: Limits, *, need_body: bool, required_flags: int = 0) -> _Frame:
+    """Parses and checks the preamble (magic, version, flags, declared lengths vs limits and vs the byte count) and,
+    with `need_body`, the Ed25519 block's signer id. Only fixed-size fields are read: no parser runs here."""
     view = _as_view(data)
     size = len(view)
     if size > limits.max_message_bytes:
@@ -726,20 +746,58 @@ def _read_frame(data: Any, limits: Limits, *, need_body: bool) -> _Frame:
         )
     if flags & ~_KNOWN_FLAGS:
         raise ExchangeError("header", f"message: unknown flag bits {flags & ~_KNOWN_FLAGS:#x}")
+    if required_flags & ~flags:  # from the flags alone: an unsigned message costs 20 bytes of reading
+        which = "HMAC" if required_flags & ~flags & FLAG_SIGNED else "Ed25519"
+        raise ExchangeError("unsigned", f"message: no {which} signature, but this receiver requires one")
     if header_length > limits.max_header_bytes:
         raise ExchangeError(
             "too_large", f"message: header of {header_length} bytes, more than {limits.max_header_bytes}"
         )
-    signature = SIGNATURE_SIZE if flags & FLAG_SIGNED else 0
-    total = PREAMBLE_SIZE + header_length + body_length + signature  # Python ints: a 2**64 claim cannot wrap
+    frame = _Frame(view, version, flags, header_length, body_length, 0)
+    total = frame.body_end + (SIGNATURE_SIZE if frame.signed else 0)  # Python ints: a 2**64 claim cannot wrap
+    total += 1 + ED25519_SIGNATURE_SIZE if flags & FLAG_ED25519 else 0  # + the signer id, read below
     if total > limits.max_message_bytes:
         raise ExchangeError("too_large", f"message: declares {total} bytes, more than {limits.max_message_bytes}")
     needed = total if need_body else PREAMBLE_SIZE + header_length
     if size < needed:
         raise ExchangeError("truncated", f"message: {size} bytes, but the preamble declares {needed}")
+    if need_body and flags & FLAG_ED25519:
+        signer_length = view[frame.body_end]
+        if not 1 <= signer_length <= PEER_ID_MAX_CHARS:
+            raise ExchangeError("signature", f"message: the Ed25519 block names a signer of {signer_length} bytes")
+        total += signer_length
+        if total > limits.max_message_bytes or size < total:
+            reason = "too_large" if total > limits.max_message_bytes else "truncated"
+            raise ExchangeError(reason, f"message: {size} bytes, but the frame and its Ed25519 block declare {total}")
+        signer = bytes(view[frame.body_end + 1 : frame.body_end + 1 + signer_length]).decode("ascii", "replace")
+        if peer_id_problem(signer) is not None:
+            raise ExchangeError("signature", f"message: the Ed25519 block names an invalid signer {signer!r}")
+        frame.signer = signer
+    elif flags & FLAG_ED25519 and size > frame.body_end:  # peek_header's message_bytes only: not checked
+        total += view[frame.body_end]
     if need_body and size > total:
         raise ExchangeError("too_large", f"message: {size - total} unexpected bytes after the declared end")
-    return _Frame(view, version, flags, header_length, body_length, total)
+    frame.total_length = total
+    return frame
+
+
+def _verify(frame: _Frame, key: bytes | None, public_keys: Mapping[str, Ed25519PublicKey] | None) -> None:
+    """Checks the required signatures on the exact signed bytes, in place (nothing is copied or parsed)."""
+    view = frame.view
+    if key is not None:  # membership first: it is the cheaper check, and strangers then never reach Ed25519
+        start = frame.total_length - SIGNATURE_SIZE  # the HMAC covers everything before it
+        expected = hmac.new(key, view[:start], hashlib.sha256).digest()
+        if not hmac.compare_digest(expected, bytes(view[start : frame.total_length])):
+            raise ExchangeError("signature", "message: the signature does not match (wrong secret or tampered)")
+    if public_keys is not None:
+        signer = frame.signer
+        public_key = public_keys.get(signer)
+        if public_key is None:
+            raise ExchangeError("unknown_peer", f"message: signed as peer {signer!r}, who has no registered key")
+        start = frame.body_end + 1 + len(signer)  # the signature covers everything before it
+        if not _keys.verify(public_key, view[start : start + ED25519_SIGNATURE_SIZE], view[:start]):
+            problem = f"the Ed25519 signature does not match peer {signer!r}'s key (forged or tampered)"
+            raise ExchangeError("signature", f"message: {problem}")
 
 
 def _reject_duplicates(pairs: list) -> dict:
@@ -783,42 +841,53 @@ def _inflate(payload: memoryview, expected: int, sender: str) -> bytes:
     return out
 
 
+def _open(data: Any, secret, public_keys, limits: Limits, *, need_body: bool) -> tuple[_Frame, _Header]:
+    """Frame, signatures, then (and only then) the header: what decode_message and peek_header share."""
+    key = None if secret is None else _secret_key(secret)
+    required = (FLAG_SIGNED if key is not None else 0) | (FLAG_ED25519 if public_keys is not None else 0)
+    frame = _read_frame(data, limits, need_body=need_body or bool(required), required_flags=required)
+    _verify(frame, key, public_keys)
+    header = _parse_header(frame, limits)
+    if public_keys is not None and header.sender != frame.signer:  # identity: the key's owner is the sender
+        raise _fail("identity", f"signed with peer {frame.signer!r}'s key, but names {header.sender!r}", header.sender)
+    return frame, header
+
+
 def decode_message(
     data: bytes,
     *,
     secret: bytes | str | None = None,
+    public_keys: Mapping[str, Ed25519PublicKey] | None = None,
     vocab_limit: int | None = None,
-    limits: Limits = Limits(),
+    limits: Limits = Limits(),  # noqa: B008 - a frozen dataclass
 ) -> Message:
     """Validates and decodes bytes from a peer; raises [`ExchangeError`] (and nothing else) for bad input.
 
     Args:
         data: the message (bytes, bytearray or memoryview).
-        secret: the swarm secret. When set, the message must be signed (else reason `"unsigned"`) with this
-            secret (else `"signature"`); the HMAC is verified before the header or the arrays are parsed.
-            Without a secret, signed and unsigned messages are both accepted and the signature is not checked.
+        secret: the swarm secret. When set, the message must carry an HMAC (else reason `"unsigned"`, decided from
+            the preamble's flags alone) made with this secret (else `"signature"`).
+        public_keys: peer id -> Ed25519 public key ([`trl_ftis.exchange.keys.load_public_keys`]). When given (even
+            empty), the message must carry an Ed25519 block (else `"unsigned"`) whose signer has a key here (else
+            `"unknown_peer"`), a valid signature by that key (else `"signature"`), and a header naming that signer
+            as its sender (else `"identity"`). Can be combined with `secret` (membership and identity).
         vocab_limit: when given, every token id must be in `[0, vocab_limit)` (reason `"ids"`); pass the
             receiver's embedding size.
-        limits: size limits, each checked before the memory it guards is allocated.
+        limits: sizes, counts and number ranges ([`Limits.for_receiver`] derives tight ones), each size checked
+            before the memory it guards is allocated.
 
-    The returned arrays are fresh, writable copies (ids int32, log-probs and rewards float32).
+    Signatures are verified on the exact signed bytes before the header or the body is parsed: a stranger's
+    message costs one pass of HMAC/Ed25519 hashing over bytes already in memory, nothing more. Without `secret`
+    and `public_keys` no signature is checked. The returned arrays are fresh, writable copies (ids int32,
+    log-probs and rewards float32).
     """
-    key = None if secret is None else _secret_key(secret)
-    frame = _read_frame(data, limits, need_body=True)
+    frame, header = _open(data, secret, public_keys, limits, need_body=True)
     view = frame.view
-    if key is not None:
-        if not frame.signed:
-            raise ExchangeError("unsigned", "message: not signed, but this receiver requires a signature")
-        signed_end = frame.total_length - SIGNATURE_SIZE
-        expected = hmac.new(key, view[:signed_end], hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, bytes(view[signed_end : frame.total_length])):
-            raise ExchangeError("signature", "message: the signature does not match (wrong secret or tampered)")
-    header = _parse_header(frame, limits)
     sender = header.sender
 
     expected_size = _body_size(header)
     body_start = PREAMBLE_SIZE + frame.header_length
-    payload = view[body_start : body_start + frame.body_length]
+    payload = view[body_start : frame.body_end]
     if frame.compressed:
         if expected_size > limits.max_message_bytes:
             raise _fail(
@@ -879,22 +948,32 @@ def decode_message(
     )
 
 
-def peek_header(data: bytes, *, limits: Limits = Limits()) -> dict:
-    """The header's small fields, WITHOUT verifying the signature or reading the arrays: for cheap staleness checks.
+def peek_header(
+    data: bytes,
+    *,
+    secret: bytes | str | None = None,
+    public_keys: Mapping[str, Ed25519PublicKey] | None = None,
+    limits: Limits = Limits(),  # noqa: B008 - a frozen dataclass
+) -> dict:
+    """The header's small fields, without reading the arrays.
 
-    `data` may be the whole message or just its first `PREAMBLE_SIZE + header_length` bytes. The values are
-    *unauthenticated*: use them only to skip a message early, never to trust one (run [`decode_message`] with
-    the secret for that). Raises [`ExchangeError`] like [`decode_message`].
+    With `secret` and/or `public_keys`, the signatures are verified first, exactly as [`decode_message`] does
+    (the whole message is then needed, and the values are authenticated: `verified` is True). Without them,
+    `data` may be just the first `PREAMBLE_SIZE + header_length` bytes and the values are *unauthenticated*:
+    use them only to skip a message early, never to trust one. Raises [`ExchangeError`] like [`decode_message`].
 
-    Returns a dict with ``schema_version, signed, compact, compressed, sender, round, created,
-    tokenizer_fingerprint, tokenizer_name, temperature, reward_names, num_groups, num_completions, num_tokens,
-    header_bytes, body_bytes, message_bytes``.
+    Returns a dict with ``schema_version, signed, ed25519, verified, signer, compact, compressed, sender, round,
+    created, tokenizer_fingerprint, tokenizer_name, temperature, reward_names, model, num_groups, num_completions,
+    num_tokens, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when `public_keys` verified
+    it, else None; `message_bytes`: the size the frame declares).
     """
-    frame = _read_frame(data, limits, need_body=False)
-    header = _parse_header(frame, limits)
+    frame, header = _open(data, secret, public_keys, limits, need_body=False)
     return {
         "schema_version": frame.version,
         "signed": frame.signed,
+        "ed25519": bool(frame.flags & FLAG_ED25519),
+        "verified": secret is not None or public_keys is not None,
+        "signer": frame.signer if public_keys is not None else None,
         "compact": frame.compact,
         "compressed": frame.compressed,
         "sender": header.sender,
@@ -912,51 +991,3 @@ def peek_header(data: bytes, *, limits: Limits = Limits()) -> dict:
         "body_bytes": frame.body_length,
         "message_bytes": frame.total_length,
     }
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Tokenizer fingerprint
-
-
-def _token_text(token: Any) -> str:
-    return str(getattr(token, "content", token))  # AddedToken -> its text
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Hex SHA-256 identifying what token ids mean: peers may exchange ids only when their fingerprints match.
-
-    Covers the full vocabulary (token -> id, sorted), the special tokens with their roles and ids, which added
-    tokens are special, and `len(tokenizer)`. It is identical for two loads of the same tokenizer and changes if
-    any id, token or special token differs. The chat template is deliberately left out: each peer renders
-    prompts with its own template, and that does not change what an id means.
-
-    `tokenizer` is any object with `get_vocab()`, `__len__` and (optionally) `special_tokens_map`,
-    `all_special_tokens`, `added_tokens_decoder` and `convert_tokens_to_ids`, e.g. a transformers tokenizer.
-    """
-    convert = getattr(tokenizer, "convert_tokens_to_ids", None)
-
-    def token_id(token: str) -> Any:
-        if convert is None:
-            return None
-        value = convert(token)
-        return int(value) if _is_int(value) else None
-
-    roles = {}
-    for role, value in sorted((getattr(tokenizer, "special_tokens_map", None) or {}).items()):
-        tokens = [_token_text(v) for v in value] if isinstance(value, (list, tuple)) else [_token_text(value)]
-        roles[str(role)] = [[token, token_id(token)] for token in tokens]
-    specials = sorted({_token_text(t) for t in (getattr(tokenizer, "all_special_tokens", None) or [])})
-    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    added_flags = sorted([int(i), _token_text(t), bool(getattr(t, "special", False))] for i, t in added.items())
-    vocab = sorted((str(token), int(i)) for token, i in tokenizer.get_vocab().items())
-    canonical = {
-        "format": "trl-ftis tokenizer fingerprint v1",
-        "len": len(tokenizer),
-        "vocab": vocab,
-        "special_roles": roles,
-        "special_tokens": [[token, token_id(token)] for token in specials],
-        "added_tokens": added_flags,
-    }
-    # ensure_ascii: one canonical byte string whatever the tokens (lone surrogates included).
-    text = json.dumps(canonical, ensure_ascii=True, separators=(",", ":"), sort_keys=True)
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
