@@ -90,8 +90,12 @@ def normalise_exchange_url(url: str) -> str:
 REDACTED = "<redacted>"
 """What a secret (a swarm secret, a password in a URL, a token) is replaced with wherever it would be shown."""
 
-# scheme://user:PASSWORD@ anywhere in free text (log lines, command lines, environment values).
+# scheme://user:PASSWORD@ and scheme://:PASSWORD@ anywhere in free text (log lines, command lines, environment
+# values, JSON).
 _URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)@")
+# A `password=` query value (`?password=PW`, `&password=PW`, any case) anywhere in free text: up to the next `&`, `#`,
+# whitespace or quote (shell quoting, JSON), the characters that end it in a URL written out in text.
+_QUERY_PASSWORD_RE = re.compile(r"([?&]password=)([^&#\s'\"]+)", re.IGNORECASE)
 
 
 def redact_url(url: str) -> str:
@@ -118,8 +122,11 @@ def redact_url(url: str) -> str:
 
 
 def redact_text(text: str) -> str:
-    """`text` with the password of every `scheme://user:password@host` URL in it replaced by [`REDACTED`]."""
-    return _URL_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED + "@", text)
+    """`text` with every URL password in it replaced by [`REDACTED`]: the user info password of each
+    `scheme://[user]:password@host` and each `?password=` / `&password=` query value, as [`redact_url`] hides them in
+    a single URL. Text without a URL password comes back unchanged."""
+    text = _URL_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED + "@", text)
+    return _QUERY_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED, text)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -37,6 +37,8 @@ __all__ = [
 # Environment names whose values are never printed or written by the launcher (case-insensitive, anywhere in the
 # name). TOKENIZERS_PARALLELISM & co. are not secrets.
 _SECRET_NAME_RE = re.compile(r"SECRET|TOKEN(?!IZ)|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
+# `NAME=VALUE` as a command-line item (what `env` takes).
+_ASSIGNMENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
 @dataclass
@@ -191,15 +193,27 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """`argv` with URL passwords and the values of secret-named options (`--hub_token X`) replaced."""
+    """`argv` with every secret replaced by `<redacted>`.
+
+    * The values of secret-named options (SECRET, TOKEN, PASSWORD, API_KEY, ... anywhere in the name, any case), in
+      both forms: `--hub_token X` (every value up to the next `--option`, for list-valued options) and
+      `--swarm_secret=X`.
+    * Secret-named `NAME=VALUE` items (an `env FTIS_SWARM_SECRET=X ...` command line).
+    * URL passwords in every other item (`redis://:X@host`, `?password=X`; `trl_ftis.rules.redact_text`).
+    """
     out = []
-    hide_next = False
+    hide_values = False
     for item in argv:
-        if hide_next and not item.startswith("--"):
+        if item.startswith("--"):
+            name, equals, _ = item[2:].partition("=")
+            hide_values = not equals and _is_secret_name(name)  # `--flag=value` holds its value: nothing follows
+            out.append(f"--{name}={REDACTED}" if equals and _is_secret_name(name) else redact_text(item))
+        elif hide_values:
             out.append(REDACTED)
-            continue
-        hide_next = item.startswith("--") and _is_secret_name(item[2:])
-        out.append(redact_text(item))
+        elif _ASSIGNMENT_RE.match(item) and _is_secret_name(item.partition("=")[0]):
+            out.append(item.partition("=")[0] + "=" + REDACTED)
+        else:
+            out.append(redact_text(item))
     return out
 
 

@@ -240,7 +240,8 @@ class Supervisor:
                 pass  # a closed console (e.g. `| head`) must not stop the supervision; the logs still get everything
 
     def say(self, message: str):
-        self.emit(self.own_prefix + message)
+        """A launcher status line (`[swarm] ...`); URL passwords in it (an exception's text, say) are redacted."""
+        self.emit(self.own_prefix + redact_text(message))
 
     def _pump(self, run: _PeerRun, log):
         """Reader thread: each line to the log file (raw, unbuffered) and to the console (prefixed)."""
@@ -454,7 +455,7 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
             supervisor.start()
             code, reason = supervisor.supervise()
         except OSError as exc:
-            code, reason = 1, f"could not start the swarm: {exc}"
+            code, reason = 1, redact_text(f"could not start the swarm: {exc}")
         finally:
             # Runs on success, failure, signal and on any bug above: nothing may outlive the launcher.
             supervisor.stop()
