@@ -620,3 +620,30 @@ def test_ftis_loss_both_none_is_on_policy_grpo():
         loss, grad = loss_and_grad(LOGPS, None, None, ADV, MASK, num_generations=2, variant=variant, kl_threshold=0.0)
         assert_scalar(loss, 0.0, F32)
         torch.testing.assert_close(grad, t64(UNFILTERED["nois"][1]), **F32)
+
+
+# =============================================================================== ftis_loss: what a peer can send
+
+PEER_EXTREMES = [-0.0, 1e-4, -1e-45, -1e30, -3.4028234663852886e38, -INF]  # -0.0, MAX_LOGP, ..., float32 -inf
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("advantage", [1.0, 1e7], ids=["unit", "max-peer-advantage"])
+def test_ftis_loss_is_finite_for_every_generator_log_prob_a_peer_can_send(variant, dtype, advantage):
+    """Generator log-probs are constants received from peers: every value a peer row can carry into the float32
+    batch (up to `rules.MAX_LOGP` above 0, down to float32 `-inf`) with advantages up to
+    `peer_rows.MAX_ABS_ADVANTAGE` in magnitude gives a finite loss and finite gradients, for every variant, in fp32
+    and for a bf16 learner."""
+    n = len(PEER_EXTREMES)
+    gen = torch.tensor([PEER_EXTREMES, PEER_EXTREMES[::-1]], dtype=torch.float32)
+    logps = torch.tensor([[-0.5 - 0.1 * k for k in range(n)], [-3.0 + 0.2 * k for k in range(n)]], dtype=dtype)
+    theta = logps.clone().requires_grad_(True)
+    advantages = torch.tensor([advantage, -advantage], dtype=torch.float32)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    for old in (None, logps.detach().float() - 0.3):
+        theta.grad = None
+        loss = ftis_loss(theta, old, gen, advantages, mask, num_generations=2, variant=variant)
+        loss.backward()
+        assert torch.isfinite(loss), (variant, loss)
+        assert torch.isfinite(theta.grad).all(), (variant, theta.grad)

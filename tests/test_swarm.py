@@ -277,10 +277,18 @@ def test_horizontal_mode_normalises_mixed_groups(tokenizer, make_args, url):
 
 def test_a_message_delivered_twice_is_used_once(tokenizer, url):
     a, b = make_swarm(url, "a", tokenizer), make_swarm(url, "b", tokenizer)
+    sent = []
+    publish = b.transport.publish
+    b.transport.publish = lambda data, **where: (sent.append((data, where)), publish(data, **where))
     b.publish(rows("b"), 0)
-    b.publish(rows("b"), 0)  # a retried publish
+    (data, where), *_ = sent
+    publish(data, **where)  # a retried publish: the same bytes again (e.g. Redis, after a dropped connection)
     result = a.collect(0)
     assert len(result.rows) == 4 and result.refused["duplicate"] == 1
+    a.close()
+    a.reopen()  # a second train(): the exchange is read again from its start
+    again = a.collect(0)
+    assert again.rows == [] and again.refused["duplicate"] == 2
 
 
 def test_peers_report_their_models_and_the_model_card_names_the_swarm(tokenizer, make_args, url):

@@ -1,6 +1,7 @@
 """The `trl-ftis` command line.
 
     trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS]
+    trl-ftis keygen PEER_ID [--dir DIR] [--keys-file FILE]
 
 Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets `func` to a handler
 taking the parsed arguments and returning an exit code; to add a subcommand, write such a function and list it in
@@ -65,6 +66,89 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _add_keygen(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "keygen",
+        help="create a peer's Ed25519 key pair (per-peer keys: identity, not just membership)",
+        description=(
+            "Write PEER_ID's private key to DIR/PEER_ID.key (PEM, mode 0600; an existing file is never replaced) and "
+            "print, on stdout, the line to add to the swarm's public-key file (`FTISConfig.peer_keys_file`), e.g. "
+            "`trl-ftis keygen peer-a >> peers.yaml`; with --keys-file the line is added to that file directly. Give "
+            "the key file to that peer only (`--private_key_file`) and the public-key file to every peer. Exit code: "
+            "0 written, 1 a key for PEER_ID exists already, 2 invalid arguments or files. See docs/swarm.md."
+        ),
+    )
+    parser.add_argument("peer_id", metavar="PEER_ID", help="the peer's id (FTISConfig.peer_id)")
+    parser.add_argument("--dir", default=".", help="where to write PEER_ID.key (created if missing; default: .)")
+    parser.add_argument(
+        "--keys-file",
+        metavar="FILE",
+        help="a public-key file (YAML, or JSON when it ends in .json) to add PEER_ID's public key to (created if "
+        "missing); refused when it already has a key for PEER_ID",
+    )
+    parser.set_defaults(func=_run_keygen)
+
+
+def _run_keygen(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from .exchange import keys
+    from .rules import peer_id_problem
+
+    def fail(code: int, text: str) -> int:
+        print(f"trl-ftis keygen: error: {text}", file=sys.stderr)
+        return code
+
+    problem = peer_id_problem(args.peer_id)
+    if problem is not None:
+        return fail(2, f"PEER_ID: {problem}")
+    keys_file = Path(args.keys_file).expanduser() if args.keys_file else None
+    registered: dict[str, str] = {}
+    if keys_file is not None and keys_file.exists() and keys_file.read_text(encoding="utf-8").strip():
+        try:
+            registered = {peer: keys.public_key_text(key) for peer, key in keys.load_public_keys(keys_file).items()}
+        except (keys.KeyFileError, OSError) as error:  # checked before anything is written
+            return fail(2, str(error))
+        if args.peer_id in registered:
+            return fail(1, f"{str(keys_file)!r} already has a key for {args.peer_id!r}; nothing was written.")
+    directory = Path(args.dir).expanduser()
+    path = directory / f"{args.peer_id}.key"
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_key, _ = keys.generate_keypair()
+        keys.save_private_key(path, private_key)
+    except FileExistsError:
+        return fail(1, f"{str(path)!r} exists; refusing to replace a private key (delete it first to make a new one).")
+    except OSError as error:
+        return fail(2, f"cannot write {str(path)!r}: {error.strerror or error}")
+    text = keys.public_key_text(private_key)
+    # Both quoted: YAML would read an id such as 123 or true as a number or a boolean.
+    line = f"{json.dumps(args.peer_id)}: {json.dumps(text)}"
+    if keys_file is not None:
+        try:
+            if keys_file.suffix.lower() == ".json":
+                keys.save_public_keys(keys_file, {**registered, args.peer_id: text})
+            else:
+                existing = keys_file.read_text(encoding="utf-8") if keys_file.exists() else ""
+                separator = "" if not existing or existing.endswith("\n") else "\n"
+                with open(keys_file, "a", encoding="utf-8") as f:
+                    f.write(f"{separator}{line}\n")
+            keys.load_public_keys(keys_file)  # what peers will read
+        except (keys.KeyFileError, OSError) as error:
+            return fail(2, f"wrote {str(path)!r}, but could not add its public key to {str(keys_file)!r}: {error}")
+    print(
+        f"Wrote {str(path)!r} (mode 0600): give it to peer {args.peer_id!r} only (--private_key_file).",
+        file=sys.stderr,
+    )
+    if keys_file is not None:
+        print(f"Added {args.peer_id!r} to {str(keys_file)!r}.", file=sys.stderr)
+    else:
+        print("Add this line to the swarm's public-key file (--peer_keys_file):", file=sys.stderr)
+    print(line)
+    return 0
+
+
 def _add_demo(subparsers) -> None:
     subparsers.add_parser(
         "demo",
@@ -75,7 +159,7 @@ def _add_demo(subparsers) -> None:
 
 
 # One registration function per subcommand, in the order `--help` lists them.
-SUBCOMMANDS = [_add_swarm, _add_demo]
+SUBCOMMANDS = [_add_swarm, _add_keygen, _add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:

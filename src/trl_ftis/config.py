@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import copy
+import functools
+import logging
 import os
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
 from .objective import KL_REDUCTIONS, VARIANTS, parse_variant
-from .rules import REDACTED, SWARM_SECRET_ENV, check_peer_id, is_peer_id, normalise_exchange_url, redact_url
+from .rules import (
+    MAX_TEMPERATURE,
+    MIN_TEMPERATURE,
+    REDACTED,
+    SWARM_SECRET_ENV,
+    check_peer_id,
+    is_peer_id,
+    normalise_exchange_url,
+    redact_url,
+)
+
+logger = logging.getLogger(__name__)
 
 SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 """TRL aggregations whose per-token term is `-min(R A, clip(R) A)`, so that `A = w·Ã` is exactly F-TIS."""
@@ -91,6 +105,19 @@ class FTISConfig(GRPOConfig):
         exchange_compact (`bool`, *optional*, defaults to `False`):
             Send 16-bit log-probs and compressed messages (about half the bytes, log-prob error below 0.01 nats);
             the default sends exact fp32 log-probs (8 bytes a token).
+        max_rounds_ahead (`int`, *optional*, defaults to `4`):
+            Messages from rounds later than `current_round + max_rounds_ahead` are refused (reason `ahead`). With
+            `max_staleness` it makes the round window, the only clock of the swarm (`docs/swarm.md`).
+        max_round_bytes (`int`, *optional*, defaults to `1073741824`):
+            At most this many message bytes (1 GiB) are read from the exchange per round, all peers together; what
+            is beyond is dropped unread (reason `round_budget`).
+        private_key_file (`str`, *optional*):
+            This peer's Ed25519 private key (PEM, as `trl-ftis keygen` writes it): every message is signed with it.
+            Checked when the config is built (an error names the file).
+        peer_keys_file (`str`, *optional*):
+            The swarm's public keys (JSON or YAML: peer id -> base64 key, the lines `trl-ftis keygen` prints). When
+            set, a message is accepted only when signed by the key registered for the sender it names, so a member
+            holding the swarm secret cannot write as another. Checked when the config is built.
 
     > [!NOTE]
     > These parameters have default values different from [`~trl.GRPOConfig`] (TRL 1.16):
@@ -216,6 +243,25 @@ class FTISConfig(GRPOConfig):
         default=False,
         metadata={"help": "Send 16-bit log-probs, compressed (about half the bytes); default: exact fp32."},
     )
+    max_rounds_ahead: int = field(
+        default=4,
+        metadata={"help": "Refuse messages from rounds later than current_round + max_rounds_ahead."},
+    )
+    max_round_bytes: int = field(
+        default=2**30,
+        metadata={"help": "At most this many message bytes are read from the exchange per round (all peers)."},
+    )
+    private_key_file: str | None = field(
+        default=None,
+        metadata={"help": "This peer's Ed25519 private key (PEM, from `trl-ftis keygen`): signs every message."},
+    )
+    peer_keys_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "The swarm's public keys (peer id -> base64 key, JSON or YAML): only messages signed by the "
+            "sender's registered key are accepted."
+        },
+    )
 
     # Inherited options whose defaults follow the paper (listed in the docstring's note).
     loss_type: str = field(
@@ -266,8 +312,11 @@ class FTISConfig(GRPOConfig):
                 "F-TIS weights and clips per token: importance_sampling_level must be 'token', "
                 f"got {self.importance_sampling_level!r}."
             )
-        if self.temperature <= 0:
-            raise ValueError(f"temperature must be > 0 (log-probs are compared at it), got {self.temperature}.")
+        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN
+            raise ValueError(
+                f"temperature must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (log-probs are compared at it, and "
+                f"the wire format carries no other), got {self.temperature}."
+            )
         self._validate_swarm()
 
     def _validate_swarm(self):
@@ -287,6 +336,10 @@ class FTISConfig(GRPOConfig):
             check_peer_id(peer, "expected_peers")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0 rounds, got {self.max_staleness}.")
+        if self.max_rounds_ahead < 0:
+            raise ValueError(f"max_rounds_ahead must be >= 0 rounds, got {self.max_rounds_ahead}.")
+        if self.max_round_bytes < 1:
+            raise ValueError(f"max_round_bytes must be >= 1, got {self.max_round_bytes}.")
         if self.max_peer_rows is not None and self.max_peer_rows < 0:
             raise ValueError(f"max_peer_rows must be >= 0, got {self.max_peer_rows}.")
         if self.max_peer_ratio is not None and not self.max_peer_ratio >= 0:
@@ -297,6 +350,54 @@ class FTISConfig(GRPOConfig):
             )
         if self.swarm_secret is None:
             self.swarm_secret = os.environ.get(SWARM_SECRET_ENV) or None
+        self._validate_keys()
+
+    def _validate_keys(self):
+        """Load the key files once, so that a wrong path or a malformed file fails here, naming the file, and not
+        after the model is loaded (the trainer loads them again: keys are never stored in the config)."""
+        for name in ("private_key_file", "peer_keys_file"):
+            value = getattr(self, name)
+            if value is not None:
+                path = os.path.expanduser(os.fspath(value))
+                if not os.path.isfile(path):
+                    raise ValueError(
+                        f"{name}: {path!r} does not exist or is not a file (`trl-ftis keygen` writes one)."
+                    )
+                setattr(self, name, path)
+        if self.private_key_file is None and self.peer_keys_file is None:
+            return
+        from .exchange.keys import KeyFileError, load_private_key, load_public_keys, public_key_text
+
+        try:
+            private = load_private_key(self.private_key_file) if self.private_key_file else None
+            public = load_public_keys(self.peer_keys_file) if self.peer_keys_file else None
+        except KeyFileError as error:
+            raise ValueError(str(error)) from None
+        if public is None:
+            return
+        mine = public.get(self.peer_id)
+        if private is not None and mine is not None and public_key_text(mine) != public_key_text(private):
+            raise ValueError(
+                f"peer_keys_file {self.peer_keys_file!r} registers another key for peer {self.peer_id!r} than "
+                f"private_key_file {self.private_key_file!r} holds: peers would refuse its messages (signature)."
+            )
+        if private is None:
+            logger.warning(
+                "peer_keys_file is set but private_key_file is not: this peer verifies the others' signatures, but "
+                "its own messages carry none, and peers that require keys refuse them (unsigned)."
+            )
+        elif mine is None:
+            logger.warning(
+                "peer_keys_file %r has no key for this peer (%r): peers using the same file refuse its messages "
+                "(unknown_peer). Add the line `trl-ftis keygen` printed for it.",
+                self.peer_keys_file,
+                self.peer_id,
+            )
+
+    # Secrets. Only what is shown or saved is redacted: `to_dict()` / `to_json_string()` (logs, trackers, the model
+    # card), `str()` / `repr()`, and the trainer's `training_args.bin` (written from `redacted_copy()`). Copies and
+    # pickles (`copy.copy`, `copy.deepcopy`, `pickle`, multiprocessing, accelerate) keep the real values on purpose: a
+    # copy that trained with `<redacted>` as its secret would silently never exchange.
 
     def _redacted(self) -> dict[str, str]:
         """Field -> value shown instead: the secret, and the exchange URL without its password."""
@@ -307,8 +408,38 @@ class FTISConfig(GRPOConfig):
             hidden["exchange_url"] = redact_url(self.exchange_url)
         return hidden
 
+    def redacted_copy(self) -> FTISConfig:
+        """A shallow copy of this config with the swarm secret and the exchange URL password replaced by
+        `<redacted>`, for what is written to disk or uploaded (`FTISTrainer` saves `training_args.bin` from it).
+
+        `self` is unchanged, and the copy is never validated again (`__post_init__` does not run): it is for
+        saving, not for training (it could not verify a single message)."""
+        clone = copy.copy(self)
+        clone.__dict__.update(self._redacted())
+        return clone
+
+    @staticmethod
+    def saving_redacted(method):
+        """`method` (a Trainer method that saves `self.args`, such as `Trainer._save`, which writes
+        `training_args.bin` with `torch.save(self.args, ...)`) run with `self.args` swapped for its `redacted_copy()`.
+
+        The swap lasts only while `method` runs: the trainer has its real config back afterwards, also when `method`
+        raises. Only the two secret fields differ in the copy, so everything else `method` reads is the same."""
+
+        @functools.wraps(method)
+        def wrapper(trainer, *args, **kwargs):
+            real = trainer.args
+            trainer.args = real.redacted_copy()
+            try:
+                return method(trainer, *args, **kwargs)
+            finally:
+                trainer.args = real
+
+        return wrapper
+
     def to_dict(self):
-        # Secrets must never reach logs, trackers or saved training arguments.
+        # Secrets must never reach logs, trackers or the model card (`to_json_string` and `to_sanitized_dict` use
+        # this too).
         data = super().to_dict()
         data.update(self._redacted())
         return data
@@ -320,9 +451,3 @@ class FTISConfig(GRPOConfig):
         return text
 
     __repr__ = __str__
-
-    def __getstate__(self):
-        # Trainer saves its arguments with torch.save (training_args.bin, also pushed to the Hub): never a secret.
-        state = self.__dict__.copy()
-        state.update(self._redacted())
-        return state

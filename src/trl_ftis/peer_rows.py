@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Hashable, Sequence
+from collections import deque
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,17 @@ from trl.trainer.utils import pad
 
 from .objective import group_max_len
 from .rules import MAX_LOGP
+
+MAX_ABS_ADVANTAGE = 1e7
+"""Largest `|advantage|` a peer row may bring into the loss (the trainer drops a row beyond it, reason
+`advantage_too_large`). Group-normalised advantages are below `sqrt(group size)`; only `scale_rewards="none"` with
+enormous reward differences comes near it. It keeps every loss term (at most `is_cap · e^MAX_LOG_RATIO · |Â|`) and
+every gradient far inside float32, whatever rewards a peer sends."""
+
+LOGP_FLOOR = -1e30
+"""Generator log-probs below this (a probability of exactly 0 in any float format) are raised to it in
+[`build_peer_batch`], so that no peer value becomes `-inf` in the float32 batch (`-1e300` would) and sums of k3
+terms stay finite."""
 
 
 @dataclass
@@ -64,14 +77,19 @@ class PeerRow:
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
     """
     Advantages normalised within each group: `(r - mean_g) / (std_g + 1e-4)`, or `r - mean_g` with
-    `scale_rewards="none"`. A group of one row gets advantage 0.
+    `scale_rewards="none"`. A group of one row gets advantage 0. Computed and returned in float64.
 
     This is the arithmetic of TRL's `multi_objective_aggregation="sum_then_normalize"` (unbiased std, the same `1e-4`),
     which `GRPOTrainer._generate_and_score_completions` computes inline on contiguous groups of exactly
     `num_generations` rows (`rewards.view(-1, G)`); peer groups come in any size and any order, so TRL's code cannot be
     called for them. Deliberate differences: `scale_rewards="batch"` is treated as `"group"` (normalising over a
     batch of mixed models is exactly what vertical F-TIS avoids), `"normalize_then_sum"` is not applied (peer rows
-    carry one total reward), and there is no NaN handling (a [`PeerRow`]'s reward is always finite).
+    carry one total reward), and the arithmetic cannot overflow: each group's rewards are divided by their largest
+    magnitude `s` first, so `(r - mean) / (std + 1e-4)` is computed as `(x - mean_x) / (std_x + 1e-4 / s)` with
+    `x = r / s` in `[-1, 1]` (the same value, exactly in real arithmetic). Rewards near the float32 maximum, or
+    `±1e300`, give the advantages of any other rewards in the same proportions; only `scale_rewards="none"` can then
+    give an advantage too large for float32 (the trainer drops such rows). A non-finite reward gives NaN advantages
+    to its whole group.
 
     Args:
         rewards (`torch.Tensor`):
@@ -81,16 +99,25 @@ def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_rew
         scale_rewards (`str`, *optional*, defaults to `"group"`):
             `"group"` (or `"batch"`) divides by the group's std, `"none"` does not.
     """
-    rewards = rewards.to(torch.float32)
-    advantages = torch.zeros_like(rewards)
-    for g in torch.unique(group_index):
-        rows = group_index == g
-        r = rewards[rows]
-        centred = r - r.mean()
-        if scale_rewards != "none" and r.numel() > 1:
-            centred = centred / (r.std() + 1e-4)
-        advantages[rows] = centred if r.numel() > 1 else torch.zeros_like(r)
-    return advantages
+    rewards = rewards.to(torch.float64)
+    if rewards.numel() == 0:
+        return rewards.clone()
+    _, index, counts = torch.unique(group_index.to(rewards.device), return_inverse=True, return_counts=True)
+    num_groups = counts.numel()
+    scale = torch.zeros(num_groups, dtype=torch.float64, device=rewards.device)
+    scale = scale.scatter_reduce(0, index, rewards.abs(), reduce="amax", include_self=False)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))  # all-zero groups: x = 0 (NaN stays NaN)
+    x = rewards / scale[index]
+    counts = counts.to(torch.float64)
+    mean = torch.zeros_like(scale).index_add(0, index, x) / counts
+    centred = x - mean[index]
+    if scale_rewards == "none":
+        advantages = centred * scale[index]
+    else:
+        # Two-pass unbiased std, like torch.std.
+        variance = torch.zeros_like(scale).index_add(0, index, centred * centred) / (counts - 1).clamp(min=1)
+        advantages = centred / (variance.sqrt()[index] + 1e-4 / scale[index])
+    return torch.where(counts[index] > 1, advantages, torch.zeros_like(advantages))
 
 
 def group_indices(rows: Sequence[PeerRow]) -> torch.Tensor:
@@ -100,7 +127,8 @@ def group_indices(rows: Sequence[PeerRow]) -> torch.Tensor:
 
 
 def assign_group_statistics(rows: Sequence[PeerRow], scale_rewards: str = "group") -> None:
-    """Set each row's `advantage` (normalised within its group) and `group_max_length`, in place.
+    """Set each row's `advantage` (normalised within its group, in float64: see [`group_advantages`]) and
+    `group_max_length`, in place.
 
     Done once, on all received rows, before they are shared out between the processes of a job: a group split over
     two processes would otherwise be normalised in two halves.
@@ -108,7 +136,7 @@ def assign_group_statistics(rows: Sequence[PeerRow], scale_rewards: str = "group
     if not rows:
         return
     index = group_indices(rows)
-    rewards = torch.tensor([float(row.reward) for row in rows])
+    rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float64)
     lengths = torch.tensor([len(row.completion_ids) for row in rows])
     advantages = group_advantages(rewards, index, scale_rewards).tolist()
     max_lengths = group_max_len(lengths, index).tolist()
@@ -116,9 +144,16 @@ def assign_group_statistics(rows: Sequence[PeerRow], scale_rewards: str = "group
         row.advantage, row.group_max_length = advantage, max_length
 
 
-def select_rows(rows: Sequence[PeerRow], max_rows: int | None) -> list[PeerRow]:
+def select_rows(
+    rows: Sequence[PeerRow], max_rows: int | None, *, regulars: Collection[str] | None = None
+) -> list[PeerRow]:
     """At most `max_rows` rows, taken as whole groups, newest round first, alternating between senders so that one
-    fast peer cannot crowd out the others. `None`: all rows."""
+    fast peer cannot crowd out the others. `None`: all rows.
+
+    With `regulars` (the swarm round's `RoundResult.regulars`: the expected, registered or known peers), each regular
+    sender has its own turn of the round-robin and every other sender shares one turn (their groups alternate within
+    it): a member that invents a thousand sender ids gets one turn, not a thousand. `None`: every sender has a turn.
+    """
     if max_rows is None or len(rows) <= max_rows:
         return list(rows)
     groups: dict[tuple, list[PeerRow]] = {}
@@ -129,11 +164,15 @@ def select_rows(rows: Sequence[PeerRow], max_rows: int | None) -> list[PeerRow]:
         by_sender.setdefault(sender, []).append(members)
     for queue in by_sender.values():
         queue.sort(key=lambda members: -(members[0].round or 0))  # stable: arrival order within a round
+    queues = [deque(queue) for sender, queue in by_sender.items() if regulars is None or sender in regulars]
+    others = [queue for sender, queue in by_sender.items() if regulars is not None and sender not in regulars]
+    if others:  # one shared turn, last: the others' groups alternate between them within it
+        queues.append(deque(members for turn in zip_longest(*others) for members in turn if members is not None))
     selected: list[PeerRow] = []
-    while len(selected) < max_rows and any(by_sender.values()):
-        for queue in by_sender.values():
+    while len(selected) < max_rows and any(queues):
+        for queue in queues:
             if queue:
-                members = queue.pop(0)
+                members = queue.popleft()
                 if len(selected) + len(members) <= max_rows:  # a group that does not fit is skipped whole
                     selected.extend(members)
     return selected
@@ -169,7 +208,9 @@ def build_peer_batch(
 
     Prompts are padded on the left and completions on the right, like TRL's own rows. Advantages come from each
     group's rewards alone (or from the rows' `advantage` and `group_max_length`, when [`assign_group_statistics`] set
-    them for every row).
+    them for every row), computed in float64 and returned in float32; generator log-probs below [`LOGP_FLOOR`] are
+    raised to it. Checking that the advantages fit float32 is the caller's job (the trainer drops rows beyond
+    [`MAX_ABS_ADVANTAGE`]).
 
     Args:
         rows (`Sequence[PeerRow]`):
@@ -189,17 +230,21 @@ def build_peer_batch(
     if len(rows) != len(prompt_ids):
         raise ValueError(f"{len(rows)} peer rows but {len(prompt_ids)} tokenized prompts.")
     if all(row.advantage is not None and row.group_max_length is not None for row in rows):
-        advantages = torch.tensor([float(row.advantage) for row in rows], dtype=torch.float32)
+        advantages = torch.tensor([float(row.advantage) for row in rows], dtype=torch.float64)
         group_max = torch.tensor([int(row.group_max_length) for row in rows], dtype=torch.long)
     else:
         group_index = group_indices(rows)
-        rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float32)
+        rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float64)
         advantages = group_advantages(rewards, group_index, scale_rewards)
         group_max = group_max_len(torch.tensor([len(row.completion_ids) for row in rows]), group_index)
 
     prompts = [torch.as_tensor(np.asarray(ids, dtype=np.int64)) for ids in prompt_ids]
     completions = [torch.as_tensor(np.asarray(row.completion_ids, dtype=np.int64)) for row in rows]
-    logps = [torch.as_tensor(np.asarray(row.generator_logps, dtype=np.float32)) for row in rows]
+    # Clipped in float64 before the float32 cast: -1e300 would become -inf.
+    logps = [
+        torch.as_tensor(np.maximum(np.asarray(row.generator_logps, dtype=np.float64), LOGP_FLOOR).astype(np.float32))
+        for row in rows
+    ]
     return PeerBatch(
         prompt_ids=pad(prompts, padding_value=pad_token_id, padding_side="left").to(device),
         prompt_mask=pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device),
@@ -209,7 +254,7 @@ def build_peer_batch(
         ),
         # Padded log-probs are 0 plus mask, never -inf.
         generator_logps=pad(logps, padding_value=0.0, padding_side="right").to(device),
-        advantages=advantages.to(device),
+        advantages=advantages.to(device, torch.float32),
         group_max_lengths=group_max.to(device),
         senders=[row.sender for row in rows],
     )
@@ -281,22 +326,49 @@ def prompt_columns(dataset) -> dict[str, dict[str, Any]]:
     return table
 
 
-def check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
-    """Raise `ValueError` naming the first bad row's sender: ids outside [0, vocab_limit), log-probs not finite
-    and <= 0. One vectorised pass over all rows; the per-row search only runs to name the culprit."""
-    ids = np.concatenate([np.asarray(row.completion_ids).reshape(-1) for row in rows])
-    logps = np.concatenate([np.asarray(row.generator_logps, dtype=np.float64).reshape(-1) for row in rows])
-    ids_ok = ids.dtype.kind in "iu" and ids.min() >= 0 and ids.max() < vocab_limit
-    logps_ok = bool(np.isfinite(logps).all() and (logps <= MAX_LOGP).all())
+def row_problems(rows: Sequence[PeerRow], vocab_limit: int) -> list[str | None]:
+    """Per row, what is wrong with its numbers (`"bad_ids"`: ids not one-dimensional integers in
+    `[0, vocab_limit)`; `"bad_logps"`: generator log-probs not finite and <= [`MAX_LOGP`] in float64), or `None`.
+    One vectorised pass over all rows; the per-row checks only run when something is wrong."""
+    if not rows:
+        return []
+    try:
+        ids = np.concatenate([np.asarray(row.completion_ids).reshape(-1) for row in rows])
+        logps = np.concatenate([np.asarray(row.generator_logps, dtype=np.float64).reshape(-1) for row in rows])
+        shapes_ok = all(np.ndim(row.completion_ids) == 1 and np.ndim(row.generator_logps) == 1 for row in rows)
+        ids_ok = shapes_ok and ids.dtype.kind in "iu" and ids.min() >= 0 and ids.max() < vocab_limit
+        logps_ok = shapes_ok and bool(np.isfinite(logps).all() and (logps <= MAX_LOGP).all())
+    except (TypeError, ValueError):
+        ids_ok = logps_ok = False
     if ids_ok and logps_ok:
-        return
-    for row in rows:
-        row_ids = np.asarray(row.completion_ids)
-        if not ids_ok and (row_ids.dtype.kind not in "iu" or row_ids.min() < 0 or row_ids.max() >= vocab_limit):
+        return [None] * len(rows)
+    return [_row_problem(row, vocab_limit) for row in rows]
+
+
+def _row_problem(row: PeerRow, vocab_limit: int) -> str | None:
+    try:
+        ids = np.asarray(row.completion_ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= vocab_limit:
+            return "bad_ids"
+    except (TypeError, ValueError):
+        return "bad_ids"
+    try:
+        logps = np.asarray(row.generator_logps, dtype=np.float64)
+        if logps.ndim != 1 or not (np.isfinite(logps).all() and (logps <= MAX_LOGP).all()):
+            return "bad_logps"
+    except (TypeError, ValueError):
+        return "bad_logps"
+    return None
+
+
+def check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
+    """Raise `ValueError` naming the first bad row's sender: ids outside [0, vocab_limit) (or not one-dimensional
+    integers), log-probs not finite and <= 0 ([`row_problems`], which the trainer uses to drop such rows instead)."""
+    for row, problem in zip(rows, row_problems(rows, vocab_limit), strict=True):
+        if problem == "bad_ids":
             raise ValueError(
                 f"Peer row from {row.sender!r} has token ids outside this model's vocabulary [0, {vocab_limit}): "
                 "peers must share a tokenizer."
             )
-        row_logps = np.asarray(row.generator_logps, dtype=np.float64)
-        if not logps_ok and not (np.isfinite(row_logps).all() and (row_logps <= MAX_LOGP).all()):
+        if problem == "bad_logps":
             raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")

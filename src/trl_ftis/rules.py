@@ -8,7 +8,8 @@ would be a peer that silently never publishes). Standard library only: importing
 * Exchange URLs: [`EXCHANGE_SCHEMES`], [`exchange_scheme`] (schemes are case-insensitive).
 * Secrets in text: [`redact_url`], [`redact_text`], one placeholder [`REDACTED`].
 * Names shared between processes: the environment variables `*_ENV` and [`SUMMARY_FILE`].
-* Numbers: [`MAX_LOGP`], the rounding slack above 0 a generator log-prob may have.
+* Numbers: [`MAX_LOGP`], the rounding slack above 0 a generator log-prob may have; [`MIN_TEMPERATURE`] and
+  [`MAX_TEMPERATURE`], the sampling temperatures a config accepts and a message may carry.
 """
 
 from __future__ import annotations
@@ -148,3 +149,9 @@ SUMMARY_FILE = "ftis_summary.json"
 
 MAX_LOGP = 1e-4
 """Largest generator log-prob accepted: log-probs are <= 0, up to this much float rounding above 0."""
+MIN_TEMPERATURE = 1e-2
+"""Lowest sampling temperature `FTISConfig` and the wire format accept: below it sampling is greedy in all but name and
+generator log-probs explode (a softmax at logits / 0.01 over logits within +-100 reaches about -2e4)."""
+MAX_TEMPERATURE = 1e2
+"""Highest sampling temperature `FTISConfig` and the wire format accept: above it sampling is uniform in all but
+name."""

@@ -2,30 +2,105 @@
 
 One [`Swarm`] per training job, used by the main process only. Every round it publishes the job's freshly
 sampled rows as one signed message, then collects what the other peers published: it waits for the expected peers
-(up to `peer_timeout`), drops stale and foreign messages, and turns the rest into [`trl_ftis.PeerRow`] s.
-Nothing a peer sends can stop the round: a bad message is counted, logged once per peer and reason, and skipped.
+(up to `peer_timeout`), drops messages outside the round window and foreign ones, and turns the rest into
+[`trl_ftis.PeerRow`] s. Nothing a peer sends can stop the round: a bad message is counted, logged once per peer and
+reason, and skipped.
+
+The round protocol (`docs/swarm.md`, "The round protocol"):
+
+* every message is decoded once, and its signatures are verified before anything in it is parsed
+  ([`trl_ftis.exchange.decode_message`]); the transport's metadata (`sender_hint`, `round_hint`) is never trusted:
+  it orders the work and picks the allowance an envelope draws from, and a message it misdescribes can only be
+  skipped or refused (`sender_hint`), never taken as another sender's;
+* rounds are the only clock: a message is taken when its round is in `[round - max_staleness,
+  round + max_rounds_ahead]` (reasons `stale`, `ahead`), whatever its `created` time says;
+* a message is used once: identical bytes delivered again are refused (`duplicate`), and nothing else is, so no
+  one can pre-empt a peer's own message by sending first under its name;
+* every round has a budget ([`RoundBudget`]): what each sender, all newcomers together, and all senders together
+  may cost in messages, bytes, rows and seconds; envelopes beyond it are dropped unread (`round_budget`);
+* with per-peer keys, a message must be signed by the key registered for the sender it names (`unknown_peer`,
+  `signature`, `identity`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
 import time
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .exchange import ExchangeError, Message, WireCompletion, WireGroup, decode_message, encode_message, peek_header
+from .exchange import ExchangeError, Limits, Message, WireCompletion, WireGroup, decode_message, encode_message
 from .exchange.transports import Transport, open_transport
 from .peer_rows import PeerRow
+from .rules import MAX_LOGP, MAX_TEMPERATURE, MIN_TEMPERATURE
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 logger = logging.getLogger(__name__)
 
-# Messages created this long before the swarm started are leftovers of an earlier run in the same exchange.
-LEFTOVER_SLACK_SECONDS = 300.0
+DEFAULT_MAX_ROUNDS_AHEAD = 4
+"""Default of `max_rounds_ahead` (and of `FTISConfig.max_rounds_ahead`): see `docs/swarm.md`, "The round window"."""
+_MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
+_NO_ROUND = 2**64  # sorts an envelope without a round hint after every hinted one
+
+
+@dataclass(frozen=True)
+class RoundBudget:
+    """What one [`Swarm.collect`] may cost, whatever the other writers of the exchange do.
+
+    An envelope is examined (hashed, verified, decoded) only while the budget lasts; beyond it, envelopes are
+    dropped unread and counted as `round_budget`. The transport's `sender_hint` decides whose allowance an envelope
+    draws from and in which order envelopes are examined (regulars first, then the rounds nearest this peer's): it
+    is never trusted, and a message whose signed sender differs from its hint is refused (`sender_hint`).
+
+    *Regulars* are the peers this swarm knows: `expected_peers` when given, else the peers of the public-key file,
+    else the peers accepted in earlier rounds. Every regular has its own allowance; everyone else (newcomers, and
+    ids made up by a hostile member) shares one, so a thousand invented ids cost what one newcomer slot does.
+    """
+
+    max_bytes: int = 2**30
+    """Message bytes examined per round, all senders together (1 GiB). Newcomers together get at most
+    `max_bytes // (regulars + 1)` of it."""
+    max_messages: int = 512
+    """Messages examined per round, all senders together."""
+    max_rows: int = 16_384
+    """Rows accepted per round, all senders together (`Swarm.collect(max_rows=...)` overrides it for one round).
+    Newcomers together get at most `max_rows // (regulars + 1)`."""
+    max_seconds: float = 10.0
+    """Seconds a round may spend reading and decoding after its wait (`peer_timeout`, for a round that waits) is
+    over: a round lasts at most `peer_timeout + max_seconds` (`max_seconds` when it does not wait), however much a
+    flood puts into the exchange."""
+    messages_per_sender: int | None = None
+    """Messages one regular (by hint), or one claimed sender, may have examined and accepted per round. Default:
+    the round window, `max_staleness + max_rounds_ahead + 1` (an honest peer has one message per round, and only
+    rounds in the window are taken)."""
+    newcomer_messages: int = 64
+    """Messages all newcomers together may have examined per round (a swarm of up to 64 peers that lists no
+    `expected_peers` and no keys meets every peer in its first round)."""
+
+    def __post_init__(self):
+        for name in ("max_bytes", "max_messages", "max_rows", "newcomer_messages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"RoundBudget.{name} must be an integer >= 0, got {value!r}")
+        if self.messages_per_sender is not None and (
+            isinstance(self.messages_per_sender, bool)
+            or not isinstance(self.messages_per_sender, int)
+            or self.messages_per_sender < 1
+        ):
+            raise ValueError(
+                f"RoundBudget.messages_per_sender must be an integer >= 1, got {self.messages_per_sender!r}"
+            )
+        if not (isinstance(self.max_seconds, (int, float)) and 0 <= self.max_seconds < math.inf):
+            raise ValueError(f"RoundBudget.max_seconds must be a finite number >= 0, got {self.max_seconds!r}")
 
 
 @dataclass
@@ -35,7 +110,7 @@ class PeerRoundStats:
     rows_received: int = 0
     """Rows in the peer's messages that passed the checks (signature, tokenizer, temperature, duplicate)."""
     rows_stale: int = 0
-    """Of those, rows in messages then dropped as stale."""
+    """Of those, rows in messages then dropped as outside the round window (`stale` or `ahead`)."""
     bytes_received: int = 0
     staleness: list[int] = field(default_factory=list)
     """Rounds between this peer's own round and the message's, per message accepted (negative: the peer is ahead)."""
@@ -48,11 +123,19 @@ class RoundResult:
     rows: list[PeerRow] = field(default_factory=list)
     peers: dict[str, PeerRoundStats] = field(default_factory=lambda: defaultdict(PeerRoundStats))
     refused: Counter = field(default_factory=Counter)
-    """Refused messages (or files) by reason: `signature`, `unsigned`, `tokenizer`, `temperature`, `stale`,
-    `unrecognised`, `too_large`, `truncated`, `ids`, `logps` ..."""
+    """Refused messages (or files) by reason: `signature`, `unsigned`, `unknown_peer`, `identity`, `sender_hint`,
+    `tokenizer`, `temperature`, `stale`, `ahead`, `duplicate`, `round_budget`, `unrecognised`, `too_large`,
+    `truncated`, `ids`, `logps` ..."""
     missing: list[str] = field(default_factory=list)
     """Expected peers that sent nothing new before the timeout."""
     waited: float = 0.0
+    regulars: frozenset[str] = frozenset()
+    """The senders served first this round, each with its own allowance ([`RoundBudget`]); pass them to
+    [`trl_ftis.peer_rows.select_rows`] so that every other sender shares one turn of the round-robin there too."""
+    bytes_read: int = 0
+    """Message bytes examined (hashed, verified, decoded) this round: at most `RoundBudget.max_bytes`."""
+    messages_read: int = 0
+    """Messages examined this round: at most `RoundBudget.max_messages`."""
 
 
 def rows_to_message(
@@ -123,6 +206,71 @@ def message_to_rows(message: Message) -> list[PeerRow]:
     return rows
 
 
+class _RoundState:
+    """One collect's spending against the [`RoundBudget`]."""
+
+    def __init__(self, budget: RoundBudget, regulars: frozenset[str], per_sender: int, max_rows: int, until: float):
+        self.budget, self.regulars, self.per_sender, self.max_rows = budget, regulars, per_sender, max_rows
+        self.until = until  # monotonic time after which nothing more is examined
+        shares = len(regulars) + 1
+        self.newcomer_bytes_cap = budget.max_bytes // shares
+        self.newcomer_rows_cap = max_rows // shares
+        self.bytes = self.messages = self.rows = 0
+        self.newcomer_bytes = self.newcomer_messages = self.newcomer_rows = 0
+        self.by_hint: Counter = Counter()  # regulars' envelopes examined, by sender hint
+        self.accepted: Counter = Counter()  # messages accepted, by signed sender
+
+    def examine(self, hint: str | None, size: int) -> str | None:
+        """Charge one envelope about to be examined; returns which budget is spent instead (then it is not)."""
+        budget = self.budget
+        if time.monotonic() > self.until:
+            return "time"
+        if self.messages >= budget.max_messages:
+            return "messages"
+        if self.bytes + size > budget.max_bytes:
+            return "bytes"
+        regular = hint in self.regulars
+        if regular and self.by_hint[hint] >= self.per_sender:
+            return "sender"
+        if not regular and (
+            self.newcomer_messages >= budget.newcomer_messages or self.newcomer_bytes + size > self.newcomer_bytes_cap
+        ):
+            return "newcomers"
+        self.messages += 1
+        self.bytes += size
+        if regular:
+            self.by_hint[hint] += 1
+        else:
+            self.newcomer_messages += 1
+            self.newcomer_bytes += size
+        return None
+
+    def take(self, sender: str, rows: int) -> str | None:
+        """Charge one decoded message's rows to its signed sender; returns which budget is spent instead."""
+        if self.accepted[sender] >= self.per_sender:
+            return "sender"
+        if self.rows + rows > self.max_rows:
+            return "rows"
+        newcomer = sender not in self.regulars
+        if newcomer and self.newcomer_rows + rows > self.newcomer_rows_cap:
+            return "newcomers"
+        self.accepted[sender] += 1
+        self.rows += rows
+        if newcomer:
+            self.newcomer_rows += rows
+        return None
+
+
+_BUDGET_TEXT = {
+    "time": "the round's time (peer_timeout + RoundBudget.max_seconds) is spent",
+    "messages": "RoundBudget.max_messages messages were examined this round",
+    "bytes": "RoundBudget.max_bytes bytes were examined this round",
+    "sender": "this sender's messages this round reached RoundBudget.messages_per_sender",
+    "newcomers": "the newcomers' shared allowance (senders not expected, registered or known) is spent",
+    "rows": "RoundBudget.max_rows rows were accepted this round",
+}
+
+
 class Swarm:
     """This peer's connection to the swarm: one transport, one identity, the refusal rules.
 
@@ -132,15 +280,29 @@ class Swarm:
         tokenizer_fingerprint / tokenizer_name: what this peer's tokenizer is; peers with another fingerprint
             are refused (their token ids mean other tokens here).
         vocab_limit: token ids must be below it.
-        temperature: the sampling temperature; log-probs at another temperature are not comparable.
+        temperature: the sampling temperature, in `[rules.MIN_TEMPERATURE, rules.MAX_TEMPERATURE]`; log-probs at
+            another temperature are not comparable.
         reward_names: names of this peer's reward functions (sent with per-function rewards).
-        secret: the swarm secret; when set, every message is signed and unsigned or wrongly signed ones are refused.
+        secret: the swarm secret; when set, every message is signed (HMAC) and unsigned or wrongly signed ones are
+            refused. It proves membership: any member can sign as any other.
         expected_peers / num_expected_peers: whom a round waits for, up to `peer_timeout` seconds.
-        max_staleness: messages from rounds older than `round - max_staleness` are dropped.
+        max_staleness: messages from rounds older than `round - max_staleness` are dropped (`stale`).
         compact: send 16-bit, compressed messages.
         keep_rounds: own messages older than this many rounds are removed from the exchange.
         model_name: this peer's model (name or path), sent along so that peers can name it in summaries and model
             cards; received names are in `peer_models`.
+        limits: what one message may hold ([`trl_ftis.exchange.Limits`]; tight ones from `Limits.for_receiver`),
+            applied when decoding and when encoding (what this peer sends decodes at a peer with the same limits);
+            the transport opened on `url` refuses messages over `limits.max_message_bytes` unread. Default:
+            `Limits()`, which accepts anything a sane peer sends.
+        private_key: this peer's Ed25519 private key (a key, or the path of its PEM file): every message is signed
+            with it, so that peers holding the swarm's public keys can tell it was written by this peer.
+        public_keys: peer id -> Ed25519 public key (a mapping, or the path of the swarm's public-key file,
+            [`trl_ftis.exchange.load_public_keys`]). When given, every message must be signed by the key registered
+            for the sender it names (refused: `unsigned`, `unknown_peer`, `signature`, `identity`): a member holding
+            the swarm secret can no longer write as another.
+        max_rounds_ahead: messages from rounds later than `round + max_rounds_ahead` are dropped (`ahead`).
+        budget: what one round may cost ([`RoundBudget`]).
     """
 
     def __init__(
@@ -162,6 +324,11 @@ class Swarm:
         keep_rounds: int | None = None,
         transport: Transport | None = None,
         model_name: str = "",
+        limits: Limits | None = None,
+        private_key: Ed25519PrivateKey | str | os.PathLike | None = None,
+        public_keys: Mapping[str, Ed25519PublicKey] | str | os.PathLike | None = None,
+        max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
+        budget: RoundBudget | None = None,
     ):
         self.url = url
         self.peer_id = peer_id
@@ -169,50 +336,167 @@ class Swarm:
         self.tokenizer_name = tokenizer_name
         self.vocab_limit = vocab_limit
         self.temperature = float(temperature)
+        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(
+                f"temperature must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (the wire format's range), "
+                f"got {temperature!r}"
+            )
         self.reward_names = list(reward_names)
         self.secret = secret or None
         self.expected_peers = sorted(set(expected_peers or []) - {peer_id})
         self.num_expected_peers = num_expected_peers
         self.peer_timeout = float(peer_timeout)
         self.max_staleness = int(max_staleness)
+        self.max_rounds_ahead = int(max_rounds_ahead)
+        if self.max_staleness < 0 or self.max_rounds_ahead < 0:
+            raise ValueError(
+                f"max_staleness and max_rounds_ahead must be >= 0, got {max_staleness}, {max_rounds_ahead}"
+            )
         self.compact = compact
         self.keep_rounds = keep_rounds if keep_rounds is not None else max_staleness + 2
-        self.transport = transport if transport is not None else open_transport(url)
-        self.started = time.time()
+        self.limits = limits if limits is not None else Limits()
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"limits must be a trl_ftis.exchange.Limits, got {type(limits).__name__}")
+        self.budget = budget if budget is not None else RoundBudget()
+        self.private_key, self.public_keys = self._keys(private_key, public_keys)
+        self.transport = transport if transport is not None else self._open()
         self.known_peers: set[str] = set()
         self.model_name = model_name
         self.peer_models: dict[str, str] = {}  # sender -> the model it reported (accepted messages only)
+        self.unpublished: Counter = Counter()
+        """Own rows not published, by reason (`out_of_range`, an encoding reason such as `too_large`, or the
+        transport error's type)."""
         # Expected peers that missed a deadline are not waited for until they send again: a dead peer costs one
         # timeout, not one per round.
         self._absent: set[str] = set()
         self._absent_count = 0
-        self._delivered: set[tuple[str, int]] = set()  # (sender, round): a sender publishes once per round
+        # Digest -> round of every message accepted in the round window: identical bytes delivered again (a retried
+        # Redis publish, a directory read again after `reopen`) are used once. Distinct messages are never refused
+        # as duplicates, so no one can pre-empt a peer's own message by writing first under its name.
+        self._seen: dict[bytes, int] = {}
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
 
+    def _keys(self, private_key, public_keys):
+        """The key arguments loaded (from files when they are paths) and checked against each other."""
+        from .exchange import keys
+
+        if isinstance(private_key, (str, os.PathLike)):
+            private_key = keys.load_private_key(private_key)
+        elif private_key is not None:
+            keys.check_private_key(private_key)
+        if isinstance(public_keys, (str, os.PathLike)):
+            public_keys = keys.load_public_keys(public_keys)
+        elif public_keys is not None:
+            public_keys = dict(public_keys)
+            for peer, key in public_keys.items():
+                keys.public_key_text(key)  # TypeError for anything but an Ed25519 key
+                if isinstance(key, keys._ed25519().Ed25519PrivateKey):
+                    public_keys[peer] = key.public_key()
+        if public_keys is not None:
+            mine = public_keys.get(self.peer_id)
+            if (
+                private_key is not None
+                and mine is not None
+                and keys.public_key_text(mine) != keys.public_key_text(private_key)
+            ):
+                raise ValueError(
+                    f"The public keys register another key for this peer ({self.peer_id!r}) than its private key: "
+                    "peers would refuse its messages (signature). Use the pair `trl-ftis keygen` wrote."
+                )
+            unregistered = [peer for peer in self.expected_peers if peer not in public_keys]
+            if unregistered:
+                logger.warning(
+                    "Expected peers %s have no registered public key: their messages will be refused (unknown_peer).",
+                    ", ".join(map(repr, unregistered)),
+                )
+        return private_key, public_keys
+
+    def _open(self) -> Transport:
+        return open_transport(self.url, max_message_bytes=self.limits.max_message_bytes)
+
     # -- publishing ----------------------------------------------------------------------------------------------
     def publish(self, rows: Sequence[PeerRow], round: int) -> int:
-        """Publish this peer's rows of `round`; returns the bytes sent. Transport errors are logged, not raised."""
+        """Publish this peer's rows of `round`; returns the bytes sent (0 when nothing was).
+
+        Never raises: a group holding a value the wire format refuses (a reward beyond `limits.max_abs_reward`, a
+        log-prob below `limits.min_logp`, ...) is left out, a message that cannot be encoded or sent at all is not
+        sent; each is logged once per reason and counted in `unpublished`."""
         if not rows:
             return 0
-        message = rows_to_message(
-            rows,
-            sender=self.peer_id,
-            round=round,
-            tokenizer_fingerprint=self.fingerprint,
-            tokenizer_name=self.tokenizer_name,
-            temperature=self.temperature,
-            reward_names=self.reward_names,
-            model=self.model_name,
-        )
-        data = encode_message(message, secret=self.secret, compact=self.compact)
+        rows = self._wire_safe(rows, round)
+        if not rows:
+            return 0
+        try:
+            message = rows_to_message(
+                rows,
+                sender=self.peer_id,
+                round=round,
+                tokenizer_fingerprint=self.fingerprint,
+                tokenizer_name=self.tokenizer_name,
+                temperature=self.temperature,
+                reward_names=self.reward_names,
+                model=self.model_name,
+            )
+            data = encode_message(
+                message, secret=self.secret, private_key=self.private_key, compact=self.compact, limits=self.limits
+            )
+        except Exception as error:  # noqa: BLE001 - our rows are lost for the others this round, our run goes on
+            reason = error.reason if isinstance(error, ExchangeError) else type(error).__name__
+            self.unpublished[reason] += len(rows)
+            self._warn_once(
+                "publish",
+                f"encode:{reason}",
+                f"Could not encode this peer's rows of round {round} ({error}); they are not shared this round "
+                "(logged once per reason; counted in Swarm.unpublished).",
+                level=logging.ERROR,
+            )
+            return 0
         try:
             self.transport.publish(data, sender=self.peer_id, round=round)
             self.transport.prune(sender=self.peer_id, keep_rounds=self.keep_rounds, current_round=round)
         except Exception as error:  # noqa: BLE001 - a lost message costs the others one round of our rows, not our run
+            self.unpublished[type(error).__name__] += len(rows)
             self._warn_once("publish", type(error).__name__, f"Could not publish round {round}: {error}")
             return 0
         return len(data)
+
+    def _wire_safe(self, rows: Sequence[PeerRow], round: int) -> list[PeerRow]:
+        """`rows` without the groups holding a value the wire format refuses (receivers would refuse the whole
+        message): a whole group goes, since receivers normalise advantages within it."""
+        limits, bad_groups = self.limits, set()
+        for row in rows:
+            if row.group not in bad_groups and not self._in_range(row, limits):
+                bad_groups.add(row.group)
+        if not bad_groups:
+            return list(rows)
+        kept = [row for row in rows if row.group not in bad_groups]
+        self.unpublished["out_of_range"] += len(rows) - len(kept)
+        self._warn_once(
+            "publish",
+            "out_of_range",
+            f"Round {round}: {len(bad_groups)} group(s) of own rows hold a reward beyond +-{limits.max_abs_reward:g}, "
+            f"a log-prob below {limits.min_logp:g} or a non-finite value, which the wire format refuses; they are "
+            "not shared (logged once; counted in Swarm.unpublished['out_of_range']).",
+        )
+        return kept
+
+    def _in_range(self, row: PeerRow, limits: Limits) -> bool:
+        try:
+            reward = float(row.reward)
+            logps = np.asarray(row.generator_logps, dtype=np.float64)
+            per_func = row.rewards_per_func or {}
+            values = np.asarray([per_func.get(name, math.nan) for name in self.reward_names], dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            return False
+        if not (math.isfinite(reward) and abs(reward) <= limits.max_abs_reward):
+            return False
+        if logps.size and not (
+            np.isfinite(logps).all() and limits.min_logp <= logps.min() and logps.max() <= MAX_LOGP
+        ):
+            return False
+        values = values[~np.isnan(values)]  # NaN: the reward function returned None, which the wire carries
+        return bool((np.abs(values) <= limits.max_abs_reward).all())
 
     # -- collecting ----------------------------------------------------------------------------------------------
     def _satisfied(self, fresh: set[str]) -> bool:
@@ -224,23 +508,53 @@ class Swarm:
     def waits(self) -> bool:
         return bool(self.expected_peers) or bool(self.num_expected_peers)
 
-    def collect(self, round: int) -> RoundResult:
+    def regulars(self) -> frozenset[str]:
+        """The senders served first, each with its own allowance: `expected_peers` when given, else the peers of
+        the public keys, else the peers accepted in earlier rounds (see [`RoundBudget`])."""
+        if self.expected_peers:
+            return frozenset(self.expected_peers)
+        if self.public_keys is not None:
+            return frozenset(self.public_keys) - {self.peer_id}
+        return frozenset(self.known_peers)
+
+    def collect(self, round: int, *, max_rows: int | None = None) -> RoundResult:
         """Collect what arrived for `round`. Waits for the expected peers (each must deliver something new) at most
-        `peer_timeout` seconds; never raises because of what a peer sent."""
-        result = RoundResult()
-        fresh: set[str] = set()
+        `peer_timeout` seconds, then reads what is left in the exchange for at most `budget.max_seconds`; never
+        raises because of what a peer sent.
+
+        Args:
+            round: this peer's round (its optimizer step); the round window is taken around it.
+            max_rows: rows to accept at most this round (all senders together); default `budget.max_rows`. A
+                trainer that keeps `cap` rows a round passes a few times `cap`, so that selection can still be fair.
+        """
+        round = int(round)
+        regulars = self.regulars()
+        result = RoundResult(regulars=regulars)
         start = time.monotonic()
         deadline = start + self.peer_timeout
+        budget = self.budget
+        per_sender = budget.messages_per_sender or self.max_staleness + self.max_rounds_ahead + 1
+        rows_cap = budget.max_rows if max_rows is None else max(int(max_rows), 0)
+        # A round that waits may read until its wait is over, and then for `max_seconds`; one that does not wait, for
+        # `max_seconds` from its start.
+        state = _RoundState(
+            budget, regulars, per_sender, rows_cap, (deadline if self.waits else start) + budget.max_seconds
+        )
+        self._forget(round)
+        fresh: set[str] = set()
+        dropped: Counter = Counter()
         while True:
             try:
                 envelopes = self.transport.poll()
             except Exception as error:  # noqa: BLE001 - any transport failure: train on what arrived
                 self._warn_once("transport", type(error).__name__, f"Polling the exchange failed: {error}")
                 envelopes = []
-            for envelope in envelopes:
-                sender = self._accept(envelope, round, result)
+            for envelope in self._ordered(envelopes, round, regulars):
+                sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)
+            if envelopes and time.monotonic() <= state.until:
+                continue  # drain: a poll is bounded, what is left comes with the next one
             if not self.waits or self._satisfied(fresh):
                 break
             remaining = deadline - time.monotonic()
@@ -252,6 +566,14 @@ class Swarm:
                 self._warn_once("transport", type(error).__name__, f"Waiting on the exchange failed: {error}")
                 time.sleep(min(remaining, 0.5))
         result.waited = time.monotonic() - start
+        result.bytes_read, result.messages_read = state.bytes, state.messages
+        for kind, count in dropped.items():
+            self._warn_once(
+                "round_budget",
+                kind,
+                f"Round {round}: {count} message(s) dropped (round_budget): {_BUDGET_TEXT[kind]}. Logged once per "
+                "budget; `ftis/exchange/refused/round_budget` counts them every round.",
+            )
         self._absent -= fresh  # a peer that delivers again is waited for again
         if self.num_expected_peers is not None:
             self._absent_count = min(self._absent_count, max(self.num_expected_peers - len(fresh), 0))
@@ -272,30 +594,89 @@ class Swarm:
             )
         return result
 
-    def _accept(self, envelope, round: int, result: RoundResult) -> str | None:
-        """Decode and check one envelope; add its rows to `result`. Returns the sender when accepted."""
+    @staticmethod
+    def _ordered(envelopes, round: int, regulars: frozenset[str]) -> list:
+        """Regulars' envelopes first, then by the distance of their round hint to `round`, then in arrival order.
+        Hints only order the work: a lying hint costs its writer, never another sender, anything but a place."""
+
+        def key(item):
+            index, envelope = item
+            hint = envelope.round_hint
+            distance = abs(hint - round) if isinstance(hint, int) else _NO_ROUND
+            return (envelope.sender_hint not in regulars, distance, index)
+
+        return [envelope for _, envelope in sorted(enumerate(envelopes), key=key)]
+
+    def _outside_window(self, message_round: int, round: int) -> str | None:
+        if round - message_round > self.max_staleness:
+            return "stale"
+        if message_round - round > self.max_rounds_ahead:
+            return "ahead"
+        return None
+
+    def _forget(self, round: int) -> None:
+        """Drop the digests of messages that fell out of the window: they are refused as stale anyway."""
+        oldest = round - self.max_staleness
+        if any(seen < oldest for seen in self._seen.values()):
+            self._seen = {digest: seen for digest, seen in self._seen.items() if seen >= oldest}
+
+    def _accept(self, envelope, round: int, result: RoundResult, state: _RoundState, dropped: Counter) -> str | None:
+        """Check and decode one envelope; add its rows to `result`. Returns the sender when accepted."""
+        hint = envelope.sender_hint
         if envelope.error:
             result.refused[envelope.error] += 1
             self._warn_once(
                 envelope.source, envelope.error, f"Skipped {envelope.source!r} from the exchange: {envelope.error}"
             )
             return None
-        try:
-            header = peek_header(envelope.data)
-        except ExchangeError as error:
-            result.refused[error.reason] += 1
-            self._warn_once(str(envelope.sender_hint), error.reason, f"Refused a message ({envelope.source}): {error}")
+        if hint == self.peer_id:
+            return None  # our own message (or one written under our name: it can only get itself skipped)
+        if isinstance(envelope.round_hint, int) and envelope.round_hint - round > self.max_rounds_ahead:
+            # Refused unread: a round hint beyond the window is a peer far ahead, a leftover of a longer run, or a lie
+            # that can only get its own message skipped (a genuine message's hint is its round). Stale hints are read
+            # (they come last, see _ordered), so that a slow peer shows in its `rows_stale`.
+            result.refused["ahead"] += 1
+            self._warn_once(
+                str(hint),
+                "ahead",
+                f"Refused a message the exchange files under round {envelope.round_hint} from {hint!r}: more than "
+                f"max_rounds_ahead={self.max_rounds_ahead} rounds ahead of ours ({round}).",
+            )
             return None
-        if header.get("sender") == self.peer_id:
-            return None  # our own message
+        spent = state.examine(hint, envelope.size or len(envelope.data))
+        if spent is not None:
+            result.refused["round_budget"] += 1
+            dropped[spent] += 1
+            return None
+        digest = hashlib.blake2b(envelope.data, digest_size=16).digest()
+        if digest in self._seen:  # the same bytes again: a retried publish, a directory read again after reopen
+            result.refused["duplicate"] += 1
+            return None
         try:
-            message = decode_message(envelope.data, secret=self.secret, vocab_limit=self.vocab_limit)
+            message = decode_message(
+                envelope.data,
+                secret=self.secret,
+                public_keys=self.public_keys,
+                vocab_limit=self.vocab_limit,
+                limits=self.limits,
+            )
         except ExchangeError as error:
             result.refused[error.reason] += 1
-            who = header.get("sender", envelope.sender_hint)
-            self._warn_once(str(who), error.reason, f"Refused a message claiming to come from {who!r}: {error}")
+            who = hint if hint is not None else envelope.source
+            self._warn_once(str(who), error.reason, f"Refused a message sent as {who!r}: {error}")
             return None
         sender = message.sender
+        if sender == self.peer_id:
+            return None
+        if hint is not None and sender != hint:
+            result.refused["sender_hint"] += 1
+            self._warn_once(
+                sender,
+                "sender_hint",
+                f"Refused a message from {sender!r} that the exchange names as coming from {hint!r}: peers publish "
+                "under their own id only.",
+            )
+            return None
         if message.tokenizer_fingerprint != self.fingerprint:
             result.refused["tokenizer"] += 1
             self._warn_once(
@@ -318,28 +699,37 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
-        if (sender, message.round) in self._delivered:  # e.g. a Redis publish retried after a dropped connection
-            result.refused["duplicate"] += 1
+        rows = len(message.completions)
+        outside = self._outside_window(message.round, round)
+        if outside is not None:
+            stats = result.peers[sender]
+            stats.rows_received += rows
+            stats.rows_stale += rows
+            result.refused[outside] += 1
+            if outside == "ahead":
+                self._warn_once(
+                    sender,
+                    "ahead",
+                    f"Refused a message of round {message.round} from {sender!r}: more than max_rounds_ahead="
+                    f"{self.max_rounds_ahead} rounds ahead of ours ({round}).",
+                )
             return None
-        self._delivered.add((sender, message.round))
-        if len(self._delivered) > 10_000:
-            self._delivered = {key for key in self._delivered if key[1] >= round - self.max_staleness - 1}
+        spent = state.take(sender, rows)
+        if spent is not None:
+            result.refused["round_budget"] += 1
+            dropped[spent] += 1
+            return None
+        self._seen[digest] = message.round
         stats = result.peers[sender]
         stats.bytes_received += envelope.size
-        stats.rows_received += len(message.completions)
-        staleness = round - message.round
-        if staleness > self.max_staleness or message.created < self.started - LEFTOVER_SLACK_SECONDS:
-            result.refused["stale"] += 1
-            stats.rows_stale += len(message.completions)
-            return None
+        stats.rows_received += rows
         if message.model and len(self.peer_models) < 1000:  # bounded like the warnings
             self.peer_models[sender] = message.model
-        if sender not in self.known_peers:
+        if sender not in self.known_peers and len(self.known_peers) < _MAX_KNOWN_PEERS:
             self.known_peers.add(sender)
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)
-        rows = message_to_rows(message)
-        stats.staleness.append(staleness)
-        result.rows.extend(rows)
+        stats.staleness.append(round - message.round)
+        result.rows.extend(message_to_rows(message))
         return sender
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
@@ -361,7 +751,7 @@ class Swarm:
 
     def reopen(self) -> None:
         """Open a fresh transport on `url` after [`close`] (a trainer's second `train()`). Messages already
-        delivered are refused as duplicates, so nothing is trained on twice."""
+        accepted are refused as duplicates when read again, so nothing is trained on twice."""
         if self._closed:
-            self.transport = open_transport(self.url)
+            self.transport = self._open()
             self._closed = False

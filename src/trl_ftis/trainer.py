@@ -8,17 +8,18 @@ import logging
 import math
 import textwrap
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from torch import nn
 from transformers import LogitsProcessorList, TrainerCallback
 from trl import GRPOTrainer
-from trl.data_utils import apply_chat_template, is_conversational
+from trl.data_utils import apply_chat_template
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, is_async_callable, use_adapter
 
@@ -27,6 +28,7 @@ from .generation import GeneratorLogpsRecorder, records_raw_logits
 from .gpu_share import cap_gpu_memory, gpu_memory_fraction
 from .objective import ftis_terms, group_max_len, parse_variant
 from .peer_rows import (
+    MAX_ABS_ADVANTAGE,
     PeerRow,
     assign_group_statistics,
     build_peer_batch,
@@ -35,9 +37,10 @@ from .peer_rows import (
     group_advantages,
     prompt_columns,
     prompt_key,
+    row_problems,
     select_rows,
 )
-from .rules import SUMMARY_FILE, redact_url
+from .rules import SUMMARY_FILE, is_peer_id, redact_url
 from .swarm import RoundResult, Swarm
 
 logger = logging.getLogger(__name__)
@@ -58,6 +61,62 @@ _UNMERGEABLE_FIELDS = (
     "num_images",
     "num_tiles",
 )
+
+RESERVED_REWARD_COLUMNS = frozenset(
+    {
+        "prompts",
+        "completions",
+        "completion_ids",
+        "trainer_state",
+        "log_extra",
+        "log_metric",
+        "environments",
+        "prompt",
+        "completion",
+    }
+)
+"""Names a peer row's `extra` columns must not have: the keyword arguments TRL 1.16's `_calculate_rewards` passes to
+reward functions itself (`prompts`, `completions`, `completion_ids`, `trainer_state`, `log_extra`, `log_metric`,
+`environments`), and the columns it never passes (`prompt`, `completion`). Such columns are removed before scoring
+(counted as `reserved_column`): passed along they would raise `TypeError` ("got multiple values for keyword
+argument") in every reward function."""
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+"""Roles a received chat message may have. Another role is rendered by most chat templates as something it is not
+(or refused), so the row is dropped (`bad_chat_prompt`)."""
+
+DROP_REASONS: dict[str, str] = {
+    "bad_ids": "completion token ids that are not integers in [0, vocab_limit)",
+    "bad_logps": "generator log-probs that are not finite and <= 0",
+    "too_long": "a completion longer than max_completion_length, or a prompt and completion longer than the model's "
+    "context (max_position_embeddings)",
+    "bad_prompt": "a prompt that is neither a string nor a list of chat messages, or that the tokenizer cannot encode",
+    "empty_prompt": "an empty prompt ('' or []), or one that renders to no tokens",
+    "bad_chat_prompt": "chat messages without a string role and content, with a role outside "
+    f"{sorted(CHAT_ROLES)}, or that this trainer's chat template cannot render",
+    "no_chat_template": "a chat prompt, but this trainer's tokenizer has no chat template",
+    "bad_columns": "extra columns that are not a dict with string keys",
+    "unknown_prompt": "a prompt that is not in this trainer's training set (require_known_prompts)",
+    "reward_error": "a reward function raised, or returned the wrong number of rewards, for the rows' group (same "
+    "sender, prompt kind and columns)",
+    "unscorable": "every reward function returned None",
+    "nonfinite": "a reward, advantage or group statistic that is not finite",
+    "advantage_too_large": f"an advantage above {MAX_ABS_ADVANTAGE:g} in magnitude (scale_rewards='none' with "
+    "enormous rewards)",
+    "batch_split": "trimmed so that the peer rows split evenly over the micro-batches and processes",
+    "internal_error": "an unexpected error while processing the round's rows (logged with its traceback)",
+}
+"""Why a received row is dropped: each is counted in `ftis/peer_rows_dropped/<reason>` (and the total in
+`ftis/peer_rows_dropped`) and warned about once per peer and reason."""
+
+STRIP_REASONS: dict[str, str] = {
+    "reserved_column": "extra columns named like an argument TRL passes to reward functions "
+    f"({', '.join(sorted(RESERVED_REWARD_COLUMNS))}) were removed; the rows are kept",
+}
+"""Why a received row was changed (and kept): counted in `ftis/peer_rows_stripped/<reason>`."""
+
+_MAX_WARNED = 1000  # (peer, reason) pairs warned about: bounded like the swarm's warnings
+_CARD_CELL_CHARS = 120
 
 
 class FTISTrainer(GRPOTrainer):
@@ -136,7 +195,11 @@ class FTISTrainer(GRPOTrainer):
             )
         self._variant = parse_variant(args.variant)
         self._pending_peer_rows: list[PeerRow] = []
-        self._peer_rows_dropped = 0
+        self._dropped: Counter = Counter()  # rows dropped since the last merge, by reason
+        self._stripped: Counter = Counter()  # rows whose reserved columns were removed since the last merge
+        self._dropped_totals: Counter = Counter()
+        self._row_count_keys: set[str] = set()  # "dropped/<reason>" and "stripped/<reason>" seen so far
+        self._drop_warned: set[tuple[str, str]] = set()
         self._row_listeners: list[RowListener] = []
         self._loss_inputs: dict[str, Any] | None = None
         self._recorder: GeneratorLogpsRecorder | None = None
@@ -199,28 +262,25 @@ class FTISTrainer(GRPOTrainer):
         embeddings = self.accelerator.unwrap_model(self.model).get_input_embeddings()
         return min(len(self._tokenizer), embeddings.num_embeddings)
 
-    def _admit(self, rows: list[PeerRow]) -> list[PeerRow]:
-        """Drop (and count) rows longer than `max_completion_length`: they would not fit the batch."""
-        kept = [row for row in rows if len(row.completion_ids) <= self.max_completion_length]
-        if len(kept) < len(rows):
-            self._peer_rows_dropped += len(rows) - len(kept)
-            logger.warning(
-                "Dropped %d peer rows longer than max_completion_length=%d.",
-                len(rows) - len(kept),
-                self.max_completion_length,
-            )
-        return kept
-
     def add_peer_rows(self, rows: Iterable[PeerRow]) -> int:
         """
         Queue completions sampled by other models; they join the next generation batch of this trainer.
 
-        Every row is checked before any is accepted: completion ids inside the local vocabulary and embedding,
-        generator log-probs finite and <= 0, a finite reward. A bad row raises `ValueError` and nothing is queued.
-        Completions longer than `max_completion_length` are dropped (counted in `ftis/peer_rows_dropped`).
+        Programming errors raise before anything is queued: a row that is not a [`PeerRow`], or whose `sender` is not
+        a string, `group` not hashable, `prompt` neither a string nor a list, or `extra` not a dict (or `None`) with
+        string keys (`TypeError`); completion ids outside the local vocabulary and embedding, or generator log-probs
+        that are not finite and <= 0 (`ValueError`). Rows that are well-formed but cannot be trained on go through the
+        same admission as rows received from a swarm and are dropped, counted (`ftis/peer_rows_dropped/<reason>`) and
+        warned about once per sender and reason: longer than `max_completion_length` (`too_long`), an empty prompt, a
+        chat prompt whose messages lack a string `role` or `content` or have another role than
+        `system`/`developer`/`user`/`assistant`/`tool`, a chat prompt without a chat template, ... (see
+        `docs/swarm.md`, "Hostile and mismatched rows"). `extra` columns named like a reward function argument
+        (`prompts`, `completions`, `trainer_state`, ...) are removed.
 
-        In a multi-process job every process merges the rows added to it; the swarm exchange shares received rows out
-        evenly.
+        The rows' rewards are used as given (not recomputed), and their advantages are normalised within each
+        `(sender, group)` of the rows merged together (any `advantage` already set on them is cleared); a row whose
+        advantage would not be finite, or above `1e7` in magnitude, is dropped when merged. In a multi-process job
+        every process merges the rows added to it; the swarm exchange shares received rows out evenly.
 
         Args:
             rows (`Iterable[PeerRow]`):
@@ -231,13 +291,211 @@ class FTISTrainer(GRPOTrainer):
         """
         rows = list(rows)
         for row in rows:
-            if not isinstance(row, PeerRow):
-                raise TypeError(f"add_peer_rows takes PeerRow objects, got {type(row).__name__}.")
+            problem = _api_row_problem(row)
+            if problem is not None:
+                raise TypeError(problem)
         if rows:
             check_rows(rows, self.vocab_limit)
+        for row in rows:
+            row.advantage = row.group_max_length = None
         kept = self._admit(rows)
         self._pending_peer_rows.extend(kept)
         return len(kept)
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Admission: every received row is trained on as what it is, or dropped and counted by reason
+    # ------------------------------------------------------------------------------------------------------------
+    def _count_rows(
+        self, sender: Any, reason: str, count: int = 1, *, stripped: bool = False, detail: str = ""
+    ) -> None:
+        """Count `count` rows of `sender` dropped for `reason` (or, with `stripped`, changed and kept); warn the first
+        time for each (peer, reason)."""
+        if stripped:
+            self._stripped[reason] += count
+        else:
+            self._dropped[reason] += count
+            self._dropped_totals[reason] += count
+        kind = "stripped" if stripped else "dropped"
+        key = (str(sender)[:200], f"{kind}/{reason}")
+        if key in self._drop_warned or len(self._drop_warned) >= _MAX_WARNED:
+            return
+        self._drop_warned.add(key)
+        logger.warning(
+            "%s %d peer row(s) from %r: %s%s. Counted in ftis/peer_rows_%s/%s; not logged again for this peer and "
+            "reason.",
+            "Changed" if stripped else "Dropped",
+            count,
+            key[0],
+            (STRIP_REASONS if stripped else DROP_REASONS).get(reason, reason),
+            f" ({detail})" if detail else "",
+            kind,
+            reason,
+        )
+
+    def _sift(
+        self,
+        rows: Sequence[PeerRow],
+        problems: Sequence[str | None],
+        details: Mapping[tuple[str, str], str] | None = None,
+    ) -> list[PeerRow]:
+        """The rows whose problem is `None`; the others are counted by (sender, reason). `details` adds a text to the
+        warning of a (sender, reason)."""
+        details = details or {}
+        kept, counts = [], Counter()
+        for row, problem in zip(rows, problems, strict=True):
+            if problem is None:
+                kept.append(row)
+            else:
+                counts[(str(row.sender), problem)] += 1
+        for (sender, reason), count in counts.items():
+            self._count_rows(sender, reason, count, detail=details.get((sender, reason), ""))
+        return kept
+
+    def _admit(self, rows: Sequence[PeerRow], *, local_columns: bool = False) -> list[PeerRow]:
+        """
+        The admission of received rows, shared by the swarm round and [`add_peer_rows`]: everything that can be
+        decided from a row alone. Never raises because of a row's content: a row is kept, or dropped and counted by
+        reason ([`DROP_REASONS`]).
+
+        In order: ids and log-probs (`bad_ids`, `bad_logps`: the wire format and `add_peer_rows` already refuse them),
+        the completion length (`too_long`), the prompt's shape (`bad_prompt`, `empty_prompt`, `bad_chat_prompt`,
+        `no_chat_template`) and the columns' (`bad_columns`); then columns named like a reward function argument are
+        removed ([`RESERVED_REWARD_COLUMNS`], `reserved_column`) and, with `local_columns`, a known prompt gets the
+        training set's own columns instead (`unknown_prompt` under `require_known_prompts`); last, each distinct
+        prompt is rendered as this trainer renders its own (plain and chat prompts separately: the kind of a batch is
+        its first prompt's for TRL), and a prompt that fails (`bad_chat_prompt`, `bad_prompt`), renders to no tokens
+        (`empty_prompt`) or does not fit the model's context with its completion (`too_long`) is dropped.
+
+        What is left later: rescoring (`reward_error`, `unscorable`, `nonfinite`) and the group statistics
+        (`nonfinite`, `advantage_too_large`) in the round, and `batch_split` at the merge.
+        """
+        rows = list(rows)
+        if not rows:
+            return rows
+        problems = row_problems(rows, self.vocab_limit)
+        problems = [problem or self._shape_problem(row) for row, problem in zip(rows, problems, strict=True)]
+        rows = self._sift(rows, problems)
+        self._strip_reserved_columns(rows)
+        if local_columns:
+            rows = self._with_local_columns(rows)
+        rendered = self._render_prompts([row.prompt for row in rows])
+        context = self._context_length()
+        problems = []
+        for row, ids in zip(rows, rendered, strict=True):
+            if isinstance(ids, str):
+                problems.append(ids)
+            elif context is not None and len(ids) + len(row.completion_ids) > context:
+                problems.append("too_long")
+            else:
+                problems.append(None)
+        return self._sift(rows, problems)
+
+    def _shape_problem(self, row: PeerRow) -> str | None:
+        if len(row.completion_ids) > self.max_completion_length:
+            return "too_long"
+        problem = self._prompt_problem(row.prompt)
+        if problem is not None:
+            return problem
+        if row.extra is None:
+            row.extra = {}
+        if not isinstance(row.extra, dict) or not all(isinstance(key, str) for key in row.extra):
+            return "bad_columns"
+        return None
+
+    def _prompt_problem(self, prompt: Any) -> str | None:
+        """Why `prompt` cannot be rendered, from its shape alone, or `None`."""
+        if isinstance(prompt, str):
+            return None if prompt else "empty_prompt"
+        if not isinstance(prompt, list):
+            return "bad_prompt"
+        if not prompt:
+            return "empty_prompt"
+        for message in prompt:
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+                and message["role"] in CHAT_ROLES
+                # Other keys (`name`, ...) as the wire format allows them: strings or null.
+                and all(isinstance(key, str) and (v is None or isinstance(v, str)) for key, v in message.items())
+            ):
+                return "bad_chat_prompt"
+        if not self._has_chat_template():
+            return "no_chat_template"
+        return None
+
+    def _has_chat_template(self) -> bool:
+        return any(
+            getattr(owner, "chat_template", None)
+            for owner in (self, self.processing_class, getattr(self, "_tokenizer", None))
+        )
+
+    def _context_length(self) -> int | None:
+        """The model's context (`max_position_embeddings` of its text config), when it has one."""
+        config = self.accelerator.unwrap_model(self.model).config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        length = getattr(config, "max_position_embeddings", None)
+        return length if isinstance(length, int) and length > 0 else None
+
+    def _strip_reserved_columns(self, rows: Sequence[PeerRow]) -> None:
+        counts: Counter = Counter()
+        names: dict[str, set[str]] = {}
+        for row in rows:
+            reserved = RESERVED_REWARD_COLUMNS.intersection(row.extra)
+            if reserved:
+                row.extra = {key: value for key, value in row.extra.items() if key not in RESERVED_REWARD_COLUMNS}
+                counts[str(row.sender)] += 1
+                names.setdefault(str(row.sender), set()).update(reserved)
+        for sender, count in counts.items():
+            self._count_rows(
+                sender, "reserved_column", count, stripped=True, detail="removed " + ", ".join(sorted(names[sender]))
+            )
+
+    def _render_prompts(self, prompts: Sequence[Any]) -> list[list[int] | str]:
+        """
+        Each prompt rendered as this trainer renders its own (`GRPOTrainer._tokenize_prompts`: its chat template for
+        messages, with `add_generation_prompt`) and tokenized, or the reason it cannot be (`bad_chat_prompt`,
+        `bad_prompt`, `empty_prompt` for no tokens).
+
+        Plain and chat prompts go to separate calls (TRL decides a batch's kind from its first prompt), each distinct
+        prompt once; a call that fails is split in halves until the prompts that fail are found, so one bad prompt
+        costs a few calls, not one per prompt.
+        """
+        keys = [prompt_key(prompt) for prompt in prompts]
+        distinct: dict[str, Any] = {}
+        for key, prompt in zip(keys, prompts, strict=True):
+            distinct.setdefault(key, prompt)
+        rendered: dict[str, list[int] | str] = {}
+        for chat in (False, True):
+            self._render_batch([(k, p) for k, p in distinct.items() if isinstance(p, list) == chat], chat, rendered)
+        return [rendered[key] for key in keys]
+
+    def _render_batch(self, batch: list[tuple[str, Any]], chat: bool, out: dict[str, list[int] | str]) -> None:
+        if not batch:
+            return
+        try:
+            ids, images, _ = self._tokenize_prompts([prompt for _, prompt in batch])
+            if images is not None:
+                raise ValueError("peer rows with images are not supported")
+            ids = [[int(token) for token in one] for one in ids]
+            if len(ids) != len(batch):
+                raise ValueError(f"{len(ids)} tokenized prompts for {len(batch)}")
+        except Exception:  # noqa: BLE001 - any failure of the template or tokenizer on a peer's prompt drops it
+            if len(batch) == 1:
+                out[batch[0][0]] = "bad_chat_prompt" if chat else "bad_prompt"
+                return
+            half = len(batch) // 2
+            self._render_batch(batch[:half], chat, out)
+            self._render_batch(batch[half:], chat, out)
+            return
+        for (key, _), one in zip(batch, ids, strict=True):
+            out[key] = one if one else "empty_prompt"
+
+    def _guard_statistics(self, rows: Sequence[PeerRow]) -> list[PeerRow]:
+        """The last check before rows become tensors: a finite reward, a finite advantage of at most
+        [`MAX_ABS_ADVANTAGE`] in magnitude (`nonfinite`, `advantage_too_large`), so that no peer value can make the
+        loss or a gradient non-finite."""
+        return self._sift(rows, [_statistics_problem(row) for row in rows])
 
     @property
     def num_pending_peer_rows(self) -> int:
@@ -431,25 +689,25 @@ class FTISTrainer(GRPOTrainer):
             output["ftis_group_max_len"] = torch.tensor(group_max[start : start + len(own_rows)], device=device)
         # Equal shares: every process merges the same number of rows (unequal micro-batches deadlock DDP/ZeRO).
         share = len(rows) // accelerator.num_processes
+        if accelerator.is_main_process:
+            for sender, count in Counter(str(row.sender) for row in rows[share * accelerator.num_processes :]).items():
+                self._count_rows(sender, "batch_split", count)
         return rows[accelerator.process_index * share : (accelerator.process_index + 1) * share]
 
     def _run_round(self, own_rows: list[PeerRow]):
-        """Main process only: publish, collect, score, select. Returns (rows, own statistics, metrics)."""
-        args, swarm, round = self.args, self.swarm, self.state.global_step
+        """Main process only: publish, collect, admit, select, score, normalise. Returns (rows, own statistics,
+        metrics). Never raises because of what peers sent: a row is trained on or dropped and counted by reason."""
+        swarm, round = self.swarm, self.state.global_step
         bytes_sent = swarm.publish(own_rows, round)
         result = swarm.collect(round)
         received = result.rows
-        rows = self._admit(received)
-        if args.require_known_prompts or not args.trust_peer_rewards:
-            rows = self._with_local_columns(rows)
-        rows = select_rows(rows, self._peer_row_cap(len(own_rows)))
-        if not args.trust_peer_rewards:
-            rows = self._rescore(rows)
-        own_statistics = None
-        if args.collaboration_mode == "horizontal":
-            own_statistics = self._horizontal_statistics(own_rows, rows)
-        else:
-            assign_group_statistics(rows, self.scale_rewards)
+        try:
+            rows, own_statistics = self._round_rows(own_rows, result)
+        except Exception as error:  # the last line of defence: a round never raises because of what peers sent
+            if ("*", "dropped/internal_error") not in self._drop_warned:
+                logger.exception("Processing the peer rows of round %d failed; training on own rows only.", round)
+            self._count_rows("*", "internal_error", len(received), detail=f"{type(error).__name__}: {error}"[:300])
+            rows, own_statistics = [], None
         self._totals["rows_sent"] += len(own_rows)
         self._totals["bytes_sent"] += bytes_sent
         self._totals["rows_received"] += len(received)
@@ -457,6 +715,21 @@ class FTISTrainer(GRPOTrainer):
         self._accepted_by_peer.update(row.sender for row in rows)
         self._refused_totals.update(result.refused)
         return rows, own_statistics, self._round_metrics(result, rows, bytes_sent)
+
+    def _round_rows(self, own_rows: list[PeerRow], result: RoundResult):
+        """The received rows (`result.rows`) this round trains on, with their group statistics, and the own rows'
+        statistics in horizontal mode (else `None`)."""
+        args = self.args
+        rows = self._admit(result.rows, local_columns=args.require_known_prompts or not args.trust_peer_rewards)
+        rows = select_rows(rows, self._peer_row_cap(len(own_rows)))
+        if not args.trust_peer_rewards:
+            rows = self._rescore(rows)
+        own_statistics = None
+        if args.collaboration_mode == "horizontal":
+            own_statistics, rows = self._horizontal_statistics(own_rows, rows)
+        else:
+            assign_group_statistics(rows, self.scale_rewards)
+        return self._guard_statistics(rows), own_statistics
 
     def _peer_row_cap(self, local_rows: int) -> int | None:
         caps = [self.args.max_peer_rows]
@@ -489,45 +762,39 @@ class FTISTrainer(GRPOTrainer):
             }
             if stats.staleness:
                 peer["staleness"] = sum(stats.staleness) / len(stats.staleness)
-            if mine:
-                peer["reward"] = sum(row.reward for row in mine) / len(mine)
+            if mine:  # divided first: rewards near the float maximum must not overflow the sum
+                peer["reward"] = math.fsum(float(row.reward) / len(mine) for row in mine)
             metrics.update({f"ftis/peers/{sender}/{name}": value for name, value in peer.items()})
         return metrics
 
     def _rescore(self, rows: list[PeerRow]) -> list[PeerRow]:
-        """Recompute the rewards of peer rows with this trainer's reward functions; drop rows none can score."""
+        """Recompute the rewards of peer rows with this trainer's reward functions; drop (and count) the rows a reward
+        function raised for (`reward_error`), that every function declined (`unscorable`) or whose total is not finite
+        (`nonfinite`)."""
         if not rows:
             return rows
-        scores = self.score_rows(rows)
-        kept = []
-        for row, (total, per_func) in zip(rows, scores, strict=True):
-            if math.isfinite(total):
+        scores, problems, errors = self._score(rows)
+        for row, (total, per_func), problem in zip(rows, scores, problems, strict=True):
+            if problem is None:
                 row.reward, row.rewards_per_func = total, per_func
-                kept.append(row)
-        if len(kept) < len(rows):
-            logger.warning("Dropped %d peer rows that no reward function could score.", len(rows) - len(kept))
-        return kept
+        return self._sift(rows, problems, errors)
 
     def _with_local_columns(self, rows: list[PeerRow]) -> list[PeerRow]:
         """Give rows whose prompt is in our training set our own columns (the gold answer a reward function reads):
-        a peer must not be able to send a wrong gold answer along with a completion that matches it."""
+        a peer must not be able to send a wrong gold answer along with a completion that matches it. Under
+        `require_known_prompts` the other rows are dropped (`unknown_prompt`, also in `summary()["refused"]`)."""
         if self._prompt_columns is None:
             self._prompt_columns = prompt_columns(self.train_dataset)
-        kept = []
+        problems = []
         for row in rows:
             local = self._prompt_columns.get(prompt_key(row.prompt))
-            if local is not None:
-                row.extra = dict(local)
-                kept.append(row)
-            elif not self.args.require_known_prompts:
-                kept.append(row)
-        if len(kept) < len(rows):
-            self._refused_totals["unknown_prompt"] += len(rows) - len(kept)
-            logger.warning(
-                "Dropped %d peer rows whose prompt is not in this trainer's training set (require_known_prompts).",
-                len(rows) - len(kept),
-            )
-        return kept
+            if local is not None:  # without the columns TRL itself never passes to reward functions (`completion`)
+                row.extra = {key: value for key, value in local.items() if key not in RESERVED_REWARD_COLUMNS}
+            problems.append("unknown_prompt" if local is None and self.args.require_known_prompts else None)
+        unknown = problems.count("unknown_prompt")
+        if unknown:
+            self._refused_totals["unknown_prompt"] += unknown
+        return self._sift(rows, problems)
 
     def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
         """
@@ -541,17 +808,23 @@ class FTISTrainer(GRPOTrainer):
         TRL 1.16's path, all here:
 
         * no `gather`: the rewards of this process's rows only;
+        * rows are scored in groups of the same sender, prompt kind (plain text or chat messages: each row's
+          completion is passed as its own kind, whatever the other rows are) and set of `extra` columns, so that the
+          keyword columns are exactly each row's own (TRL passes the columns of the batch's first row) and one peer's
+          odd columns or values cannot break another peer's rows;
+        * `extra` columns named like an argument TRL passes itself ([`RESERVED_REWARD_COLUMNS`]) are not passed;
+        * a reward function that raises (or returns the wrong number of rewards) for a group makes that group's rows
+          score NaN, with a warning, instead of raising;
         * `log_extra` and `log_metric` are accepted and ignored (peer rows have no place in the completions table or
           in the step's reward metrics);
-        * the keyword columns are the union of the rows' `extra` keys (`None` where a row lacks one), not the first
-          row's keys, since rows come from different peers;
         * no `environments` keyword (peer rows are single-turn text completions);
         * async reward functions run one after another on TRL's event loop, not concurrently;
         * a reward model gets its inputs on its own device, and the table is returned on the CPU;
         * no `profiling_context` around the calls;
-        * no warning for a row every function declines (`None`): it scores NaN, and the caller drops it with a warning;
-        * the total is `nansum(rewards_per_func * reward_weights)` as in TRL's `"sum_then_normalize"`, NaN when every
-          function declined.
+        * no warning for a row every function declines (`None`): it scores NaN, and the trainer drops it
+          (`unscorable`);
+        * the total is `nansum(rewards_per_func * reward_weights)` as in TRL's `"sum_then_normalize"`, in float64
+          (rewards near the float32 maximum do not overflow), NaN when every function declined.
 
         Args:
             rows (`Sequence[PeerRow]`):
@@ -561,20 +834,63 @@ class FTISTrainer(GRPOTrainer):
             `list[tuple[float, dict[str, float]]]`: per row, the weighted total and the reward of each function, by
             name.
         """
-        prompts = [row.prompt for row in rows]
-        texts = self._tokenizer.batch_decode([list(row.completion_ids) for row in rows], skip_special_tokens=True)
-        completions = [
-            [{"role": "assistant", "content": text}] if is_conversational({"prompt": prompt}) else text
-            for prompt, text in zip(prompts, texts, strict=True)
+        scores, _, errors = self._score(rows)
+        for (sender, _), error in errors.items():
+            logger.warning("A reward function failed on rows from %r, which score NaN: %s", sender, error)
+        return scores
+
+    def _score(self, rows: Sequence[PeerRow]):
+        """`(scores, problems, errors)`: per row the weighted total and the reward of each function (see
+        [`score_rows`]) and `None` or why it cannot be trained on (`reward_error`, `unscorable`, `nonfinite`);
+        `errors` maps `(sender, "reward_error")` to the first error of that sender's groups."""
+        names = self.reward_func_names
+        table = torch.full((len(rows), len(self.reward_funcs)), math.nan, dtype=torch.float64)
+        failed = [False] * len(rows)
+        errors: dict[tuple[str, str], str] = {}
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(rows):
+            extra = row.extra if isinstance(row.extra, dict) else {}
+            columns = tuple(sorted(str(key) for key in extra if key not in RESERVED_REWARD_COLUMNS))
+            groups.setdefault((str(row.sender), isinstance(row.prompt, list), columns), []).append(i)
+        for (sender, chat, columns), index in groups.items():
+            try:
+                table[index] = self._score_group([rows[i] for i in index], chat, columns)
+            except Exception as error:  # noqa: BLE001 - a reward function failing on a peer's rows drops them only
+                for i in index:
+                    failed[i] = True
+                errors.setdefault((sender, "reward_error"), f"{type(error).__name__}: {error}"[:300])
+        weights = self.reward_weights.detach().to("cpu", torch.float64)
+        totals = torch.nansum(table * weights, dim=1)
+        declined = torch.isnan(table).all(dim=1)
+        totals[declined] = math.nan
+        problems: list[str | None] = []
+        for i in range(len(rows)):
+            if failed[i]:
+                problems.append("reward_error")
+            elif declined[i]:
+                problems.append("unscorable")
+            elif not math.isfinite(totals[i]):
+                problems.append("nonfinite")
+            else:
+                problems.append(None)
+        scores = [
+            (float(totals[i]), {name: float(table[i, k]) for k, name in enumerate(names)}) for i in range(len(rows))
         ]
-        columns = sorted({key for row in rows for key in row.extra} - {"prompt", "completion", "completion_ids"})
-        kwargs = {key: [row.extra.get(key) for row in rows] for key in columns}
-        kwargs.update(trainer_state=self.state, log_extra=lambda *a, **k: None, log_metric=lambda *a, **k: None)
-        completion_ids = [list(row.completion_ids) for row in rows]
-        table = torch.full((len(rows), len(self.reward_funcs)), math.nan)
+        return scores, problems, errors
+
+    def _score_group(self, rows: Sequence[PeerRow], chat: bool, columns: Sequence[str]) -> torch.Tensor:
+        """Rewards `(len(rows), num functions)`, float64, of rows of one prompt kind sharing the `extra` keys
+        `columns`."""
+        prompts = [row.prompt for row in rows]
+        completion_ids = [np.asarray(row.completion_ids).reshape(-1).tolist() for row in rows]
+        texts = self._tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+        completions = [[{"role": "assistant", "content": text}] for text in texts] if chat else texts
+        kwargs = {key: [row.extra[key] for row in rows] for key in columns}
+        kwargs.update(trainer_state=self.state, log_extra=_ignore, log_metric=_ignore)
+        table = torch.full((len(rows), len(self.reward_funcs)), math.nan, dtype=torch.float64)
         for k, (func, processor) in enumerate(zip(self.reward_funcs, self.reward_processing_classes, strict=True)):
             if isinstance(func, nn.Module):
-                if is_conversational({"prompt": prompts[0]}):
+                if chat:
                     messages = [{"messages": p + c} for p, c in zip(prompts, completions, strict=True)]
                     inputs = [apply_chat_template(m, processor, **self.chat_template_kwargs)["text"] for m in messages]
                 else:
@@ -583,7 +899,7 @@ class FTISTrainer(GRPOTrainer):
                     text=inputs, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
                 ).to(next(func.parameters()).device)
                 with torch.inference_mode():
-                    table[:, k] = func(**encoded).logits[:, 0].float().cpu()
+                    table[:, k] = func(**encoded).logits[:, 0].to("cpu", torch.float64)
                 continue
             call = func(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
             if is_async_callable(func):
@@ -594,48 +910,73 @@ class FTISTrainer(GRPOTrainer):
                     f"Reward function {self.reward_func_names[k]!r} returned {len(values)} rewards for "
                     f"{len(rows)} peer rows."
                 )
-            table[:, k] = torch.tensor([math.nan if v is None else float(v) for v in values])
-        weights = self.reward_weights.float().cpu()
-        totals = torch.nansum(table * weights, dim=1)
-        totals[torch.isnan(table).all(dim=1)] = math.nan
-        names = self.reward_func_names
-        return [
-            (float(totals[i]), {name: float(table[i, k]) for k, name in enumerate(names)}) for i in range(len(rows))
-        ]
+            table[:, k] = torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float64)
+        return table
 
     def _horizontal_statistics(self, own_rows: list[PeerRow], rows: list[PeerRow]):
         """Horizontal mode: groups of the same prompt are normalised together over every model's completions.
 
-        Sets the peer rows' statistics in place and returns the own rows' `(advantages, group max lengths)`.
-        Peer rows whose prompt no local group has keep their own (vertical) normalisation.
+        Sets the peer rows' statistics in place and returns the own rows' `(advantages, group max lengths)` and the
+        peer rows kept. Peer rows whose prompt no local group has keep their own (vertical) normalisation. All in
+        float64; when a mixed group's advantages would not be finite or exceed [`MAX_ABS_ADVANTAGE`] (a peer's
+        enormous reward), its peer rows are dropped (`nonfinite`, `advantage_too_large`) and the own rows of that
+        prompt are normalised among themselves: no peer value reaches the own rows' advantages as a non-finite or
+        enormous number.
         """
         own_keys = {prompt_key(row.prompt) for row in own_rows}
         mixed = [row for row in rows if prompt_key(row.prompt) in own_keys]
-        assign_group_statistics([row for row in rows if prompt_key(row.prompt) not in own_keys], self.scale_rewards)
-        union = list(own_rows) + mixed
-        keys: dict[str, int] = {}
-        index = torch.tensor([keys.setdefault(prompt_key(row.prompt), len(keys)) for row in union])
-        rewards = torch.tensor([float(row.reward) for row in union])
+        alone = [row for row in rows if prompt_key(row.prompt) not in own_keys]
+        assign_group_statistics(alone, self.scale_rewards)
+        while True:
+            union = list(own_rows) + mixed
+            keys: dict[str, int] = {}
+            index = torch.tensor(
+                [keys.setdefault(prompt_key(row.prompt), len(keys)) for row in union], dtype=torch.long
+            )
+            rewards = torch.tensor([float(row.reward) for row in union], dtype=torch.float64)
+            advantages = group_advantages(rewards, index, self.scale_rewards)
+            nonfinite = set(index[~torch.isfinite(advantages)].tolist())
+            too_large = set(index[advantages.abs() > MAX_ABS_ADVANTAGE].tolist()) - nonfinite
+            peer_index = index[len(own_rows) :].tolist()
+            problems = [
+                "nonfinite" if g in nonfinite else "advantage_too_large" if g in too_large else None
+                for g in peer_index
+            ]
+            if not any(problems):
+                break
+            mixed = self._sift(mixed, problems)  # then again, with those prompts' own rows alone
         lengths = torch.tensor([len(row.completion_ids) for row in union])
-        advantages = group_advantages(rewards, index, self.scale_rewards).tolist()
-        group_max = group_max_len(lengths, index).tolist()
+        advantages, group_max = advantages.tolist(), group_max_len(lengths, index).tolist()
         for row, advantage, max_length in zip(
             mixed, advantages[len(own_rows) :], group_max[len(own_rows) :], strict=True
         ):
             row.advantage, row.group_max_length = advantage, max_length
-        return advantages[: len(own_rows)], group_max[: len(own_rows)]
+        kept = {id(row) for row in alone + mixed}
+        own_statistics = (advantages[: len(own_rows)], group_max[: len(own_rows)])
+        return own_statistics, [row for row in rows if id(row) in kept]
 
     def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
+        rows = list(rows)
+        # Rows from add_peer_rows get their group statistics here, within the rows of this process (the swarm round
+        # set those of its rows on the main process, before sharing them out). Then the last guards: statistics
+        # and prompts (the round checked both; rows added directly only the prompts).
+        assign_group_statistics(
+            [row for row in rows if row.advantage is None or row.group_max_length is None], self.scale_rewards
+        )
+        rows = self._guard_statistics(rows)
+        rendered = self._render_prompts([row.prompt for row in rows])
+        problems = [ids if isinstance(ids, str) else None for ids in rendered]
+        prompt_ids = [ids for ids in rendered if not isinstance(ids, str)]
+        rows = self._sift(rows, problems)
         # Every generation batch must split into `steps_per_generation` equal micro-batches.
         keep = len(rows) - len(rows) % self.args.steps_per_generation
-        if keep < len(rows):
-            self._peer_rows_dropped += len(rows) - keep
-            rows = list(rows)[:keep]
+        for sender, count in Counter(str(row.sender) for row in rows[keep:]).items():
+            self._count_rows(sender, "batch_split", count)
+        rows, prompt_ids = rows[:keep], prompt_ids[:keep]
         total_rows = self.accelerator.reduce(torch.tensor(float(len(rows)), device=self.accelerator.device), "sum")
         total_rows = total_rows.item()
         self._metrics["train"]["ftis/peer_rows"].append(total_rows)
-        self._metrics["train"]["ftis/peer_rows_dropped"].append(float(self._peer_rows_dropped))
-        self._peer_rows_dropped = 0
+        self._log_row_counts()
         # Per-peer loss metrics are reductions over a source list that must be the same on every process.
         senders = sorted({row.sender for row in rows})
         if self.accelerator.num_processes > 1:
@@ -648,7 +989,7 @@ class FTISTrainer(GRPOTrainer):
                     f"Peer rows cannot be merged into batches with {unsupported}: F-TIS peers exchange text-only, "
                     "single-turn completions."
                 )
-            output = self._merge_rows(output, rows)
+            output = self._merge_rows(output, rows, prompt_ids)
         if total_rows > 0:  # the same decision on every process: they all run this collective, or none does
             # `num_items_in_batch` counts loss tokens over all processes, as TRL does.
             loss_mask = output["completion_mask"]
@@ -657,22 +998,33 @@ class FTISTrainer(GRPOTrainer):
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         return output
 
-    def _tokenize_peer_prompts(self, rows: Sequence[PeerRow]) -> list[list[int]]:
-        """Each row's prompt rendered with this trainer's chat template and tokenized; rows of a group share their
-        prompt, so each distinct prompt is rendered and tokenized once."""
-        keys = [prompt_key(row.prompt) for row in rows]
-        first_row: dict[str, int] = {}
-        for i, key in enumerate(keys):
-            first_row.setdefault(key, i)
-        unique_ids, images, _ = self._tokenize_prompts([rows[i].prompt for i in first_row.values()])
-        if images is not None:
-            raise ValueError("Peer rows with images are not supported.")
-        position = {key: k for k, key in enumerate(first_row)}
-        return [unique_ids[position[key]] for key in keys]
+    def _log_row_counts(self) -> None:
+        """This step's dropped (and changed) peer rows: the total, and one metric per reason seen so far (0 when none
+        this step)."""
+        dropped, stripped = self._dropped, self._stripped
+        self._dropped, self._stripped = Counter(), Counter()
+        metrics = self._metrics["train"]
+        metrics["ftis/peer_rows_dropped"].append(float(sum(dropped.values())))
+        self._row_count_keys.update(f"dropped/{reason}" for reason in dropped)
+        self._row_count_keys.update(f"stripped/{reason}" for reason in stripped)
+        for key in sorted(self._row_count_keys):
+            kind, reason = key.split("/", 1)
+            metrics[f"ftis/peer_rows_{key}"].append(float((dropped if kind == "dropped" else stripped)[reason]))
 
-    def _merge_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
+    def _tokenize_peer_prompts(self, rows: Sequence[PeerRow]) -> list[list[int]]:
+        """Each row's prompt rendered with this trainer's chat template and tokenized ([`_render_prompts`]); rows of a
+        group share their prompt, so each distinct prompt is rendered and tokenized once. `ValueError` for a prompt
+        that cannot be rendered (the admission drops such rows before they get here)."""
+        rendered = self._render_prompts([row.prompt for row in rows])
+        failed = [(row.sender, ids) for row, ids in zip(rows, rendered, strict=True) if isinstance(ids, str)]
+        if failed:
+            raise ValueError(f"The prompt of a peer row from {failed[0][0]!r} cannot be rendered ({failed[0][1]}).")
+        return rendered
+
+    def _merge_rows(
+        self, output: dict[str, Any], rows: Sequence[PeerRow], prompt_ids: Sequence[Sequence[int]]
+    ) -> dict[str, Any]:
         device = self.accelerator.device
-        prompt_ids = self._tokenize_peer_prompts(rows)
         peer = build_peer_batch(
             rows,
             prompt_ids,
@@ -871,6 +1223,11 @@ class FTISTrainer(GRPOTrainer):
             self._filtered_in_step = {}
         return loss
 
+    # The only two Trainer methods that write training_args.bin (`torch.save(self.args)`; checkpoints, save_model,
+    # push_to_hub): they run with `self.args` swapped for a copy without the secrets (FTISConfig.saving_redacted).
+    _save = FTISConfig.saving_redacted(GRPOTrainer._save)
+    _push_from_checkpoint = FTISConfig.saving_redacted(GRPOTrainer._push_from_checkpoint)
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """
         TRL's model card, plus what a reader needs to reproduce this run: the F-TIS variant and its hyper-parameters,
@@ -925,17 +1282,20 @@ class FTISTrainer(GRPOTrainer):
             "### Swarm",
             "",
         ]
-        peers = sorted(set(self._sources) | set(self._accepted_by_peer))
+        # Peer ids and model names come from other peers (or add_peer_rows callers): escaped for a table cell.
+        peers = sorted(set(map(str, self._sources)) | set(map(str, self._accepted_by_peer)))
+        own = f"{_card_peer(args.peer_id)} ({_card_cell(self._model_name())})"
         if not peers:
-            lines += [f"This peer, `{args.peer_id}` ({self._model_name()}), trained on its own completions only.", ""]
+            lines += [f"This peer, {own}, trained on its own completions only.", ""]
         else:
             models = self.swarm.peer_models if self.swarm is not None else {}
             lines += [
                 "| peer | model | completions trained on |",
                 "|---|---|---|",
-                f"| `{args.peer_id}` (this model) | {self._model_name()} | own |",
+                f"| {_card_peer(args.peer_id)} (this model) | {_card_cell(self._model_name())} | own |",
                 *[
-                    f"| `{peer}` | {models.get(peer, 'not reported')} | {self._accepted_by_peer.get(peer, '-')} |"
+                    f"| {_card_peer(peer)} | {_card_cell(models.get(peer, 'not reported'))} | "
+                    f"{self._accepted_by_peer.get(peer, '-')} |"
                     for peer in peers
                 ],
                 "",
@@ -948,8 +1308,9 @@ class FTISTrainer(GRPOTrainer):
 
         Returns:
             `dict[str, Any]`: `peer_id`, `steps`, `rows_sent`, `rows_received`, `rows_accepted`, `rows_filtered`,
-            `bytes_sent`, `reward` (the last logged), `refused` (counts by reason), `peers` (every peer whose rows were
-            merged or whose messages were accepted), `peer_models` and `exchange_url` (password redacted).
+            `bytes_sent`, `reward` (the last logged), `refused` (counts by reason), `dropped` (received or added rows
+            dropped, by reason: [`DROP_REASONS`]), `peers` (every peer whose rows were merged or whose messages were
+            accepted), `peer_models` and `exchange_url` (password redacted).
         """
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
         return {
@@ -958,10 +1319,73 @@ class FTISTrainer(GRPOTrainer):
             **{key: int(value) for key, value in self._totals.items()},
             "reward": rewards[-1] if rewards else None,
             "refused": dict(self._refused_totals),
+            "dropped": dict(self._dropped_totals),
             "peers": sorted(set(self._sources) | (self.swarm.known_peers if self.swarm is not None else set())),
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
+
+
+def _api_row_problem(row: Any) -> str | None:
+    """What makes `row` a programming error for [`FTISTrainer.add_peer_rows`] (a `TypeError`), or `None`."""
+    if not isinstance(row, PeerRow):
+        return f"add_peer_rows takes PeerRow objects, got {type(row).__name__}."
+    if not isinstance(row.sender, str):
+        return f"PeerRow.sender must be a string, got {type(row.sender).__name__}."
+    try:
+        hash(row.group)
+    except TypeError:
+        return f"PeerRow.group must be hashable, got {type(row.group).__name__} (from {row.sender!r})."
+    if not isinstance(row.prompt, (str, list)):
+        return f"PeerRow.prompt must be a string or a list of messages, got {type(row.prompt).__name__}."
+    if row.extra is not None and (not isinstance(row.extra, dict) or not all(isinstance(k, str) for k in row.extra)):
+        return f"PeerRow.extra must be a dict with string keys (or None), got {type(row.extra).__name__}."
+    return None
+
+
+def _statistics_problem(row: PeerRow) -> str | None:
+    """Why `row`'s reward or group statistics cannot enter the loss (`nonfinite`, `advantage_too_large`), or `None`."""
+    try:
+        reward, advantage = float(row.reward), float(row.advantage)
+        int(row.group_max_length)
+    except (TypeError, ValueError, OverflowError):
+        return "nonfinite"
+    if not (math.isfinite(reward) and math.isfinite(advantage)):
+        return "nonfinite"
+    return "advantage_too_large" if abs(advantage) > MAX_ABS_ADVANTAGE else None
+
+
+def _ignore(*args, **kwargs) -> None:
+    """`log_extra` and `log_metric` for reward functions scoring peer rows: nothing is logged."""
+
+
+_CARD_ESCAPES = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "|": "&#124;",
+    "`": "&#96;",
+    "[": "&#91;",
+    "]": "&#93;",
+    "\\": "&#92;",
+}
+
+
+def _card_cell(value: Any) -> str:
+    """`value` as the text of one Markdown table cell: control and format characters and line breaks become spaces,
+    at most `_CARD_CELL_CHARS` characters are kept (`…` marks a cut), and every character that Markdown or HTML would
+    read as markup (`& < > | \\ ` [ ]`: HTML, the end of a cell, code, links and images) is written as an HTML
+    entity, so it shows as itself and never ends the cell."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
+    if len(text) > _CARD_CELL_CHARS:
+        text = text[: _CARD_CELL_CHARS - 1] + "…"
+    return "".join(_CARD_ESCAPES.get(ch, ch) for ch in text) or "-"
+
+
+def _card_peer(peer: Any) -> str:
+    """A peer id for the model card: in code style when it is a valid peer id (no markup character can be in one),
+    else escaped like any other cell."""
+    return f"`{peer}`" if is_peer_id(peer) else _card_cell(peer)
 
 
 def _ties_embeddings(model) -> bool:

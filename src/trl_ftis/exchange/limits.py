@@ -12,6 +12,8 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ..rules import MAX_TEMPERATURE, MIN_TEMPERATURE
+
 __all__ = ["Limits"]
 
 _DEFAULT_PROMPT_CHARS = 32_768  # for_receiver's prompt budget when the receiver does not know its own
@@ -54,9 +56,9 @@ class Limits:
     min_logp: float = -1e5
     """Lowest generator log-prob: a real fp32 softmax at temperature >= 0.01 over logits within +-100 never goes
     below about -2e4, and a token that was actually sampled is above about -104 (fp32 probabilities underflow)."""
-    min_temperature: float = 1e-2
+    min_temperature: float = MIN_TEMPERATURE
     """Lowest sampling temperature: below it sampling is greedy in all but name and log-probs explode."""
-    max_temperature: float = 1e2
+    max_temperature: float = MAX_TEMPERATURE
     """Highest sampling temperature: above it sampling is uniform in all but name."""
 
     def __post_init__(self):
