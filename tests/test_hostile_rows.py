@@ -32,7 +32,7 @@ from trl_ftis.peer_rows import MAX_ABS_ADVANTAGE
 from trl_ftis.rules import MAX_LOGP
 from trl_ftis.swarm import RoundResult, Swarm, message_to_rows, rows_to_message
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
-from trl_ftis.trainer import RESERVED_REWARD_COLUMNS
+from trl_ftis.admission import RESERVED_REWARD_COLUMNS
 
 F32_MAX = float(np.finfo(np.float32).max)
 DATASET = addition_dataset(64, seed=1)
@@ -95,7 +95,7 @@ class StandInSwarm:
         self.published += len(rows)
         return 0
 
-    def collect(self, round):
+    def collect(self, round, *, max_rows=None):
         result = RoundResult()
         result.rows, self.received = self.received, []
         for row in result.rows:

@@ -6,9 +6,14 @@ import logging
 import math
 import os
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .rules import GPU_MEMORY_FRACTION_ENV
+
+if TYPE_CHECKING:
+    from .config import FTISConfig
 
 logger = logging.getLogger(__name__)
 
