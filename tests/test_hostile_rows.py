@@ -24,15 +24,15 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from swarm_helpers import make_swarm  # tests/ is on sys.path
 
 from trl_ftis import FTISTrainer, PeerRow
+from trl_ftis.admission import RESERVED_REWARD_COLUMNS
 from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
-from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.peer_rows import MAX_ABS_ADVANTAGE
 from trl_ftis.rules import MAX_LOGP
-from trl_ftis.swarm import RoundResult, Swarm, message_to_rows, rows_to_message
+from trl_ftis.swarm import RoundResult, message_to_rows, rows_to_message
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
-from trl_ftis.admission import RESERVED_REWARD_COLUMNS
 
 F32_MAX = float(np.finfo(np.float32).max)
 DATASET = addition_dataset(64, seed=1)
@@ -109,20 +109,6 @@ class StandInSwarm:
         pass
 
 
-def peer_swarm(url, peer_id, tokenizer, **overrides):
-    settings_ = {
-        "peer_id": peer_id,
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "tokenizer_name": "char",
-        "vocab_limit": len(tokenizer),
-        "temperature": 1.0,
-        "reward_names": ["digit_match_reward"],
-        "peer_timeout": 5.0,
-    }
-    settings_.update(overrides)
-    return Swarm(url, **settings_)
-
-
 def make_trainer(tokenizer, make_args, *, url=None, swarm=False, reward_funcs=digit_match_reward, **overrides):
     """A tiny receiver: 8 own rows a step (one prompt), one step; in a swarm on `url` (or a fresh one) when `url` or
     `swarm` is given. Logged losses are not NaN-filtered (Trainer's default would log a NaN loss as 0)."""
@@ -167,8 +153,8 @@ def test_unknown_prompt_without_the_column_a_reward_function_needs(tokenizer, ma
     were the union of the rows' keys: no row had `answer`). Now the sender's group is dropped (`reward_error`) and
     another peer's rows are trained on."""
     url = f"memory://hostile-{uuid.uuid4().hex}"
-    peer_swarm(url, "odd", tokenizer).publish(rows("odd", prompt="99+99=", extra={}), 0)
-    peer_swarm(url, "fine", tokenizer).publish(rows("fine", prompt=KNOWN), 0)
+    make_swarm(url, "odd", tokenizer).publish(rows("odd", prompt="99+99=", extra={}), 0)
+    make_swarm(url, "fine", tokenizer).publish(rows("fine", prompt=KNOWN), 0)
     trainer = make_trainer(tokenizer, make_args, url=url)
     entry = assert_finite_step(trainer)
     assert entry["ftis/peer_rows"] == 4 and entry["ftis/peers/fine/rows_accepted"] == 4
@@ -189,7 +175,7 @@ def test_columns_named_like_reward_arguments_are_removed_not_passed(tokenizer, m
 
     url = f"memory://hostile-{uuid.uuid4().hex}"
     hostile = {name: "x" for name in RESERVED_REWARD_COLUMNS} | {"answer": "45"}
-    peer_swarm(url, "p", tokenizer).publish(rows("p", prompt="99+99=", extra=hostile), 0)  # unknown: its columns
+    make_swarm(url, "p", tokenizer).publish(rows("p", prompt="99+99=", extra=hostile), 0)  # unknown: its columns
     trainer = make_trainer(tokenizer, make_args, url=url, reward_funcs=recording_reward)
     entry = assert_finite_step(trainer)
     assert entry["ftis/peer_rows"] == 4 and entry["ftis/peer_rows_dropped"] == 0
@@ -206,7 +192,7 @@ def test_empty_prompts_are_dropped(tokenizer, make_args, prompt):
     """Was: `[]` raised `IndexError` in TRL's `is_conversational`; `""` was trained on with a prompt of no tokens
     (its first completion token predicted from padding alone)."""
     url = f"memory://hostile-{uuid.uuid4().hex}"
-    peer_swarm(url, "p", tokenizer).publish(rows("p", prompt=prompt) + rows("p", group="h"), 0)
+    make_swarm(url, "p", tokenizer).publish(rows("p", prompt=prompt) + rows("p", group="h"), 0)
     entry = assert_finite_step(make_trainer(tokenizer, make_args, url=url))
     assert dropped(entry) == {"empty_prompt": 4} and entry["ftis/peer_rows"] == 4
 
@@ -228,7 +214,7 @@ BAD_CHAT_PROMPTS = {
 def test_malformed_chat_prompts_are_dropped(tokenizer, make_args, name):
     url = f"memory://hostile-{uuid.uuid4().hex}"
     bad = rows("p", prompt=BAD_CHAT_PROMPTS[name])
-    peer_swarm(url, "p", tokenizer).publish(bad + rows("p", prompt=CHAT, group="ok"), 0)
+    make_swarm(url, "p", tokenizer).publish(bad + rows("p", prompt=CHAT, group="ok"), 0)
     entry = assert_finite_step(make_trainer(tokenizer, make_args, url=url))
     assert dropped(entry) == {"bad_chat_prompt": 4} and entry["ftis/peer_rows"] == 4
 
@@ -278,7 +264,7 @@ def test_plain_and_chat_peers_are_each_rendered_and_scored_as_their_kind(tokeniz
     chat_rows = rows("chatty", prompt=CHAT, ids=(8, 10, 2), reward=0.0)  # "46": the right answer
     plain_rows = rows("plain", ids=(8, 9, 2), reward=0.0)  # "45": half right
     for sender, sent in [("chatty", chat_rows), ("plain", plain_rows)][:: 1 if chat_first else -1]:
-        peer_swarm(url, sender, tokenizer).publish(sent, 0)
+        make_swarm(url, sender, tokenizer).publish(sent, 0)
     trainer = make_trainer(tokenizer, make_args, url=url, reward_funcs=kind_checking_reward)
     trainer.model.train()
     batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))

@@ -6,50 +6,19 @@ import uuid
 from pathlib import Path
 
 import pytest
+from swarm_helpers import make_swarm, rows  # noqa: E402  (tests/ is on sys.path)
 
 from trl_ftis import PeerRow
 from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
 from trl_ftis.peer_rows import assign_group_statistics, select_rows
-from trl_ftis.swarm import Swarm, message_to_rows, rows_to_message
+from trl_ftis.swarm import message_to_rows, rows_to_message
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 
 @pytest.fixture
 def url():
     return f"memory://swarm-{uuid.uuid4().hex}"
-
-
-def make_swarm(url, peer_id, tokenizer, **overrides):
-    settings = {
-        "peer_id": peer_id,
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "tokenizer_name": "char",
-        "vocab_limit": len(tokenizer),
-        "temperature": 1.0,
-        "reward_names": ["digit_match_reward"],
-        "peer_timeout": 5.0,
-    }
-    settings.update(overrides)
-    return Swarm(url, **settings)
-
-
-def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
-    return [
-        PeerRow(
-            prompt=prompt,
-            completion_ids=[8, 9, 2],
-            generator_logps=[-0.5, -1.0, -0.25],
-            reward=reward + k,
-            group=group,
-            sender=sender,
-            rewards_per_func={"digit_match_reward": reward + k},
-            extra={"answer": "46"},
-            round=round,
-        )
-        for k in range(count)
-    ]
 
 
 def test_rows_survive_the_wire(tokenizer):

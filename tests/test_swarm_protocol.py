@@ -14,8 +14,8 @@ import uuid
 
 import numpy as np
 import pytest
+from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 
-from trl_ftis import PeerRow
 from trl_ftis.cli import main as cli_main
 from trl_ftis.exchange import (
     Limits,
@@ -33,7 +33,7 @@ from trl_ftis.exchange import wire as wire_module
 from trl_ftis.exchange.transports import MemoryTransport, open_transport
 from trl_ftis.peer_rows import select_rows
 from trl_ftis.rules import MAX_TEMPERATURE, MIN_TEMPERATURE
-from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget, Swarm, rows_to_message
+from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget, rows_to_message
 
 SECRET = "members-only"
 
@@ -48,37 +48,6 @@ def url(request, tmp_path):
 @pytest.fixture
 def memory_url():
     return f"memory://protocol-{uuid.uuid4().hex}"
-
-
-def make_swarm(url, peer_id, tokenizer, **overrides):
-    settings = {
-        "peer_id": peer_id,
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "tokenizer_name": "char",
-        "vocab_limit": len(tokenizer),
-        "temperature": 1.0,
-        "reward_names": ["digit_match_reward"],
-        "peer_timeout": 5.0,
-    }
-    settings.update(overrides)
-    return Swarm(url, **settings)
-
-
-def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
-    return [
-        PeerRow(
-            prompt=prompt,
-            completion_ids=[8, 9, 2],
-            generator_logps=[-0.5, -1.0, -0.25],
-            reward=reward + k,
-            group=group,
-            sender=sender,
-            rewards_per_func={"digit_match_reward": reward + k},
-            extra={"answer": "46"},
-            round=round,
-        )
-        for k in range(count)
-    ]
 
 
 def message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", created=None):

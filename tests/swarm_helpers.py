@@ -1,0 +1,38 @@
+"""Helpers shared by the swarm tests: a round client on the tiny character tokenizer, and rows to publish."""
+
+from trl_ftis import PeerRow
+from trl_ftis.exchange import tokenizer_fingerprint
+from trl_ftis.swarm import Swarm
+
+
+def make_swarm(url, peer_id, tokenizer, **overrides):
+    """A `Swarm` for `peer_id` on `url`, with the tiny tokenizer's fingerprint and the digit-match reward."""
+    settings = {
+        "peer_id": peer_id,
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "tokenizer_name": "char",
+        "vocab_limit": len(tokenizer),
+        "temperature": 1.0,
+        "reward_names": ["digit_match_reward"],
+        "peer_timeout": 5.0,
+    }
+    settings.update(overrides)
+    return Swarm(url, **settings)
+
+
+def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
+    """`count` rows of one group from `sender`, with rewards `reward`, `reward + 1`, ..."""
+    return [
+        PeerRow(
+            prompt=prompt,
+            completion_ids=[8, 9, 2],
+            generator_logps=[-0.5, -1.0, -0.25],
+            reward=reward + k,
+            group=group,
+            sender=sender,
+            rewards_per_func={"digit_match_reward": reward + k},
+            extra={"answer": "46"},
+            round=round,
+        )
+        for k in range(count)
+    ]
