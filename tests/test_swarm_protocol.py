@@ -328,6 +328,88 @@ def test_leftovers_of_an_earlier_run_in_a_reused_exchange(tokenizer, url):
 
 
 # --------------------------------------------------------------------------------------------------------------------
+# 5b. Catching up with a swarm that is ahead (late joiners, stalled or resumed peers)
+# --------------------------------------------------------------------------------------------------------------------
+def test_a_late_joiner_catches_up_once_a_live_peer_shows_it_is_ahead(tokenizer, url, caplog):
+    live = make_swarm(url, "live", tokenizer, secret=SECRET)
+    for round in range(47, 51):  # the swarm is at round 50
+        live.publish(rows("live", prompt=f"r{round}"), round)
+    joiner = make_swarm(url, "joiner", tokenizer, secret=SECRET)
+    first = joiner.collect(0)  # the first sight of a far-ahead sender: refused unread, like leftovers
+    assert first.rows == [] and first.refused["ahead"] == 4 and first.messages_read == 0
+    live.publish(rows("live", prompt="r51"), 51)
+    second = joiner.collect(1)  # read now, but one message shows no progress yet
+    assert second.rows == [] and second.refused["ahead"] == 1 and joiner.round_offset == 0
+    live.publish(rows("live", prompt="r52"), 52)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        third = joiner.collect(2)  # 52 after 51: a live peer 50 rounds ahead; the joiner moves to round 52
+    assert prompts(third, "live") == ["r52"] * 4 and not third.refused
+    assert joiner.round_offset == 50 and "moves to round 52" in caplog.text
+    joiner.publish(rows("joiner", prompt="hello"), 3)  # its step 3 is swarm round 53
+    assert prompts(live.collect(53), "joiner") == ["hello"] * 4
+
+
+def test_leftovers_of_an_earlier_run_never_move_a_peer(tokenizer, url):
+    old = make_swarm(url, "b", tokenizer, keep_rounds=100)
+    for round in range(30, 41):
+        old.publish(rows("b", prompt="old"), round)
+    for expected in ([], ["b"]):  # with or without b among the expected peers
+        a = make_swarm(url, f"a{len(expected)}", tokenizer, expected_peers=expected, peer_timeout=0.2)
+        for step in range(4):
+            result = a.collect(step)
+            assert result.rows == [] and a.round_offset == 0
+
+
+def test_the_median_regular_decides_so_one_member_cannot_move_a_peer_alone(tokenizer, memory_url):
+    peers = ["a", "b", "mallory"]
+    me = make_swarm(memory_url, "me", tokenizer, secret=SECRET, expected_peers=peers, peer_timeout=0.2)
+    swarms = {peer: make_swarm(memory_url, peer, tokenizer, secret=SECRET) for peer in peers}
+    for round in range(3):  # mallory races ahead; a and b are level with me
+        far = encode_message(message(tokenizer, "mallory", 2**63 - 10 + round, prompt="far"), secret=SECRET)
+        write(memory_url, far, sender="mallory", round=10**10 - 1)  # the largest round a transport files
+        for peer in ("a", "b"):
+            swarms[peer].publish(rows(peer), round)
+        result = me.collect(round)
+        assert me.round_offset == 0 and set(prompts(result, "a") + prompts(result, "b")) == {"12+34="}
+        assert prompts(result, "mallory") == []
+    for round in (40, 41, 42):  # a and b really are ahead (me was stalled): the median moves me
+        for peer in ("a", "b"):
+            swarms[peer].publish(rows(peer, prompt=f"r{round}"), round)
+        me.collect(3 + round - 40)
+    assert me.round_offset == 37  # at its step 3 it saw a and b at round 40, and moved there
+
+
+def test_strangers_cannot_move_a_peer(tokenizer, memory_url):
+    me = make_swarm(memory_url, "me", tokenizer, secret=SECRET)
+    for round in range(100, 110):  # unsigned, ever newer, under a known name
+        write(memory_url, encode_message(message(tokenizer, "b", round)), sender="b", round=round)
+        me.collect(round - 100)
+    assert me.round_offset == 0
+
+
+def test_a_member_claiming_the_last_rounds_moves_a_lone_peer_at_most_to_round_1e9(tokenizer, memory_url):
+    me = make_swarm(memory_url, "me", tokenizer, secret=SECRET)  # no expected peers, no keys: any member counts
+    for step in range(3):
+        data = encode_message(message(tokenizer, "member", 2**63 - 3 + step), secret=SECRET)
+        write(memory_url, data, sender="member", round=10**10 - 1)
+        me.collect(step)
+    assert me.round_offset == 10**9 - 2
+    assert me.publish(rows("me"), 3) > 0  # its rounds stay valid for every transport
+
+
+def test_the_alignment_is_saved_with_the_swarm_state(tokenizer, memory_url):
+    live = make_swarm(memory_url, "live", tokenizer)
+    joiner = make_swarm(memory_url, "joiner", tokenizer)
+    for step, round in enumerate((20, 21, 22)):
+        live.publish(rows("live"), round)
+        joiner.collect(step)
+    assert joiner.round_offset == 20
+    restarted = make_swarm(memory_url, "joiner", tokenizer)
+    restarted.load_state_dict(joiner.state_dict())
+    assert restarted.round_offset == 20 and restarted.state_dict() == joiner.state_dict()
+
+
+# --------------------------------------------------------------------------------------------------------------------
 # 6. Per-peer keys
 # --------------------------------------------------------------------------------------------------------------------
 @pytest.fixture
@@ -484,3 +566,35 @@ def message_at(temperature):
             )
         ],
     )
+
+
+def test_the_trainer_bounds_each_message_by_its_own_settings(tokenizer, make_args, memory_url):
+    from trl_ftis import FTISTrainer
+    from trl_ftis.demo.tiny import build_tiny_llama
+    from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+
+    def trainer(**overrides):
+        args = make_args(exchange_url=memory_url, peer_id="me", max_completion_length=6, **overrides)
+        model = build_tiny_llama(tokenizer, seed=0)
+        dataset = addition_dataset(32, seed=1)
+        return FTISTrainer(model, digit_match_reward, args=args, train_dataset=dataset, processing_class=tokenizer)
+
+    me = trainer(max_peer_message_rows=32)
+    limits = me.swarm.limits
+    assert (limits.max_completions, limits.max_completion_tokens) == (32, 24)
+    assert limits.max_message_bytes < Limits().max_message_bytes
+    assert me.swarm.transport.max_message_bytes == limits.max_message_bytes  # larger ones are refused unread
+    sender = make_swarm(memory_url, "big", tokenizer)
+    sender.publish(rows("big", count=33), 0)  # one row more than the receiver takes from one message
+    long = rows("big", count=2, group="long")
+    for row in long:
+        row.completion_ids, row.generator_logps = [8] * 25, [-0.1] * 25  # over 4 x max_completion_length
+    sender.publish(long, 0)
+    ok = rows("big", count=4, group="ok")
+    ok[0].completion_ids, ok[0].generator_logps = [8] * 24, [-0.1] * 24  # longer than 6 but within the wire's 24
+    sender.publish(ok, 0)
+    result = me.swarm.collect(0)
+    assert result.refused["limits"] == 2 and len(result.rows) == 4
+    assert trainer(max_peer_message_rows=4).swarm.limits.max_completions == 16  # never below its own 16 rows
+    with pytest.raises(ValueError, match="max_peer_message_rows"):
+        make_args(max_peer_message_rows=0)

@@ -13,7 +13,9 @@ The round protocol (`docs/swarm.md`, "The round protocol"):
   it orders the work and picks the allowance an envelope draws from, and a message it misdescribes can only be
   skipped or refused (`sender_hint`), never taken as another sender's;
 * rounds are the only clock: a message is taken when its round is in `[round - max_staleness,
-  round + max_rounds_ahead]` (reasons `stale`, `ahead`), whatever its `created` time says;
+  round + max_rounds_ahead]` (reasons `stale`, `ahead`), whatever its `created` time says; a peer that finds the
+  swarm far ahead of it (it joined late, stalled or resumed an older checkpoint) moves its round forward to the
+  swarm's, once live peers show it (`Swarm._align`);
 * a message is used once: identical bytes delivered again are refused (`duplicate`), and nothing else is, so no
   one can pre-empt a peer's own message by sending first under its name;
 * every round has a budget ([`RoundBudget`]): what each sender, all newcomers together, and all senders together
@@ -50,6 +52,7 @@ DEFAULT_MAX_ROUNDS_AHEAD = 4
 """Default of `max_rounds_ahead` (and of `FTISConfig.max_rounds_ahead`): see `docs/swarm.md`, "The round window"."""
 _MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
 _NO_ROUND = 2**64  # sorts an envelope without a round hint after every hinted one
+_MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,10 @@ class _RoundState:
         self.newcomer_bytes = self.newcomer_messages = self.newcomer_rows = 0
         self.by_hint: Counter = Counter()  # regulars' envelopes examined, by sender hint
         self.accepted: Counter = Counter()  # messages accepted, by signed sender
+        self.newest: dict[str, int] = {}  # newest verified round per sender in this poll
+        self.leads: dict[str, int] = {}  # senders that showed they are live and far ahead, with their round
+        self.deferred: list = []  # their messages beyond the window, until `Swarm._align` decides
+        self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
 
     def examine(self, hint: str | None, size: int) -> str | None:
         """Charge one envelope about to be examined; returns which budget is spent instead (then it is not)."""
@@ -374,6 +381,12 @@ class Swarm:
         # Redis publish, a directory read again after `reopen`) are used once. Distinct messages are never refused
         # as duplicates, so no one can pre-empt a peer's own message by writing first under its name.
         self._seen: dict[bytes, int] = {}
+        # Round alignment (see `_align`): this peer's swarm round is its step + `round_offset`. `_newest` is the
+        # newest verified round of each sender as of the previous poll (a later, newer one shows it is live);
+        # `_hinted`, the senders whose far-ahead messages were refused unread (their next one is read).
+        self.round_offset = 0
+        self._newest: dict[str, int] = {}
+        self._hinted: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
 
@@ -417,13 +430,15 @@ class Swarm:
 
     # -- publishing ----------------------------------------------------------------------------------------------
     def publish(self, rows: Sequence[PeerRow], round: int) -> int:
-        """Publish this peer's rows of `round`; returns the bytes sent (0 when nothing was).
+        """Publish this peer's rows of `round` (its step: the message carries the swarm round, `round +
+        round_offset`); returns the bytes sent (0 when nothing was).
 
         Never raises: a group holding a value the wire format refuses (a reward beyond `limits.max_abs_reward`, a
         log-prob below `limits.min_logp`, ...) is left out, a message that cannot be encoded or sent at all is not
         sent; each is logged once per reason and counted in `unpublished`."""
         if not rows:
             return 0
+        round = int(round) + self.round_offset
         rows = self._wire_safe(rows, round)
         if not rows:
             return 0
@@ -523,11 +538,12 @@ class Swarm:
         raises because of what a peer sent.
 
         Args:
-            round: this peer's round (its optimizer step); the round window is taken around it.
+            round: this peer's step; the round window is taken around its swarm round, `round + round_offset`
+                (`round_offset` moves forward when this peer finds the swarm far ahead of it: [`_align`]).
             max_rows: rows to accept at most this round (all senders together); default `budget.max_rows`. A
                 trainer that keeps `cap` rows a round passes a few times `cap`, so that selection can still be fair.
         """
-        round = int(round)
+        round = int(round) + self.round_offset
         regulars = self.regulars()
         result = RoundResult(regulars=regulars)
         start = time.monotonic()
@@ -553,6 +569,7 @@ class Swarm:
                 sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)
+            round = self._align(round, result, state, dropped, fresh)
             if envelopes and time.monotonic() <= state.until:
                 continue  # drain: a poll is bounded, what is left comes with the next one
             if not self.waits or self._satisfied(fresh):
@@ -607,6 +624,77 @@ class Swarm:
 
         return [envelope for _, envelope in sorted(enumerate(envelopes), key=key)]
 
+    def _may_lead(self, hint: str | None, regulars: frozenset[str]) -> bool:
+        """Whether an envelope filed far ahead is read anyway, because its sender may be a live swarm that this peer
+        lags behind ([`_align`]): a regular's; with no regulars, one from a sender seen before (the first far-ahead
+        envelope of a sender is refused unread, as leftovers of an earlier run are)."""
+        if regulars:
+            return hint in regulars
+        return hint in self._newest or hint in self._hinted
+
+    def _note_round(self, sender: str, message_round: int, round: int, state: _RoundState) -> bool:
+        """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
+        its newest of an earlier poll (leftovers of an earlier run all come in the first poll and never count) and
+        more than `max_staleness` rounds ahead (this peer's messages are stale to it), from a sender whose lead
+        counts (a regular; any sender when there are none)."""
+        if message_round > state.newest.get(sender, -1):
+            state.newest[sender] = message_round
+        previous = self._newest.get(sender)
+        if (
+            previous is None
+            or message_round <= previous
+            or message_round - round <= self.max_staleness
+            or (state.regulars and sender not in state.regulars)
+        ):
+            return False
+        state.leads[sender] = max(state.leads.get(sender, message_round), message_round)
+        return True
+
+    def _align(self, round: int, result: RoundResult, state: _RoundState, dropped: Counter, fresh: set[str]) -> int:
+        """After a poll: catch up with a swarm that is ahead, and returns the (possibly new) swarm round.
+
+        A peer that joins late, was stalled or resumed from an older checkpoint is behind the others: its messages
+        are stale to them and theirs are ahead of it, so without this it would never exchange again. When the median
+        lead of the regulars (a regular that shows none counts as level with this peer; with no regulars, of the
+        senders that show one) is more than `max_staleness` rounds, this peer's round jumps forward to it
+        (`round_offset`); rounds only move forward. A lead counts only from a signed, newer message than the
+        sender's previous one, so leftovers of an earlier run, forged hints and strangers move nothing; a member
+        can only move this peer forward, which isolates it at worst (documented in `docs/security.md`)."""
+        for sender, newest in state.newest.items():
+            if sender in self._newest or len(self._newest) < _MAX_KNOWN_PEERS:
+                self._newest[sender] = max(self._newest.get(sender, newest), newest)
+        state.newest = {}
+        self._hinted |= set(list(state.hinted)[: max(_MAX_KNOWN_PEERS - len(self._hinted), 0)])
+        state.hinted = set()
+        deferred, state.deferred = state.deferred, []
+        if state.leads:
+            leads = (
+                [state.leads.get(peer, round) for peer in state.regulars]
+                if state.regulars
+                else list(state.leads.values())
+            )
+            target = min(sorted(leads)[len(leads) // 2], _MAX_SWARM_ROUND)
+            if target - round > self.max_staleness:
+                self.round_offset += target - round
+                logger.warning(
+                    "Round %d: the swarm is at round %d (%s), more than max_staleness=%d rounds ahead: this peer "
+                    "moves to round %d so that its rows are fresh to the others again (its step + %d).",
+                    round,
+                    target,
+                    ", ".join(f"{peer!r}: {lead}" for peer, lead in sorted(state.leads.items())[:8]),
+                    self.max_staleness,
+                    target,
+                    self.round_offset,
+                )
+                round = target
+                state.leads.clear()
+                self._forget(round)
+        for envelope, digest, message in deferred:
+            sender = self._take(envelope, digest, message, round, result, state, dropped)
+            if sender is not None:
+                fresh.add(sender)
+        return round
+
     def _outside_window(self, message_round: int, round: int) -> str | None:
         if round - message_round > self.max_staleness:
             return "stale"
@@ -631,11 +719,17 @@ class Swarm:
             return None
         if hint == self.peer_id:
             return None  # our own message (or one written under our name: it can only get itself skipped)
-        if isinstance(envelope.round_hint, int) and envelope.round_hint - round > self.max_rounds_ahead:
+        if (
+            isinstance(envelope.round_hint, int)
+            and envelope.round_hint - round > self.max_rounds_ahead
+            and not self._may_lead(hint, state.regulars)
+        ):
             # Refused unread: a round hint beyond the window is a peer far ahead, a leftover of a longer run, or a lie
             # that can only get its own message skipped (a genuine message's hint is its round). Stale hints are read
             # (they come last, see _ordered), so that a slow peer shows in its `rows_stale`.
             result.refused["ahead"] += 1
+            if isinstance(hint, str):
+                state.hinted.add(hint)  # from the next poll on, its messages are read: it may be a live swarm ahead
             self._warn_once(
                 str(hint),
                 "ahead",
@@ -699,7 +793,15 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
-        rows = len(message.completions)
+        if self._note_round(sender, message.round, round, state) and self._outside_window(message.round, round):
+            state.deferred.append((envelope, digest, message))  # a live peer far ahead: `_align` decides
+            return None
+        return self._take(envelope, digest, message, round, result, state, dropped)
+
+    def _take(self, envelope, digest: bytes, message: Message, round: int, result, state, dropped) -> str | None:
+        """Accept a verified, decoded message of a compatible peer when its round is in the window and the round's
+        budget allows; returns its sender when accepted."""
+        sender, rows = message.sender, len(message.completions)
         outside = self._outside_window(message.round, round)
         if outside is not None:
             stats = result.peers[sender]
@@ -731,6 +833,66 @@ class Swarm:
         stats.staleness.append(round - message.round)
         result.rows.extend(message_to_rows(message))
         return sender
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run needs to go on as this one would, as JSON-serialisable values: the peers seen and their
+        models, the expected peers not waited for, the digests of the messages accepted in the round window (read
+        again after a restart, they are refused as duplicates instead of trained on twice), the round alignment
+        (`round_offset` and each sender's newest round) and the unpublished-row counts. Transport cursors are not
+        part of it: a restarted peer reads what the exchange still holds."""
+        return {
+            "peer_id": self.peer_id,
+            "known_peers": sorted(self.known_peers),
+            "peer_models": dict(sorted(self.peer_models.items())),
+            "absent": sorted(self._absent),
+            "absent_count": self._absent_count,
+            "seen": {digest.hex(): round for digest, round in self._seen.items()},
+            "unpublished": dict(self.unpublished),
+            "round_offset": self.round_offset,
+            "newest": dict(self._newest),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what [`state_dict`] returned. `ValueError` naming the field when `state` is not such a dict
+        (nothing is changed then)."""
+
+        def field(name: str, kind: type, check=lambda value: True):
+            value = state.get(name) if isinstance(state, Mapping) else None
+            if not isinstance(value, kind) or isinstance(value, bool) or not check(value):
+                raise ValueError(f"Swarm state: {name!r} is missing or malformed ({type(value).__name__}).")
+            return value
+
+        def counts(value) -> bool:
+            return all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items())
+
+        known = field("known_peers", list, lambda v: all(isinstance(p, str) for p in v))
+        models = field("peer_models", dict, lambda v: all(isinstance(m, str) for m in v.values()))
+        absent = field("absent", list, lambda v: all(isinstance(p, str) for p in v))
+        absent_count = field("absent_count", int, lambda v: v >= 0)
+        seen = field("seen", dict, counts)
+        unpublished = field("unpublished", dict, counts)
+        offset = field("round_offset", int, lambda v: 0 <= v <= _MAX_SWARM_ROUND)
+        newest = field("newest", dict, counts)
+        try:
+            digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
+        except ValueError:
+            raise ValueError("Swarm state: 'seen' holds a digest that is not hexadecimal.") from None
+        saved_id = state.get("peer_id")
+        if saved_id != self.peer_id:
+            logger.warning(
+                "Resuming peer %r from the swarm state of peer %r: its counters and digests are used as they are.",
+                self.peer_id,
+                saved_id,
+            )
+        self.known_peers = set(known[:_MAX_KNOWN_PEERS])
+        self.peer_models = dict(list(models.items())[:1000])
+        self._absent = set(absent) & set(self.expected_peers)
+        self._absent_count = absent_count
+        self._seen = digests
+        self.unpublished = Counter(unpublished)
+        self.round_offset = offset
+        self._newest = dict(list(newest.items())[:_MAX_KNOWN_PEERS])
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
         # Bounded: a flood of messages with made-up sender names must not grow memory (they are still counted).
