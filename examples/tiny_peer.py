@@ -99,7 +99,7 @@ def main() -> None:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
 
     if trainer.accelerator.is_main_process:

@@ -37,7 +37,8 @@ def make_args(tmp_path):
             "learning_rate": 1e-3,
         }
         settings.update(overrides)
-        return tiny_grpo_config(str(tmp_path / "out"), config_class=config_class, **settings)
+        output_dir = settings.pop("output_dir", str(tmp_path / "out"))
+        return tiny_grpo_config(output_dir, config_class=config_class, **settings)
 
     return make
 

@@ -85,7 +85,9 @@ class FTISConfig(GRPOConfig):
             Shared secret that signs and verifies every message (HMAC-SHA256); unsigned or wrongly signed messages
             are refused. Defaults to the `FTIS_SWARM_SECRET` environment variable. Never logged or saved.
         max_staleness (`int`, *optional*, defaults to `2`):
-            Messages from rounds older than `current_round - max_staleness` are dropped.
+            Messages from rounds older than `current_round - max_staleness` are dropped. A peer that finds the swarm
+            more than this many rounds ahead (it joined late, stalled or resumed an older checkpoint) moves its round
+            forward to the swarm's (`docs/swarm.md`, "Catching up").
         max_peer_rows (`int`, *optional*):
             At most this many peer rows per generation batch (whole groups, shared fairly between peers).
         max_peer_ratio (`float`, *optional*, defaults to `4.0`):
@@ -111,6 +113,13 @@ class FTISConfig(GRPOConfig):
         max_round_bytes (`int`, *optional*, defaults to `1073741824`):
             At most this many message bytes (1 GiB) are read from the exchange per round, all peers together; what
             is beyond is dropped unread (reason `round_budget`).
+        max_peer_message_rows (`int`, *optional*, defaults to `4096`):
+            Completions one peer message may carry (raised to this job's own rows per round when smaller). With
+            `max_completion_length` it sets every bound on one message ([`trl_ftis.exchange.Limits.for_receiver`]):
+            completions of up to 4 x `max_completion_length` tokens, so that a peer sampling longer completions
+            still delivers its shorter ones (longer rows are dropped when admitted, reason `too_long`). A message
+            declaring more is refused from its header, unread (reason `limits`), and no message inflates beyond
+            what these counts allow.
         private_key_file (`str`, *optional*):
             This peer's Ed25519 private key (PEM, as `trl-ftis keygen` writes it): every message is signed with it.
             Checked when the config is built (an error names the file).
@@ -251,6 +260,13 @@ class FTISConfig(GRPOConfig):
         default=2**30,
         metadata={"help": "At most this many message bytes are read from the exchange per round (all peers)."},
     )
+    max_peer_message_rows: int = field(
+        default=4096,
+        metadata={
+            "help": "Completions one peer message may carry; with max_completion_length it bounds every message "
+            "(completions up to 4 x max_completion_length tokens). Larger messages are refused unread."
+        },
+    )
     private_key_file: str | None = field(
         default=None,
         metadata={"help": "This peer's Ed25519 private key (PEM, from `trl-ftis keygen`): signs every message."},
@@ -340,6 +356,8 @@ class FTISConfig(GRPOConfig):
             raise ValueError(f"max_rounds_ahead must be >= 0 rounds, got {self.max_rounds_ahead}.")
         if self.max_round_bytes < 1:
             raise ValueError(f"max_round_bytes must be >= 1, got {self.max_round_bytes}.")
+        if self.max_peer_message_rows < 1:
+            raise ValueError(f"max_peer_message_rows must be >= 1, got {self.max_peer_message_rows}.")
         if self.max_peer_rows is not None and self.max_peer_rows < 0:
             raise ValueError(f"max_peer_rows must be >= 0, got {self.max_peer_rows}.")
         if self.max_peer_ratio is not None and not self.max_peer_ratio >= 0:

@@ -20,9 +20,11 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
 from .admission import PeerRowAdmission, _api_row_problem
+from .checkpoint import SwarmCheckpointing
 from .config import FTISConfig
 from .generation import GeneratorLogpsRecorder, records_raw_logits
 from .gpu_share import cap_gpu_memory, gpu_memory_fraction
+from .model_card import ftis_model_card_section
 from .objective import ftis_terms, group_max_len, parse_variant
 from .peer_rows import (
     MAX_ABS_ADVANTAGE,
@@ -35,7 +37,7 @@ from .peer_rows import (
     prompt_key,
     select_rows,
 )
-from .rules import SUMMARY_FILE, is_peer_id, redact_url
+from .rules import SUMMARY_FILE, redact_url
 from .swarm import RoundBudget, RoundResult, Swarm
 
 logger = logging.getLogger(__name__)
@@ -57,10 +59,8 @@ _UNMERGEABLE_FIELDS = (
     "num_tiles",
 )
 
-_CARD_CELL_CHARS = 120
 
-
-class FTISTrainer(PeerRowAdmission, GRPOTrainer):
+class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
     """
     Trainer for GRPO with Filtered Truncated Importance Sampling (F-TIS), for training on completions sampled by other
     models.
@@ -92,7 +92,9 @@ class FTISTrainer(PeerRowAdmission, GRPOTrainer):
     * `_get_per_token_logps_and_entropies`: the F-TIS hook: on its first call inside `_compute_loss` it replaces the
       batch's advantages and ratio reference (see its docstring for the contract with TRL this relies on).
     * `training_step`: logs the count of filtered peer rows once per optimizer step.
-    * `train`: closes the swarm's transport when training ends or fails (and reopens it for a second `train()`).
+    * `train`: closes the swarm's transport when training ends or fails (and reopens it for a second `train()`);
+      with `resume_from_checkpoint`, restores the F-TIS state first (`trl_ftis.checkpoint`).
+    * `_save_checkpoint`: saves the F-TIS state (counters, swarm, queued peer rows) into each checkpoint.
     * `create_model_card`: adds the F-TIS settings, the swarm's peers and their models to TRL's card.
 
     Metrics are logged under `ftis/own/...` and `ftis/peer/...`: `filtered_frac` (completions whose advantage the
@@ -169,7 +171,7 @@ class FTISTrainer(PeerRowAdmission, GRPOTrainer):
         self.add_callback(_SummaryCallback(self))
 
     def _connect_swarm(self, args: FTISConfig) -> Swarm:
-        from .exchange import tokenizer_fingerprint
+        from .exchange import Limits, tokenizer_fingerprint
 
         return Swarm(
             args.exchange_url,
@@ -190,6 +192,10 @@ class FTISTrainer(PeerRowAdmission, GRPOTrainer):
             private_key=args.private_key_file,
             public_keys=args.peer_keys_file,
             budget=RoundBudget(max_bytes=args.max_round_bytes),
+            limits=Limits.for_receiver(
+                max_completion_length=4 * args.max_completion_length,
+                max_rows=max(args.max_peer_message_rows, args.generation_batch_size),
+            ),
         )
 
     def _model_name(self) -> str:
@@ -855,61 +861,10 @@ class FTISTrainer(PeerRowAdmission, GRPOTrainer):
             return
         path = Path(self.args.output_dir) / "README.md"
         text = path.read_text(encoding="utf-8")
-        section = self._model_card_section()
+        section = ftis_model_card_section(self)
         marker = "## Citations"
         text = text.replace(marker, section + marker, 1) if marker in text else text + "\n" + section
         path.write_text(text, encoding="utf-8")
-
-    def _model_card_section(self) -> str:
-        args = self.args
-        rows = [
-            ("variant", f"`{args.variant}`"),
-            ("truncation cap C (`is_cap`)", f"{args.is_cap:g}"),
-            ("filter threshold g (`kl_threshold`)", f"{args.kl_threshold:g}"),
-            ("filter statistic (`kl_reduction`)", f"`{args.kl_reduction}`"),
-            ("collaboration mode", f"`{args.collaboration_mode}`"),
-            ("sampling temperature", f"{self.temperature:g}"),
-            ("completions per prompt G (`num_generations`)", str(self.num_generations)),
-            ("learning rate", f"{args.learning_rate:g}"),
-            ("optimizer steps", str(self.state.global_step)),
-            ("KL coefficient β", f"{args.beta:g}"),
-        ]
-        lines = [
-            "## F-TIS training",
-            "",
-            (
-                "Trained with trl-ftis: GRPO on its own completions plus those "
-                "of the other peers of a swarm, through the F-TIS objective (importance weights truncated against the "
-                "sender's log-probs, negative-advantage samples too far off-policy filtered out), "
-                f"[{self._paper['title']}](https://arxiv.org/abs/{self._paper['id']})."
-            ),
-            "",
-            "| setting | value |",
-            "|---|---|",
-            *[f"| {name} | {value} |" for name, value in rows],
-            "",
-            "### Swarm",
-            "",
-        ]
-        # Peer ids and model names come from other peers (or add_peer_rows callers): escaped for a table cell.
-        peers = sorted(set(map(str, self._sources)) | set(map(str, self._accepted_by_peer)))
-        own = f"{_card_peer(args.peer_id)} ({_card_cell(self._model_name())})"
-        if not peers:
-            lines += [f"This peer, {own}, trained on its own completions only.", ""]
-        else:
-            models = self.swarm.peer_models if self.swarm is not None else {}
-            lines += [
-                "| peer | model | completions trained on |",
-                "|---|---|---|",
-                f"| {_card_peer(args.peer_id)} (this model) | {_card_cell(self._model_name())} | own |",
-                *[
-                    f"| {_card_peer(peer)} | {_card_cell(models.get(peer, 'not reported'))} | "
-                    f"{self._accepted_by_peer.get(peer, '-')} |"
-                    for peer in peers
-                ],
-                "",
-            ]
-        return "\n".join(lines) + "\n"
 
     def summary(self) -> dict[str, Any]:
         """
@@ -933,35 +888,6 @@ class FTISTrainer(PeerRowAdmission, GRPOTrainer):
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }
-
-
-_CARD_ESCAPES = {
-    "&": "&amp;",
-    "<": "&lt;",
-    ">": "&gt;",
-    "|": "&#124;",
-    "`": "&#96;",
-    "[": "&#91;",
-    "]": "&#93;",
-    "\\": "&#92;",
-}
-
-
-def _card_cell(value: Any) -> str:
-    """`value` as the text of one Markdown table cell: control and format characters and line breaks become spaces,
-    at most `_CARD_CELL_CHARS` characters are kept (`…` marks a cut), and every character that Markdown or HTML would
-    read as markup (`& < > | \\ ` [ ]`: HTML, the end of a cell, code, links and images) is written as an HTML
-    entity, so it shows as itself and never ends the cell."""
-    text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
-    if len(text) > _CARD_CELL_CHARS:
-        text = text[: _CARD_CELL_CHARS - 1] + "…"
-    return "".join(_CARD_ESCAPES.get(ch, ch) for ch in text) or "-"
-
-
-def _card_peer(peer: Any) -> str:
-    """A peer id for the model card: in code style when it is a valid peer id (no markup character can be in one),
-    else escaped like any other cell."""
-    return f"`{peer}`" if is_peer_id(peer) else _card_cell(peer)
 
 
 def _ties_embeddings(model) -> bool:

@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     trainer.remove_callback(PrinterCallback)
     progress = ProgressCallback(training_args.peer_id, evaluate, demo_args.eval_every)
     trainer.add_callback(progress)
-    trainer.train()
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
     after = evaluate(trainer.model)
     print(f"held-out accuracy after training: {after:.3f}", flush=True)

@@ -1,0 +1,91 @@
+"""The F-TIS section of the model card: the variant and its settings, the swarm's peers and their models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .rules import is_peer_id
+
+_CARD_CELL_CHARS = 120
+
+
+def ftis_model_card_section(trainer) -> str:
+    """The Markdown section [`FTISTrainer.create_model_card`] adds to TRL's card (before its citations)."""
+    args = trainer.args
+    rows = [
+        ("variant", f"`{args.variant}`"),
+        ("truncation cap C (`is_cap`)", f"{args.is_cap:g}"),
+        ("filter threshold g (`kl_threshold`)", f"{args.kl_threshold:g}"),
+        ("filter statistic (`kl_reduction`)", f"`{args.kl_reduction}`"),
+        ("collaboration mode", f"`{args.collaboration_mode}`"),
+        ("sampling temperature", f"{trainer.temperature:g}"),
+        ("completions per prompt G (`num_generations`)", str(trainer.num_generations)),
+        ("learning rate", f"{args.learning_rate:g}"),
+        ("optimizer steps", str(trainer.state.global_step)),
+        ("KL coefficient β", f"{args.beta:g}"),
+    ]
+    lines = [
+        "## F-TIS training",
+        "",
+        (
+            "Trained with trl-ftis: GRPO on its own completions plus those "
+            "of the other peers of a swarm, through the F-TIS objective (importance weights truncated against the "
+            "sender's log-probs, negative-advantage samples too far off-policy filtered out), "
+            f"[{trainer._paper['title']}](https://arxiv.org/abs/{trainer._paper['id']})."
+        ),
+        "",
+        "| setting | value |",
+        "|---|---|",
+        *[f"| {name} | {value} |" for name, value in rows],
+        "",
+        "### Swarm",
+        "",
+    ]
+    # Peer ids and model names come from other peers (or add_peer_rows callers): escaped for a table cell.
+    peers = sorted(set(map(str, trainer._sources)) | set(map(str, trainer._accepted_by_peer)))
+    own = f"{_card_peer(args.peer_id)} ({_card_cell(trainer._model_name())})"
+    if not peers:
+        lines += [f"This peer, {own}, trained on its own completions only.", ""]
+    else:
+        models = trainer.swarm.peer_models if trainer.swarm is not None else {}
+        lines += [
+            "| peer | model | completions trained on |",
+            "|---|---|---|",
+            f"| {_card_peer(args.peer_id)} (this model) | {_card_cell(trainer._model_name())} | own |",
+            *[
+                f"| {_card_peer(peer)} | {_card_cell(models.get(peer, 'not reported'))} | "
+                f"{trainer._accepted_by_peer.get(peer, '-')} |"
+                for peer in peers
+            ],
+            "",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+_CARD_ESCAPES = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "|": "&#124;",
+    "`": "&#96;",
+    "[": "&#91;",
+    "]": "&#93;",
+    "\\": "&#92;",
+}
+
+
+def _card_cell(value: Any) -> str:
+    """`value` as the text of one Markdown table cell: control and format characters and line breaks become spaces,
+    at most `_CARD_CELL_CHARS` characters are kept (`…` marks a cut), and every character that Markdown or HTML would
+    read as markup (`& < > | \\ ` [ ]`: HTML, the end of a cell, code, links and images) is written as an HTML
+    entity, so it shows as itself and never ends the cell."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
+    if len(text) > _CARD_CELL_CHARS:
+        text = text[: _CARD_CELL_CHARS - 1] + "…"
+    return "".join(_CARD_ESCAPES.get(ch, ch) for ch in text) or "-"
+
+
+def _card_peer(peer: Any) -> str:
+    """A peer id for the model card: in code style when it is a valid peer id (no markup character can be in one),
+    else escaped like any other cell."""
+    return f"`{peer}`" if is_peer_id(peer) else _card_cell(peer)

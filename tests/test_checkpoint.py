@@ -1,0 +1,207 @@
+"""Resume: the F-TIS state (counters, the swarm, queued peer rows) saved with each checkpoint and restored by
+`train(resume_from_checkpoint=...)`."""
+
+import json
+import logging
+import uuid
+
+import pytest
+from swarm_helpers import make_swarm, rows
+from transformers import TrainerCallback
+
+from trl_ftis import FTISTrainer, PeerRow
+from trl_ftis.checkpoint import rows_from_json, rows_to_json, state_path
+from trl_ftis.demo.tiny import build_tiny_llama
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+
+
+class Partner(TrainerCallback):
+    """Another peer in the same process: publishes 8 rows for the trainer's round at the start of every step, and
+    adds one row too long to train on through `add_peer_rows` (dropped and counted) at the first step."""
+
+    def __init__(self, swarm):
+        self.swarm, self.trainer, self.published = swarm, None, set()
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        round = state.global_step
+        if round not in self.published:  # a real peer publishes each of its rounds once, whoever restarts
+            self.published.add(round)
+            self.swarm.publish(rows("partner", count=8, group=f"g{round}", round=round), round)
+        if round == 0:
+            too_long = PeerRow("1+1=", [5] * 40, [-0.1] * 40, 1.0, "long", sender="adder")
+            self.trainer.add_peer_rows([too_long])
+
+
+class Crash(TrainerCallback):
+    """Kills the run (an exception) when step `at` begins: the last checkpoint is what a restart has."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.at:
+            raise KeyboardInterrupt("killed")
+
+
+def make_trainer(tokenizer, make_args, url, output_dir, callbacks=(), **overrides):
+    settings = dict(exchange_url=url, peer_id="me", max_steps=4, save_strategy="steps", save_steps=2)
+    settings.update(overrides)
+    args = make_args(output_dir=str(output_dir), **settings)
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer, seed=0),
+        digit_match_reward,
+        args=args,
+        train_dataset=addition_dataset(64, seed=1),
+        processing_class=tokenizer,
+    )
+    for callback in callbacks:
+        if isinstance(callback, Partner):
+            callback.trainer = trainer
+        trainer.add_callback(callback)
+    return trainer
+
+
+def test_a_resumed_run_ends_with_the_counters_of_an_uninterrupted_one(tokenizer, make_args, tmp_path):
+    summaries = {}
+    for name in ("whole", "resumed"):
+        url = f"memory://resume-{uuid.uuid4().hex}"
+        partner = Partner(make_swarm(url, "partner", tokenizer))
+        out = tmp_path / name
+        if name == "whole":
+            trainer = make_trainer(tokenizer, make_args, url, out, [partner])
+            trainer.train()
+        else:
+            crashing = make_trainer(tokenizer, make_args, url, out, [partner, Crash(at=3)])
+            with pytest.raises(KeyboardInterrupt):
+                crashing.train()
+            assert crashing.summary()["steps"] == 3
+            # A new process: a fresh trainer on the same exchange, resumed from the last checkpoint (step 2).
+            partner.trainer = None
+            trainer = make_trainer(tokenizer, make_args, url, out, [partner])
+            trainer.train(resume_from_checkpoint=True)
+        summaries[name] = trainer.summary()
+    whole, resumed = summaries["whole"], summaries["resumed"]
+    assert whole["steps"] == resumed["steps"] == 4
+    for key in ("rows_sent", "rows_accepted", "peers", "peer_models", "dropped"):
+        assert resumed[key] == whole[key], key
+    assert whole["rows_sent"] == 64 and whole["rows_accepted"] == 32 and whole["dropped"] == {"too_long": 1}
+    # The messages accepted before the checkpoint (rounds 0 and 1) are read again after the restart and refused as
+    # duplicates, not trained on twice; those accepted after it (round 2) are trained on again, as the steps are.
+    assert resumed["refused"] == {"duplicate": 2} and whole["refused"] == {}
+    card = (tmp_path / "resumed" / "checkpoint-4" / "ftis_state_0.json").read_text()
+    assert json.loads(card)["accepted_by_peer"] == {"partner": 32}
+
+
+def test_queued_peer_rows_survive_a_restart(tokenizer, make_args, tmp_path):
+    url = f"memory://resume-{uuid.uuid4().hex}"
+    queued = rows("friend", count=4, group=("friend", 7, 0)) + [
+        PeerRow([{"role": "user", "content": "2+2="}], [8, 2], [-0.5, -0.25], 0.5, 11, sender="chat")
+    ]
+
+    class Queue(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                trainer.add_peer_rows(queued)
+
+    trainer = make_trainer(tokenizer, make_args, url, tmp_path / "out", [Queue()], max_steps=2, save_steps=2)
+    trainer.train()
+    assert trainer.num_pending_peer_rows == 5
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    saved = json.loads(state_path(checkpoint, 0).read_text())
+    assert len(saved["pending_peer_rows"]) == 5
+
+    resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out")
+    assert resumed.load_ftis_state(checkpoint) is True  # what train(resume_from_checkpoint=...) does first
+    assert resumed.num_pending_peer_rows == 5
+    back = resumed._pending_peer_rows
+    for before, after in zip(queued, back, strict=True):
+        assert after.prompt == before.prompt and list(after.completion_ids) == list(before.completion_ids)
+        assert list(after.generator_logps) == pytest.approx(list(before.generator_logps))
+        assert (after.reward, after.group, after.sender, after.extra) == (
+            before.reward,
+            before.group,
+            before.sender,
+            before.extra,
+        )
+    assert back[0].group == back[3].group != back[4].group  # tuple keys come back as equal tuples
+
+    onward = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3)
+    onward.train(resume_from_checkpoint=str(checkpoint))
+    assert onward.num_pending_peer_rows == 0
+    step3 = [entry for entry in onward.state.log_history if entry.get("step") == 3 and "ftis/peer_rows" in entry]
+    assert step3 and step3[0]["ftis/peer_rows"] == 5
+
+
+def test_a_checkpoint_without_ftis_state_resumes_with_a_warning(tokenizer, make_args, tmp_path, caplog):
+    url = f"memory://resume-{uuid.uuid4().hex}"
+    trainer = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=2, save_steps=2)
+    trainer.train()
+    checkpoint = tmp_path / "out" / "checkpoint-2"
+    state_path(checkpoint, 0).unlink()  # as GRPOTrainer saves it
+    resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.checkpoint"):
+        resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert "has no ftis_state_0.json" in caplog.text
+    assert resumed.summary()["steps"] == 3 and resumed.summary()["rows_sent"] == 16  # only the step it ran
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda state: "{not json", "not a readable trl-ftis state file"),
+        (lambda state: json.dumps({**state, "format": 99}), "format 99"),
+        (lambda state: json.dumps({**state, "totals": {"rows_sent": -1}}), "'totals'"),
+        (lambda state: json.dumps({**state, "sources": [1]}), "'sources'"),
+        (lambda state: json.dumps({**state, "pending_peer_rows": [{"prompt": "x"}]}), "pending peer row 0"),
+        (lambda state: json.dumps({**state, "swarm": {**state["swarm"], "seen": {"zz": 1}}}), "not hexadecimal"),
+        (lambda state: json.dumps({**state, "swarm": {**state["swarm"], "absent": "me"}}), "'absent'"),
+    ],
+)
+def test_a_corrupt_state_file_is_refused_naming_it_before_training(tokenizer, make_args, tmp_path, corrupt, message):
+    url = f"memory://resume-{uuid.uuid4().hex}"
+    trainer = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=2, save_steps=2)
+    trainer.train()
+    path = state_path(tmp_path / "out" / "checkpoint-2", 0)
+    path.write_text(corrupt(json.loads(path.read_text())))
+    resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3)
+    totals = dict(resumed._totals)
+    with pytest.raises(ValueError, match=message) as error:
+        resumed.train(resume_from_checkpoint=str(path.parent))
+    assert str(path) in str(error.value)
+    assert resumed._totals == totals and resumed.state.global_step == 0  # nothing changed, nothing trained
+
+
+def test_swarm_state_round_trips_and_refuses_what_it_cannot_read(tokenizer):
+    url = f"memory://resume-{uuid.uuid4().hex}"
+    sender = make_swarm(url, "a", tokenizer, model_name="tiny-a")
+    first = make_swarm(url, "me", tokenizer, expected_peers=["a", "gone"], peer_timeout=0.2)
+    sender.publish(rows("a"), 0)
+    first.collect(0)  # "gone" never sends: it is absent from now on
+    state = json.loads(json.dumps(first.state_dict()))
+    second = make_swarm(url, "me", tokenizer, expected_peers=["a", "gone"], peer_timeout=0.2)
+    second.load_state_dict(state)
+    assert second.state_dict() == first.state_dict()
+    assert second.known_peers == {"a"} and second.peer_models == {"a": "tiny-a"}
+    result = second.collect(0)  # the same message again: used once
+    assert result.rows == [] and result.refused["duplicate"] == 1
+    assert result.missing == ["a"]  # "gone" is not waited for; "a" sent nothing new
+    for broken in (
+        {**state, "seen": {"00": "x"}},
+        {**state, "known_peers": None},
+        "state",
+        {**state, "absent_count": -1},
+    ):
+        fresh = make_swarm(url, "me", tokenizer)
+        with pytest.raises(ValueError, match="Swarm state"):
+            fresh.load_state_dict(broken)
+        assert fresh.known_peers == set()
+
+
+def test_rows_that_json_cannot_hold_are_left_out_and_counted():
+    good = rows("a", count=2)
+    odd = rows("b", count=1)[0]
+    odd.extra = {"image": object()}
+    records, unwritable = rows_to_json([*good, odd])
+    assert unwritable == 1 and len(records) == 2
+    back = rows_from_json(json.loads(json.dumps(records)))
+    assert [row.sender for row in back] == ["a", "a"] and back[0].extra == {"answer": "46"}
