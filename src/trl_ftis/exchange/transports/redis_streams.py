@@ -79,7 +79,8 @@ class RedisTransport(Transport):
     bounds one field.
 
     Faults: every call has a socket timeout. A healthy transport retries connection failures with exponential
-    backoff (50 ms doubling to 1 s) until `connect_timeout` seconds have passed, then raises TransportError and
+    backoff (50 ms doubling to 1 s) until `connect_timeout` seconds (10; `?connect_timeout=SECONDS` in the URL sets
+    it) have passed, then raises TransportError and
     logs, once, that the server is unreachable; while it stays unreachable each call makes at most two quick
     attempts, so a run is not slowed by `connect_timeout` per call, and the first call that gets through logs the
     recovery. A server restarted without its data is picked up again: new entries get larger ids, and a publish
@@ -123,8 +124,17 @@ class RedisTransport(Transport):
         self.page_size = _positive_number("page_size", page_size, integer=True)
         self.max_poll_bytes = _poll_bytes(max_poll_bytes, self.max_message_bytes)
 
-        # ?swarm=NAME is ours; every other query parameter is for redis-py (e.g. ssl_cert_reqs).
+        # ?swarm=NAME and ?connect_timeout=SECONDS are ours; every other query parameter is for redis-py (e.g.
+        # ssl_cert_reqs).
         query = parse_qsl(parts.query, keep_blank_values=True)
+        url_timeouts = [v for k, v in query if k == "connect_timeout"]
+        if url_timeouts:
+            try:
+                self.connect_timeout = _positive_number("connect_timeout", float(url_timeouts[-1]))
+            except ValueError:
+                raise ValueError(
+                    f"connect_timeout in {self.url} must be a number of seconds > 0, got {url_timeouts[-1]!r}"
+                ) from None
         url_swarms = [v for k, v in query if k == "swarm"]
         if len(set(url_swarms)) > 1 or (url_swarms and swarm is not None and url_swarms[0] != swarm):
             raise ValueError(f"conflicting swarm names in {self.url} and the swarm option")
@@ -132,7 +142,8 @@ class RedisTransport(Transport):
         if not isinstance(self.swarm, str) or not _SWARM_RE.match(self.swarm):
             raise ValueError(f"swarm name must match {_SWARM_RE.pattern}, got {self.swarm!r}")
         self.key = f"ftis:{self.swarm}"
-        client_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k != "swarm"])))
+        ours = ("swarm", "connect_timeout")
+        client_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in ours])))
 
         try:
             import redis
