@@ -3,9 +3,11 @@ late joiner, a stalled peer, the exchange folder deleted or made read-only, the 
 finish their steps and their logs say what happened. (The same faults at the transport level, with no trainer, are
 in `tests/exchange/test_transport_faults.py`.)"""
 
+import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import time
 
 import pytest
@@ -97,6 +99,28 @@ def test_a_late_joiner_and_a_stalled_peer_catch_up_and_everyone_finishes(tmp_pat
         assert "nothing new from stalled" in log(tmp_path, peer)
 
 
+@contextlib.contextmanager
+def read_only(folder):
+    """`folder` read-only for everyone: mode 0555, and for root (whom modes do not stop) the immutable attribute.
+    Skips the test where neither stops a write (e.g. root on a file system without `chattr`)."""
+    folder.chmod(0o555)
+    immutable = os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    try:
+        probe = folder / "probe"
+        try:
+            probe.write_text("x")
+        except OSError:
+            pass
+        else:
+            probe.unlink()
+            pytest.skip("cannot make a folder read-only here (root without chattr): the deleted case covers the run")
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
 def rounds_of(exchange, peer):
     """The newest round `peer` has in the exchange folder (files are named `<round>.<sender>.<unique>.ftis`)."""
     try:
@@ -107,8 +131,6 @@ def rounds_of(exchange, peer):
 
 @pytest.mark.parametrize("fault", ["deleted", "read_only"])
 def test_the_exchange_folder_deleted_or_read_only_mid_run(tmp_path, fault):
-    if fault == "read_only" and os.geteuid() == 0:
-        pytest.skip("running as root: a read-only mode does not stop writes (the deleted case covers the run)")
     exchange = tmp_path / "exchange"
     url = f"dir://{exchange}"
     common = dict(steps=60, expected_peers=["a", "b"], peer_timeout=5)
@@ -118,13 +140,14 @@ def test_the_exchange_folder_deleted_or_read_only_mid_run(tmp_path, fault):
     if fault == "deleted":
         shutil.rmtree(exchange)
     else:
-        exchange.chmod(0o555)
-        time.sleep(8)
-        exchange.chmod(0o755)
+        with read_only(exchange):
+            time.sleep(3)  # no one can publish: the round waits for what never comes, then goes on
     assert a.poll() is None and b.poll() is None, "the fault came after the run: the test proves nothing"
     finish(tmp_path, ("a", a), ("b", b))
     if fault == "deleted":  # the first peer to notice creates it again (the other may never see it missing)
         assert any("had been deleted" in log(tmp_path, peer) for peer in ("a", "b"))
+    else:  # both tried to publish into it and said so
+        assert all("Could not publish round" in log(tmp_path, peer) for peer in ("a", "b"))
     for peer, other in (("a", "b"), ("b", "a")):
         result = summary(tmp_path, peer)
         assert result["steps"] == 60 and result["peers"] == [other]

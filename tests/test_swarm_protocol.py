@@ -598,3 +598,16 @@ def test_the_trainer_bounds_each_message_by_its_own_settings(tokenizer, make_arg
     assert trainer(max_peer_message_rows=4).swarm.limits.max_completions == 16  # never below its own 16 rows
     with pytest.raises(ValueError, match="max_peer_message_rows"):
         make_args(max_peer_message_rows=0)
+
+
+def test_a_failed_prune_is_not_a_failed_publish(tokenizer, memory_url, monkeypatch, caplog):
+    a, observer = make_swarm(memory_url, "a", tokenizer), make_swarm(memory_url, "observer", tokenizer)
+
+    def refuse(**kwargs):
+        raise PermissionError("NOPERM this user has no permissions to run the 'xdel' command")
+
+    monkeypatch.setattr(a.transport, "prune", refuse)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis"):
+        assert a.publish(rows("a"), 0) > 0 and a.publish(rows("a"), 1) > 0
+    assert not a.unpublished and len(observer.collect(0).rows) == 8
+    assert caplog.text.count("Could not remove this peer's old messages") == 1

@@ -469,11 +469,19 @@ class Swarm:
             return 0
         try:
             self.transport.publish(data, sender=self.peer_id, round=round)
-            self.transport.prune(sender=self.peer_id, keep_rounds=self.keep_rounds, current_round=round)
         except Exception as error:  # noqa: BLE001 - a lost message costs the others one round of our rows, not our run
             self.unpublished[type(error).__name__] += len(rows)
             self._warn_once("publish", type(error).__name__, f"Could not publish round {round}: {error}")
             return 0
+        try:
+            self.transport.prune(sender=self.peer_id, keep_rounds=self.keep_rounds, current_round=round)
+        except Exception as error:  # noqa: BLE001 - sent all the same; old messages are only refused as stale
+            self._warn_once(
+                "prune",
+                type(error).__name__,
+                f"Could not remove this peer's old messages from the exchange ({error}); the message of round "
+                f"{round} was sent. Receivers refuse old ones as stale (e.g. a Redis ACL without XDEL).",
+            )
         return len(data)
 
     def _wire_safe(self, rows: Sequence[PeerRow], round: int) -> list[PeerRow]:
