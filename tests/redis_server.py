@@ -40,7 +40,7 @@ def _answers_ping(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
             s.sendall(b"PING\r\n")
-            return s.recv(64).startswith(b"+PONG")
+            return s.recv(64).startswith((b"+PONG", b"-NOAUTH"))  # up, with or without a password
     except OSError:
         return False
 
@@ -62,8 +62,11 @@ def _stopper(proc: subprocess.Popen, log):
     return stop
 
 
-def start_redis_server(tmp_dir, *, timeout: float = START_TIMEOUT_S, attempts: int = 3, port: int | None = None):
-    """Start a local redis-server in `tmp_dir` (on `port`, else a free one); return ``(url, stop)``.
+def start_redis_server(
+    tmp_dir, *, timeout: float = START_TIMEOUT_S, attempts: int = 3, port: int | None = None, extra: tuple = ()
+):
+    """Start a local redis-server in `tmp_dir` (on `port`, else a free one; `extra`: more server options, e.g.
+    ``("--requirepass", "pw")``); return ``(url, stop)``.
 
     Raises RedisServerUnavailable."""
     binary = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
@@ -87,6 +90,7 @@ def start_redis_server(tmp_dir, *, timeout: float = START_TIMEOUT_S, attempts: i
             "--appendonly", "no",
             "--dir", str(tmp_dir),
             "--daemonize", "no",
+            *extra,
         ]  # fmt: skip
         try:
             proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -135,6 +135,8 @@ def redact_text(text: str) -> str:
 
 SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
 """The swarm secret, read when `FTISConfig.swarm_secret` is not set."""
+REDIS_PASSWORD_ENV = "FTIS_REDIS_PASSWORD"
+"""The Redis password, used when a `redis://` / `rediss://` URL carries none: it stays off command lines."""
 PEER_ID_ENV = "FTIS_PEER_ID"
 """Set by the launcher to each peer's id (scripts read it as their default `peer_id`)."""
 GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"

@@ -581,3 +581,31 @@ def test_redis_unreachable_server_raises_transport_error_within_deadline_without
     while exc is not None:  # neither the error nor anything chained to it shows the password
         assert "s3cret-pw" not in str(exc) and "s3cret-pw" not in repr(exc)
         exc = exc.__cause__ or exc.__context__
+
+
+@pytest.mark.redis
+def test_redis_password_from_the_environment_never_in_a_url(tmp_path, monkeypatch):
+    from redis_server import RedisServerUnavailable, start_redis_server
+
+    from trl_ftis.rules import REDIS_PASSWORD_ENV
+
+    try:
+        url, stop = start_redis_server(tmp_path, extra=("--requirepass", "s3cret-pw"))
+    except RedisServerUnavailable as exc:
+        pytest.skip(f"redis-server could not be started: {exc}")
+    swarm_url = f"{url}?swarm=pw&connect_timeout=1"
+    try:
+        monkeypatch.delenv(REDIS_PASSWORD_ENV, raising=False)
+        with pytest.raises(TransportError):
+            open_transport(swarm_url)  # the server wants a password
+        monkeypatch.setenv(REDIS_PASSWORD_ENV, "wrong-pw")
+        with pytest.raises(TransportError) as error:
+            open_transport(swarm_url)
+        assert "wrong-pw" not in str(error.value)
+        monkeypatch.setenv(REDIS_PASSWORD_ENV, "s3cret-pw")
+        with open_transport(swarm_url) as writer, open_transport(swarm_url) as reader:
+            writer.publish(b"hello", sender="a", round=0)
+            assert [envelope.data for envelope in reader.poll()] == [b"hello"]
+            assert "s3cret-pw" not in writer.url
+    finally:
+        stop()

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from collections import deque
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ...rules import REDACTED, redact_url
+from ...rules import REDACTED, REDIS_PASSWORD_ENV, redact_url
 from .base import (
     _MAX_HINT_CHARS,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -163,6 +164,9 @@ class RedisTransport(Transport):
             "retry": Retry(NoBackoff(), 0),  # redis-py's own retries would overrun our deadline
             "decode_responses": False,
         }
+        if parts.password is None and os.environ.get(REDIS_PASSWORD_ENV):
+            # The password from the environment: it never appears on a command line (`ps`) or in a URL.
+            self._password = options["password"] = os.environ[REDIS_PASSWORD_ENV]
         options.update(client_options or {})
         try:
             self._client = redis.Redis.from_url(client_url, **options)
