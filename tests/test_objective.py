@@ -28,7 +28,10 @@ from trl_ftis.objective import (
     group_max_len,
     grpo_aggregate,
     parse_variant,
+    quantile_threshold,
+    survivor_scale,
     truncated_importance_weights,
+    update_threshold,
 )
 
 E = math.exp
@@ -375,6 +378,56 @@ def test_ftis_loss_filtered_row_keeps_its_place_in_denominators():
     loss, grad = loss_and_grad(logps, None, gen, adv, mask, num_generations=2, variant="f-nois")
     assert_scalar(loss, 0.125)
     torch.testing.assert_close(grad, t64([[-1 / 8, -1 / 8], [0.0, 0.0], [-1 / 16, -1 / 16], [0.25, 0.25]]), **TIGHT)
+
+
+def test_ftis_loss_remove_mode_averages_over_the_survivors():
+    # The batch above with filter_mode="remove" (the authors' code): row 1 leaves the loss and its normaliser, so
+    # L = -(1/3)(1 + 0.5 - 2) = 1/6 and grad = -A_i/(3|a_i|): row 0 -1/6, row 2 -1/12, row 3 +1/3.
+    logps = t64([[-0.5, -0.7], [-1e4, -INF], [-0.2, -0.9], [-1.1, -0.4]])
+    gen = t64([[-0.5, -0.7], [0.0, -INF], [-0.2, -0.9], [-1.1, -0.4]])
+    mask = bmask([[1, 1], [1, 0], [1, 1], [1, 1]])
+    adv = t64([1.0, -1.0, 0.5, -2.0])
+    loss, grad = loss_and_grad(logps, None, gen, adv, mask, num_generations=2, variant="f-nois", filter_mode="remove")
+    assert_scalar(loss, 1 / 6)
+    torch.testing.assert_close(grad, t64([[-1 / 6, -1 / 6], [0.0, 0.0], [-1 / 12, -1 / 12], [1 / 3, 1 / 3]]), **TIGHT)
+    # The shared batch, f-tis with g = 0.05: row 0 alone, B = 1: L = -(1/3)(e^.1 + 2 + e^-.5).
+    loss, grad = loss_and_grad(
+        LOGPS, None, GEN, ADV, MASK, num_generations=2, kl_threshold=0.05, filter_mode="remove"
+    )
+    assert_scalar(loss, -(E(0.1) + 2.0 + E(-0.5)) / 3, F32)
+    torch.testing.assert_close(grad, t64([[-E(0.1) / 3, -2.0 / 3, -E(-0.5) / 3], [0.0, 0.0, 0.0]]), **F32)
+    # Nothing filtered: both modes are the same loss.
+    same = [loss_and_grad(LOGPS, None, GEN, ADV, MASK, num_generations=2, filter_mode=m)[0] for m in ("zero", "remove")]
+    assert same[0] == same[1]
+    with pytest.raises(ValueError, match="filter_mode"):
+        ftis_loss(LOGPS, None, GEN, ADV, MASK, num_generations=2, filter_mode="drop")
+
+
+def test_survivor_scale_per_loss_normaliser():
+    keep = bmask([True, False, True, True])
+    mask = bmask([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])  # 2, 3, 1, 2 tokens
+    assert survivor_scale(keep, mask, "grpo").item() == pytest.approx(4 / 3)  # rows
+    assert survivor_scale(keep, mask, "dr_grpo").item() == pytest.approx(4 / 3)
+    assert survivor_scale(keep, mask, "bnpo").item() == pytest.approx(8 / 5)  # tokens
+    assert survivor_scale(keep, mask, "dapo").item() == pytest.approx(8 / 5)
+    assert survivor_scale(bmask([False] * 4), mask, "grpo").item() == 0.0
+    assert survivor_scale(bmask([True] * 4), mask, "bnpo").item() == 1.0
+
+
+def test_quantile_threshold_and_its_running_average():
+    stat = t64([1.0, 2.0, 3.0, 4.0, 5.0, 100.0, INF])
+    adv = t64([-1.0, -1.0, -1.0, -1.0, -1.0, 1.0, -1.0])  # row 5 is positive: never a candidate for the filter
+    peers = bmask([True] * 7)
+    # Negative rows' D: 1 2 3 4 5 inf; filtering a third of them: the lower 2/3 quantile is 4 (D > 4: 5 and inf).
+    assert quantile_threshold(stat, adv, peers, 1 / 3) == 4.0
+    assert quantile_threshold(stat, adv, bmask([True] * 3 + [False] * 4), 0.5) == 2.0  # own rows do not count
+    assert quantile_threshold(stat, adv, bmask([False] * 7), 0.1) is None
+    # More than the target share is infinitely far: g becomes the largest finite D (only the infinite are filtered).
+    assert quantile_threshold(t64([1.0, INF, INF]), t64([-1.0, -1.0, -1.0]), bmask([True] * 3), 0.1) == 1.0
+    assert quantile_threshold(t64([INF]), t64([-1.0]), bmask([True]), 0.1) is None
+    assert update_threshold(None, 7.0, 0.9) == 7.0
+    assert update_threshold(10.0, None, 0.9) == 10.0
+    assert update_threshold(10.0, 1000.0, 0.5) == pytest.approx(100.0)  # geometric mean at momentum 0.5
 
 
 # =============================================================================== ftis_loss: the ratio clip

@@ -138,6 +138,7 @@ def trainer_state(trainer) -> dict[str, Any]:
         "accepted_by_peer": dict(trainer._accepted_by_peer),
         "row_count_keys": sorted(trainer._row_count_keys),
         "sources": list(trainer._sources),
+        "adaptive_threshold": trainer._adaptive_threshold,
         "pending_peer_rows": rows,
         "swarm": trainer.swarm.state_dict() if trainer.swarm is not None else None,
     }
@@ -161,6 +162,9 @@ def restore_trainer_state(trainer, state: Any, source: str = "F-TIS state") -> N
             if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
                 raise ValueError(f"{name!r} is not a list of strings")
         rows = rows_from_json(state.get("pending_peer_rows"))
+        threshold = state.get("adaptive_threshold")  # absent in files of earlier versions
+        if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+            raise ValueError("'adaptive_threshold' is not a finite number")
         swarm_state = state.get("swarm")
         if trainer.swarm is not None and swarm_state is not None:
             trainer.swarm.load_state_dict(swarm_state)  # checks before it changes anything
@@ -174,6 +178,7 @@ def restore_trainer_state(trainer, state: Any, source: str = "F-TIS state") -> N
     trainer._accepted_by_peer = Counter(counters["accepted_by_peer"])
     trainer._row_count_keys = set(keys)
     trainer._sources = list(sources)
+    trainer._adaptive_threshold = None if threshold is None else float(threshold)
     trainer._pending_peer_rows = rows + trainer._pending_peer_rows
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .objective import KL_REDUCTIONS, VARIANTS, parse_variant
+from .objective import FILTER_MODES, KL_REDUCTIONS, THRESHOLD_MODES, VARIANTS, parse_variant
 from .rules import (
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
@@ -61,7 +61,21 @@ class FTISConfig(GRPOConfig):
         kl_reduction (`str`, *optional*, defaults to `"group_max_len"`):
             How the per-token k3 estimates `exp(ℓgen - ℓθ) - (ℓgen - ℓθ) - 1` of a completion become its filter
             statistic: `"group_max_len"` (sum divided by the longest completion of its group, the authors' code),
-            `"mean"` (divided by its own length) or `"sum"`.
+            `"mean"` (divided by its own length: the length-normalised statistic, with `g` per token) or `"sum"`.
+        filter_mode (`str`, *optional*, defaults to `"zero"`):
+            What the filter does to a filtered completion: `"zero"` its advantage (the paper's text: the row still
+            counts in the loss's normaliser) or `"remove"` it (the authors' code: the loss averages over the surviving
+            rows; the kept rows' advantages are scaled by the normaliser's change, per micro-batch).
+        kl_threshold_mode (`str`, *optional*, defaults to `"fixed"`):
+            `"fixed"`: `g = kl_threshold`. `"quantile"`: `g` follows a running quantile of the peer rows' statistic,
+            so that about `filter_target_fraction` of their negative-advantage rows are filtered (`kl_threshold` is
+            the starting value; the paper's open problem: the best `g` depends on the models and the training
+            phase). Logged as `ftis/kl_threshold`.
+        filter_target_fraction (`float`, *optional*, defaults to `0.1`):
+            With `kl_threshold_mode="quantile"`: the share of peer negative-advantage rows to filter, in (0, 1).
+        threshold_momentum (`float`, *optional*, defaults to `0.9`):
+            With `kl_threshold_mode="quantile"`: the weight of the previous threshold in its running average (in
+            log space), in [0, 1).
 
         > Parameters that control the swarm
 
@@ -181,6 +195,30 @@ class FTISConfig(GRPOConfig):
             "the group), 'mean' or 'sum'.",
             "choices": list(KL_REDUCTIONS),
         },
+    )
+    filter_mode: str = field(
+        default="zero",
+        metadata={
+            "help": "'zero': a filtered completion's advantage becomes 0 (paper text); 'remove': it leaves the loss "
+            "and its normaliser (authors' code).",
+            "choices": list(FILTER_MODES),
+        },
+    )
+    kl_threshold_mode: str = field(
+        default="fixed",
+        metadata={
+            "help": "'fixed': g = kl_threshold; 'quantile': g tracks a running quantile of the peer rows' statistic "
+            "so that about filter_target_fraction of their negative-advantage rows are filtered.",
+            "choices": list(THRESHOLD_MODES),
+        },
+    )
+    filter_target_fraction: float = field(
+        default=0.1,
+        metadata={"help": "kl_threshold_mode='quantile': share of peer negative-advantage rows to filter, in (0, 1)."},
+    )
+    threshold_momentum: float = field(
+        default=0.9,
+        metadata={"help": "kl_threshold_mode='quantile': weight of the previous threshold in its running average."},
     )
 
     peer_id: str | None = field(
@@ -318,6 +356,16 @@ class FTISConfig(GRPOConfig):
             raise ValueError(
                 f"Unknown kl_reduction {self.kl_reduction!r}; expected one of {', '.join(KL_REDUCTIONS)}."
             )
+        if self.filter_mode not in FILTER_MODES:
+            raise ValueError(f"Unknown filter_mode {self.filter_mode!r}; expected one of {', '.join(FILTER_MODES)}.")
+        if self.kl_threshold_mode not in THRESHOLD_MODES:
+            raise ValueError(
+                f"Unknown kl_threshold_mode {self.kl_threshold_mode!r}; expected one of {', '.join(THRESHOLD_MODES)}."
+            )
+        if not 0.0 < self.filter_target_fraction < 1.0:
+            raise ValueError(f"filter_target_fraction must be in (0, 1), got {self.filter_target_fraction}.")
+        if not 0.0 <= self.threshold_momentum < 1.0:
+            raise ValueError(f"threshold_momentum must be in [0, 1), got {self.threshold_momentum}.")
         if self.loss_type not in SUPPORTED_LOSS_TYPES:
             raise ValueError(
                 f"loss_type={self.loss_type!r} is not supported by F-TIS; use one of {', '.join(SUPPORTED_LOSS_TYPES)} "

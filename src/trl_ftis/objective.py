@@ -27,6 +27,14 @@ VARIANTS = ("nois", "vis", "tis", "f-nois", "f-vis", "f-tis")
 KL_REDUCTIONS = ("group_max_len", "mean", "sum")
 """How the per-token k3 values of a completion are reduced to its filter statistic `D_i`."""
 
+FILTER_MODES = ("zero", "remove")
+"""What the filter does to a filtered completion: `zero` its advantage (the paper's text; the row still counts in the
+loss's normaliser), or `remove` it (the authors' code: the loss averages over the surviving rows)."""
+
+THRESHOLD_MODES = ("fixed", "quantile")
+"""How the filter threshold `g` is set: `fixed` (`kl_threshold`), or `quantile`: a running quantile of the peer rows'
+statistic, so that about `filter_target_fraction` of their negative-advantage rows are filtered."""
+
 MAX_LOG_RATIO = 20.0
 """Largest log importance ratio ever exponentiated: keeps `exp` finite for arbitrarily off-policy samples."""
 
@@ -150,6 +158,54 @@ def filter_keep_mask(advantages: torch.Tensor, filter_stat: torch.Tensor, kl_thr
     return ~((advantages <= 0) & too_far)
 
 
+def survivor_scale(keep: torch.Tensor, completion_mask: torch.Tensor, loss_type: str = "grpo") -> torch.Tensor:
+    """The factor that turns a zeroed filtered row into a removed one, for TRL's loss normalisers (`filter_mode=
+    "remove"`). Scalar tensor.
+
+    TRL's clipped surrogate is positively homogeneous in the advantage, so multiplying every kept row's advantage by
+    `s` multiplies its loss and gradient by `s`. Removing `k` of `B` rows changes the normaliser: `grpo` and `dr_grpo`
+    divide by the number of rows (`s = B / (B - k)`), `bnpo` and `dapo` by the number of tokens (`s = tokens /
+    kept tokens`). Computed per micro-batch (`dapo` normalises over the whole generation batch: there it is the
+    micro-batch's share). 1 when nothing is filtered, 0 when everything is.
+    """
+    mask = completion_mask.bool()
+    if loss_type in ("bnpo", "dapo"):
+        total, kept = mask.sum(), mask[keep].sum()
+    else:
+        total, kept = torch.tensor(keep.numel()), keep.sum()
+    if kept == 0:
+        return torch.zeros((), dtype=torch.float64, device=keep.device)
+    return (total.to(torch.float64) / kept.to(torch.float64)).to(keep.device)
+
+
+def quantile_threshold(
+    filter_stat: torch.Tensor, advantages: torch.Tensor, candidates: torch.Tensor, target_fraction: float
+) -> float | None:
+    """The value of `g` that would filter `target_fraction` of the candidate rows with `Â <= 0` (their
+    `1 - target_fraction` quantile of `D`; non-finite `D` counts as above any `g`), or `None` when there are none."""
+    pool = filter_stat[candidates & (advantages <= 0)].to(torch.float64)
+    if pool.numel() == 0:
+        return None
+    pool = torch.where(torch.isfinite(pool), pool, torch.full_like(pool, float("inf")))
+    # "lower": a value the pool holds (interpolating towards an infinite D would give infinity).
+    value = torch.quantile(pool, 1.0 - float(target_fraction), interpolation="lower").item()
+    if math.isfinite(value):
+        return value
+    finite = pool[torch.isfinite(pool)]  # more than the target share is infinitely far: filter exactly those
+    return finite.max().item() if finite.numel() else None
+
+
+def update_threshold(previous: float | None, observed: float | None, momentum: float) -> float | None:
+    """One step of the running threshold: an exponential moving average of the observed quantiles in log space
+    (statistics span orders of magnitude), `previous` when nothing was observed."""
+    if observed is None:
+        return previous
+    observed = max(observed, 1e-12)
+    if previous is None:
+        return observed
+    return math.exp(momentum * math.log(previous) + (1.0 - momentum) * math.log(observed))
+
+
 @dataclass
 class FTISTerms:
     """Everything the clipped surrogate needs, plus the statistics worth logging. All tensors carry no gradient."""
@@ -182,12 +238,17 @@ def ftis_terms(
     kl_reduction: str = "group_max_len",
     group_max_lengths: torch.Tensor | None = None,
     num_generations: int | None = None,
+    filter_mode: str = "zero",
+    loss_type: str = "grpo",
 ) -> FTISTerms:
     """Turn learner, batch-time and generator log-probs into per-token advantages and a ratio reference.
 
     `old_per_token_logps=None` means one update per batch (`ℓold = sg ℓθ`); `gen_per_token_logps=None` means
-    on-policy rows (`ℓgen = ℓold`). `advantages` has shape `(B,)`.
+    on-policy rows (`ℓgen = ℓold`). `advantages` has shape `(B,)`. `filter_mode="remove"` scales the kept rows by
+    [`survivor_scale`] for `loss_type`, so that filtered rows leave the loss's normaliser too.
     """
+    if filter_mode not in FILTER_MODES:
+        raise ValueError(f"Unknown filter_mode {filter_mode!r}; expected one of {', '.join(FILTER_MODES)}.")
     spec = variant if isinstance(variant, Variant) else parse_variant(variant)
     mask = completion_mask.bool()
     current = per_token_logps.detach()
@@ -222,6 +283,8 @@ def ftis_terms(
         keep = torch.ones_like(advantages, dtype=torch.bool)
 
     row_advantages = torch.where(keep, advantages, torch.zeros_like(advantages)).unsqueeze(-1)
+    if filter_mode == "remove" and spec.filtered and not bool(keep.all()):
+        row_advantages = row_advantages * survivor_scale(keep, mask, loss_type).to(row_advantages.dtype)
     token_weights = weights if spec.truncated_weight else mask.to(weights.dtype)
     token_advantages = _masked(token_weights.to(current.dtype) * row_advantages.to(current.dtype), mask)
 
@@ -279,8 +342,9 @@ def ftis_loss(
     kl_threshold: float = 50.0,
     kl_reduction: str = "group_max_len",
     group_max_lengths: torch.Tensor | None = None,
+    filter_mode: str = "zero",
 ) -> torch.Tensor:
-    """The F-TIS loss to minimise, a scalar.
+    """The F-TIS loss to minimise, a scalar (the `grpo` aggregation).
 
     Args:
         per_token_logps: `ℓθ`, shape `(B, T)`, with gradient.
@@ -296,6 +360,7 @@ def ftis_loss(
         kl_reduction: one of [`KL_REDUCTIONS`].
         group_max_lengths: per-row longest completion length of its group, shape `(B,)`, for rows that are not
             in contiguous groups (`num_generations` is then only used when this is `None`).
+        filter_mode: one of [`FILTER_MODES`].
     """
     terms = ftis_terms(
         per_token_logps,
@@ -309,6 +374,7 @@ def ftis_loss(
         kl_reduction=kl_reduction,
         group_max_lengths=group_max_lengths,
         num_generations=num_generations,
+        filter_mode=filter_mode,
     )
     per_token = clipped_surrogate(
         per_token_logps,

@@ -25,7 +25,7 @@ from .config import FTISConfig
 from .generation import GeneratorLogpsRecorder, records_raw_logits
 from .gpu_share import cap_gpu_memory, gpu_memory_fraction
 from .model_card import ftis_model_card_section
-from .objective import ftis_terms, group_max_len, parse_variant
+from .objective import ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
     MAX_ABS_ADVANTAGE,
     PeerRow,
@@ -150,6 +150,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         self._last_rewards_per_func: torch.Tensor | None = None
         self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
         self._filtered_in_step: dict[str, float] = {}
+        self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
         self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
         self._refused_totals: Counter = Counter()
         self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
@@ -740,6 +741,11 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         group_max = inputs.get("ftis_group_max_len")
         if group_max is None:  # a batch that did not come from this trainer's batch formation
             group_max = mask.sum(-1)
+        args = self.args
+        adaptive = args.kl_threshold_mode == "quantile"
+        threshold = (
+            self._adaptive_threshold if adaptive and self._adaptive_threshold is not None else args.kl_threshold
+        )
         terms = ftis_terms(
             per_token_logps,
             old,
@@ -747,16 +753,22 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             advantages,
             mask,
             variant=self._variant,
-            is_cap=self.args.is_cap,
-            kl_threshold=self.args.kl_threshold,
-            kl_reduction=self.args.kl_reduction,
+            is_cap=args.is_cap,
+            kl_threshold=threshold,
+            kl_reduction=args.kl_reduction,
             group_max_lengths=group_max,
+            filter_mode=args.filter_mode,
+            loss_type=self.loss_type,
         )
         inputs["advantages"] = terms.token_advantages
         inputs["old_per_token_logps"] = terms.ratio_reference_logps
         source = inputs.get("ftis_source")
         if source is None:
             source = torch.zeros_like(advantages, dtype=torch.long)
+        if adaptive:  # the next micro-batch's g: this one's quantile over peer rows, averaged
+            self._metrics["train"]["ftis/kl_threshold"].append(threshold)
+            observed = quantile_threshold(terms.filter_statistic, advantages, source > 0, args.filter_target_fraction)
+            self._adaptive_threshold = update_threshold(self._adaptive_threshold, observed, args.threshold_momentum)
         self._log_ftis_metrics(terms, mask.bool(), source)
 
     def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor) -> None:
