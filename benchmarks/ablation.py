@@ -8,7 +8,8 @@ supervised steps on 2-digit addition (one checkpoint per model and seed, reused 
 start from the same weights). Then, for each setting, both peers train at the same time as two processes
 (`examples/tiny_peer.py`), exchanging their completions every step through a `dir://` exchange:
 
-    alone          each peer trains on its own completions only (plain GRPO)
+    alone          each peer trains on its own completions only (plain GRPO): the same own generation
+    alone-rows     the same, generating twice as many rows: as many rows per step as a peer trains on in the swarm
     nois ... f-tis the six objective variants, vertical mode (each peer samples full groups for its own prompts)
     horiz-f-tis    F-TIS in horizontal mode (same prompts, each peer samples half of every group)
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT / "examples" / "tiny_peer.py"
-SETTINGS = ["alone", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis"]
+SETTINGS = ["alone", "alone-rows", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis"]
 PEERS = {"big": 64, "small": 32}
 
 
@@ -74,7 +75,7 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
     from trl_ftis.demo.tiny import TINY_GRPO_SETTINGS
 
     horizontal = setting.startswith("horiz")
-    variant = "f-tis" if setting in ("alone", "horiz-f-tis") else setting
+    variant = "f-tis" if setting in ("alone", "alone-rows", "horiz-f-tis") else setting
     args = {
         # The tiny models' CPU settings (the same as tiny_grpo_config's): 128 rows a step, constant lr 2e-4, ...
         **TINY_GRPO_SETTINGS,
@@ -92,13 +93,15 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
         "report_to": "none",
         "logging_steps": 10,
     }
-    if setting != "alone":
+    if setting == "alone-rows":  # the fair baseline: as many rows per step as a peer trains on with its partner
+        args["per_device_train_batch_size"] = 2 * TINY_GRPO_SETTINGS["per_device_train_batch_size"]
+    if not setting.startswith("alone"):
         args.update(exchange_url=f"dir://{run_dir / 'exchange'}", peer_timeout=120)
         args["collaboration_mode"] = "horizontal" if horizontal else "vertical"
     command = [sys.executable, str(PEER_SCRIPT)]
     for key, value in args.items():
         command += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
-    if setting != "alone":
+    if not setting.startswith("alone"):
         command += ["--expected_peers", *PEERS]
     return command
 

@@ -46,3 +46,33 @@ def test_results_are_collected_and_tabulated(tmp_path):
     table = format_table(results)
     assert "+0.050" in table and "+0.100" in table  # versus the alone baseline
     assert "LoRA smollm2" in table and "did not finish" in table
+
+
+def test_the_demo_says_plainly_whether_accuracy_moved_beyond_the_noise():
+    from trl_ftis.demo.driver import learning_verdict
+
+    results = {
+        "full": {"accuracy_before": 0.4, "accuracy_after": 0.45},  # 2 SE at n=40: 0.22
+        "alone": {"accuracy_before": 0.1, "accuracy_after": 0.6},
+        "small": {"error": "no summary (the peer did not finish)"},
+    }
+    lines = learning_verdict(results, 40)
+    assert lines[0].startswith("full") and "inside the noise" in lines[0] and "0.22" in lines[0]
+    assert "outside two standard errors" in lines[1] and lines[-1] == "Changed by more than two standard errors: alone."
+    quiet = learning_verdict({"full": results["full"]}, 40)
+    assert "not a measurable learning effect" in quiet[-1]
+
+
+def test_dependency_deprecation_warnings_are_hidden_ours_are_not():
+    import warnings
+
+    from trl_ftis.demo import quiet_dependency_warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        quiet_dependency_warnings()
+        warnings.warn_explicit("old", FutureWarning, "training_args.py", 1, module="transformers.training_args")
+        warnings.warn_explicit("old", DeprecationWarning, "x.py", 1, module="trl.trainer.grpo_config")
+        warnings.warn_explicit("ours", FutureWarning, "config.py", 1, module="trl_ftis.config")
+        warnings.warn_explicit("user", UserWarning, "training_args.py", 1, module="transformers.training_args")
+    assert [str(w.message) for w in caught] == ["ours", "user"]

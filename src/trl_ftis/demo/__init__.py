@@ -6,6 +6,18 @@ The core (`trl_ftis.objective`, `config`, `trainer`, `peer_rows`, `swarm`, `exch
 """
 
 
+_DEPENDENCIES = r"(transformers|trl|peft|accelerate|torch|datasets|huggingface_hub)(\.|$)"
+
+
+def quiet_dependency_warnings() -> None:
+    """Hide the deprecation notices that dependencies issue and a demo user cannot act on (`FutureWarning`,
+    `DeprecationWarning` raised inside transformers, TRL, PEFT, accelerate, torch, datasets); ours still show."""
+    import warnings
+
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module=_DEPENDENCIES)
+
+
 def main(argv=None):
     """`trl-ftis demo` (what `make demo` runs): see [`trl_ftis.demo.driver`]."""
     from .driver import main as driver_main

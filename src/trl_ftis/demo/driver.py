@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import time
@@ -171,6 +172,32 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def learning_verdict(results: dict, eval_size: int) -> list[str]:
+    """Whether each peer's held-out accuracy changed by more than two standard errors, said plainly.
+
+    The standard error of a change between two accuracies `p0`, `p1` measured on `n` problems is taken as
+    `sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)` (as for independent samples: conservative for the same problems)."""
+    lines, moved = [], []
+    for peer, r in results.items():
+        if "error" in r or r.get("accuracy_before") is None or r.get("accuracy_after") is None:
+            continue
+        p0, p1 = r["accuracy_before"], r["accuracy_after"]
+        two_se = 2 * math.sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / max(eval_size, 1))
+        change = p1 - p0
+        beyond = abs(change) > two_se
+        moved += [peer] if beyond else []
+        verdict = "outside two standard errors" if beyond else "inside the noise"
+        lines.append(f"{peer:7s} change {change:+.3f}, two standard errors {two_se:.3f}: {verdict}")
+    if not moved:
+        lines.append(
+            f"No peer's held-out accuracy changed by more than two standard errors ({eval_size} problems): this run "
+            "shows the swarm working, not a measurable learning effect."
+        )
+    else:
+        lines.append(f"Changed by more than two standard errors: {', '.join(moved)}.")
+    return lines
+
+
 def plot_curves(results: dict, path: Path) -> bool:
     try:
         import matplotlib
@@ -211,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)
+    from . import quiet_dependency_warnings
+
+    quiet_dependency_warnings()
     settings = dict(QUICK if options.quick else FULL)
     if options.steps:
         settings["steps"] = options.steps
@@ -256,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{settings['eval_size']} problems; rows: completions shared between peers)"
     )
     print(format_table(results))
+    print("\n".join(learning_verdict(results, settings["eval_size"])))
     if plot_curves(results, run_dir / "curves.png"):
         print(f"curves: {run_dir / 'curves.png'}")
     print(f"all numbers: {run_dir / 'results.json'}; trained peers: {', '.join(str(run_dir / p) for p in peer_ids)}")

@@ -19,6 +19,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from trl_ftis.demo import quiet_dependency_warnings  # noqa: E402
+
+quiet_dependency_warnings()  # before the imports that warn
+
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
