@@ -5,7 +5,8 @@ What it runs (all at once, on GPU 0):
 * `trl-ftis swarm` with two peers of `examples/gsm8k_ftis.py`: SmolLM2-135M-Instruct fully fine-tuned ("full")
   and a LoRA copy of it ("lora"), each capped at a share of the GPU (`gpu_share`), exchanging completions over
   `dir://`;
-* the same script alone (no exchange) as the baseline;
+* the same script alone (no exchange) as the baselines: the same own generation, and the same rows per step as a
+  swarm peer trains on (`alone-rows`, twice the micro-batches);
 
 then `examples/eval_math500.py` (greedy pass@1, strict and answer-only) on held-out problems for the base model and
 each trained one. It prints a table (steps, seconds per step, rewards early/late, peer rows, accuracies) and writes
@@ -105,10 +106,16 @@ def swarm_config(args, model: Path, train: Path, run_dir: Path) -> dict:
     }
 
 
-def alone_command(args, model: Path, train: Path, output_dir: Path) -> list[str]:
-    command = [sys.executable, str(ROOT / "examples" / "gsm8k_ftis.py"), "--peer_id", "alone"]
+def alone_command(args, model: Path, train: Path, output_dir: Path, *, same_rows: bool = False) -> list[str]:
+    """The alone baseline: the same own generation, or (`same_rows`) as many rows per step as a swarm peer trains on
+    (its own and its partner's: twice the micro-batches)."""
+    name = "alone-rows" if same_rows else "alone"
+    command = [sys.executable, str(ROOT / "examples" / "gsm8k_ftis.py"), "--peer_id", name]
     command += ["--output_dir", str(output_dir)]
-    for key, value in peer_args(args, model, train).items():
+    settings = peer_args(args, model, train)
+    if same_rows:
+        settings["gradient_accumulation_steps"] *= 2
+    for key, value in settings.items():
         command += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
     return command
 
@@ -209,32 +216,41 @@ def main():
     env = dict(
         os.environ, OMP_NUM_THREADS="1" if args.cpu else "4", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false"
     )
-    alone_dir = work / "alone"
+    alone_dir, rows_dir = work / "alone", work / "alone-rows"
     t0 = time.time()
-    with open(out / "alone.log", "w") as alone_log:
+    with open(out / "alone.log", "w") as alone_log, open(out / "alone-rows.log", "w") as rows_log:
         alone = subprocess.Popen(
             alone_command(args, model, train, alone_dir), stdout=alone_log, stderr=subprocess.STDOUT, env=env
         )
+        alone_rows = subprocess.Popen(
+            alone_command(args, model, train, rows_dir, same_rows=True), stdout=rows_log, stderr=subprocess.STDOUT,
+            env=env,
+        )  # fmt: skip
         swarm = subprocess.run([sys.executable, "-m", "trl_ftis.cli", "swarm", str(config_path)], env=env)
         swarm_seconds = time.time() - t0
         alone.wait()
         alone_seconds = time.time() - t0
+        alone_rows.wait()
+        rows_seconds = time.time() - t0
     for log in (run_dir / "logs").glob("*.log"):
         (out / f"swarm-{log.name}").write_text(log.read_text()[-200_000:])
-    if swarm.returncode != 0 or alone.returncode != 0:
+    if swarm.returncode != 0 or alone.returncode != 0 or alone_rows.returncode != 0:
         print(f"[gpu_swarm] swarm exit {swarm.returncode}, alone exit {alone.returncode}", flush=True)
 
     results["peers"] = [
         describe("full", run_dir / "full", swarm_seconds),
         describe("lora", run_dir / "lora", swarm_seconds),
         describe("alone", alone_dir, alone_seconds),
+        describe("alone-rows", rows_dir, rows_seconds),
     ]
     for name, model_dir, adapter in (
         ("full", run_dir / "full", None),
         ("lora", model, run_dir / "lora"),
         ("alone", alone_dir, None),
+        ("alone-rows", rows_dir, None),
     ):
-        if (run_dir / name if name != "alone" else alone_dir).joinpath("trainer_state.json").exists():
+        folder = {"alone": alone_dir, "alone-rows": rows_dir}.get(name, run_dir / name)
+        if folder.joinpath("trainer_state.json").exists():
             results["eval"][name] = evaluate(model_dir, test, work / f"eval_{name}.json", args, adapter=adapter)
     summary = run_dir / "summary.json"
     if summary.exists():
@@ -262,7 +278,7 @@ def main():
             f"{fmt(base.get('strict_accuracy'))} → {fmt(after.get('strict_accuracy'))} |"
         )
     print(f"\n[gpu_swarm] done in {results['total_seconds']:.0f} s; results in {out / 'gpu_swarm.json'}")
-    return 0 if swarm.returncode == 0 and alone.returncode == 0 else 1
+    return 0 if swarm.returncode == alone.returncode == alone_rows.returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -120,6 +120,34 @@ def test_paper_config_parses_into_the_papers_recipe():
     assert training_args.peer_id == "qwen2.5-1.5b"
 
 
+def test_the_same_rows_baseline_differs_from_the_paper_config_only_in_its_rows_and_names():
+    from trl import ModelConfig, TrlParser
+
+    from trl_ftis import FTISConfig
+
+    module = _load_example_module()
+
+    def parse(path):
+        parser = TrlParser((module.GSM8KScriptArguments, FTISConfig, ModelConfig))
+        return parser.parse_args_and_config(["--config", str(path)])
+
+    _, paper, _ = parse(PAPER_CONFIG)
+    _, same_rows, _ = parse(PAPER_CONFIG.with_name("gsm8k_qwen2.5-1.5b_same_rows.yaml"))
+    # As many completions a step as a swarm peer trains on: its own 144 and its partner's 144.
+    assert same_rows.generation_batch_size == 2 * paper.generation_batch_size == 288
+    differing = {
+        name
+        for name in vars(paper)
+        if not name.startswith("_")
+        and name != "distributed_state"
+        and getattr(paper, name) != getattr(same_rows, name)
+    }
+    assert differing <= {
+        "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size", "output_dir", "peer_id",
+        "run_name", "logging_dir",
+    }  # fmt: skip
+
+
 def test_script_arguments_document_every_field():
     from dataclasses import fields
 
