@@ -7,7 +7,8 @@ paired seeds.
 The learner trains with `FTISTrainer` on 2-digit addition (dense `digit_match` reward, 16 own prompts x 8
 completions a step). Before every step a frozen partner samples 16 prompts of its own x 8 completions at the same
 temperature; their generator log-probs come from one forward pass of the partner (full softmax at temperature 1),
-and they join the learner's batch through `add_peer_rows` (rewards recomputed by the learner). Partners:
+their rewards from the learner's reward function (as a swarm receiver rescores them), and they join the learner's
+batch through `add_peer_rows`. Partners:
 
     copy     the learner's own starting weights (importance weights ~1, filter statistic ~0)
     weaker   a smaller model (hidden 32) warmed up less
@@ -89,6 +90,7 @@ def partner_rows(model, tokenizer, problems, step: int, seed: int):
     import torch
 
     from trl_ftis import PeerRow
+    from trl_ftis.tasks.addition import digit_match_reward
     from trl_ftis.tasks.generation import generate_completions
 
     batch = [problems[(step * PROMPTS_PER_STEP + k) % len(problems)] for k in range(PROMPTS_PER_STEP)]
@@ -116,7 +118,20 @@ def partner_rows(model, tokenizer, problems, step: int, seed: int):
             logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
             logps = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids).unsqueeze(-1)).squeeze(-1)
             group = ("partner", step, index // G)
-            rows.append(PeerRow(problem["prompt"], ids, logps.tolist(), 0.0, group, "partner", extra={"answer": problem["answer"]}))
+            # add_peer_rows uses rewards as given: score them with the learner's reward function, as a swarm
+            # receiver would (trust_peer_rewards=False).
+            reward = digit_match_reward([completion.text], [problem["answer"]])[0]
+            rows.append(
+                PeerRow(
+                    problem["prompt"],
+                    ids,
+                    logps.tolist(),
+                    reward,
+                    group,
+                    "partner",
+                    extra={"answer": problem["answer"]},
+                )
+            )
     return rows
 
 
