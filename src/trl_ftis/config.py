@@ -119,7 +119,7 @@ class FTISConfig(GRPOConfig):
             advantage normalisation. `"horizontal"` (ablation): peers share prompts and groups of the same prompt
             are normalised together over all models.
         exchange_compact (`bool`, *optional*, defaults to `False`):
-            Send 16-bit log-probs and compressed messages (about half the bytes, log-prob error below 0.01 nats);
+            Send 16-bit log-probs and compressed messages (fewer bytes: docs/benchmarks.md, section 3; log-prob error below 0.01 nats);
             the default sends exact fp32 log-probs (8 bytes a token).
         max_rounds_ahead (`int`, *optional*, defaults to `4`):
             Messages from rounds later than `current_round + max_rounds_ahead` are refused (reason `ahead`). With
@@ -288,7 +288,7 @@ class FTISConfig(GRPOConfig):
     )
     exchange_compact: bool = field(
         default=False,
-        metadata={"help": "Send 16-bit log-probs, compressed (about half the bytes); default: exact fp32."},
+        metadata={"help": "Send 16-bit log-probs, compressed (fewer bytes); default: exact fp32."},
     )
     max_rounds_ahead: int = field(
         default=4,

