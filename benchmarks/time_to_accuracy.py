@@ -116,7 +116,9 @@ def peer(options) -> None:
 
     trainer._generate_and_score_completions = counting
     trainer.add_callback(Progress())
-    curve.append({"step": 0, "wall_seconds": 0.0, "accuracy": greedy_accuracy(model, tokenizer, held_out), "own_tokens": 0})
+    curve.append(
+        {"step": 0, "wall_seconds": 0.0, "accuracy": greedy_accuracy(model, tokenizer, held_out), "own_tokens": 0}
+    )
     clock["start"] = time.time()
     trainer.train()
     Path(options.curve).write_text(json.dumps(curve))
@@ -154,6 +156,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/time_to_accuracy.jsonl")
     parser.add_argument("--summary", type=Path, default=ROOT / "benchmarks/results/time_to_accuracy-summary.json")
     parser.add_argument("--figure", type=Path, default=ROOT / "benchmarks/results/time_to_accuracy.png")
+    parser.add_argument("--only-summary", action="store_true", help="summarise the records in --out, run nothing")
     # One training process (internal).
     parser.add_argument("--peer-id")
     parser.add_argument("--checkpoint")
@@ -164,6 +167,9 @@ def main() -> None:
     options = parser.parse_args()
     if options.peer_id:
         return peer(options)
+    if options.only_summary:
+        records = [json.loads(line) for line in options.out.read_text().splitlines() if line.strip()]
+        return summarise(records, options.summary)
     if options.quick:
         options.seeds, options.steps, options.eval_size = 1, 20, 300
         suffix = lambda path: path.with_name(path.stem + "-quick" + path.suffix)  # noqa: E731
@@ -225,18 +231,40 @@ def main() -> None:
             print(json.dumps(record), flush=True)
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text("".join(json.dumps(r) + "\n" for r in records))
-    reached = [r for r in records if r["reached"]]
+    summarise(records, options.summary)
+    figure(curves, options.figure)
+
+
+def summarise(records, path: Path) -> None:
+    """Ratios per seed (the mean of its two peers, which are not independent), then their mean and 95% t-interval
+    over seeds; seconds per step of the swarm peers and of the alone run."""
+    seeds = sorted({r["seed"] for r in records})
+    per_seed = {}
+    for seed in seeds:
+        peers = [r for r in records if r["seed"] == seed]
+        reached = [r for r in peers if r["reached"]]
+        per_seed[seed] = {
+            "reached": f"{len(reached)}/{len(peers)}",
+            "wall_ratio": statistics.fmean(r["wall_ratio"] for r in reached) if reached else None,
+            "token_ratio": statistics.fmean(r["token_ratio"] for r in reached) if reached else None,
+            "swarm_steps": statistics.fmean(r["steps"] for r in reached) if reached else None,
+            "alone_steps": peers[0]["alone_steps"],
+            "swarm_seconds_per_step": statistics.fmean(r["wall_seconds"] / r["steps"] for r in reached) if reached else None,
+            "alone_seconds_per_step": peers[0]["alone_wall_seconds"] / peers[0]["alone_steps"],
+        }  # fmt: skip
+    complete = [v for v in per_seed.values() if v["wall_ratio"] is not None]
     summary = {
         "command": " ".join(sys.argv),
+        "seeds": len(seeds),
+        "peers_reached": sum(r["reached"] for r in records),
         "peers": len(records),
-        "reached": len(reached),
-        "wall_ratio": interval([r["wall_ratio"] for r in reached]),
-        "token_ratio": interval([r["token_ratio"] for r in reached]),
-        "per_seed_wall_ratio": {f"{r['seed']}/{r['setting']}": r["wall_ratio"] for r in records},
+        "wall_ratio": interval([v["wall_ratio"] for v in complete]),
+        "token_ratio": interval([v["token_ratio"] for v in complete]),
+        "step_time_ratio": interval([v["swarm_seconds_per_step"] / v["alone_seconds_per_step"] for v in complete]),
+        "per_seed": per_seed,
     }
-    options.summary.write_text(json.dumps(summary, indent=2))
+    path.write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
-    figure(curves, options.figure)
 
 
 def figure(curves, path: Path) -> None:
