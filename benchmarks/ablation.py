@@ -160,6 +160,41 @@ def report(results: dict, settings, seeds) -> str:
     return "\n".join(lines)
 
 
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}
+
+
+def paired_report(results: dict, settings, seeds) -> str:
+    """Per setting and peer: the change in accuracy minus the baseline's on the same seed, against both alone
+    baselines (mean [95% t-interval] and sign count over seeds)."""
+    import math
+
+    def change(setting, seed, peer):
+        run = results.get((setting, seed), {}).get(peer)
+        return None if run is None else run["after"] - run["before"]
+
+    lines = [f"{'setting':12s} {'peer':6s} {'vs alone (same own generation)':>40s} {'vs alone (same rows)':>40s}"]
+    for setting in settings:
+        if setting.startswith("alone"):
+            continue
+        for peer in PEERS:
+            cells = []
+            for baseline in ("alone", "alone-rows"):
+                diffs = [
+                    change(setting, seed, peer) - change(baseline, seed, peer)
+                    for seed in seeds
+                    if change(setting, seed, peer) is not None and change(baseline, seed, peer) is not None
+                ]
+                if len(diffs) < 2:
+                    cells.append("-")
+                    continue
+                mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
+                half = T975.get(len(diffs) - 1, 1.96) * sd / math.sqrt(len(diffs))
+                signs = f"{sum(d > 0 for d in diffs)}+/{sum(d < 0 for d in diffs)}-"
+                cells.append(f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] {signs}")
+            lines.append(f"{setting:12s} {peer:6s} {cells[0]:>40s} {cells[1]:>40s}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 40 steps, 300 held-out problems")
@@ -169,7 +204,17 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default 500, quick 300)")
     parser.add_argument("--work-dir", type=Path, default=None, help="where runs and checkpoints go (default: temp)")
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this JSON file")
+    parser.add_argument("--report-only", action="store_true", help="print the tables from --json, run nothing")
     options = parser.parse_args()
+    if options.report_only:
+        raw = json.loads(options.json.read_text())
+        results = {(k.rsplit("/seed", 1)[0], int(k.rsplit("/seed", 1)[1])): v for k, v in raw.items()}
+        seeds = sorted({seed for _, seed in results})
+        settings = [s for s in SETTINGS if any(key[0] == s for key in results)]
+        print(report(results, settings, seeds))
+        print()
+        print(paired_report(results, settings, seeds))
+        return
     seeds = options.seeds or ([0] if options.quick else [0, 1, 2])
     steps = options.steps or (40 if options.quick else 120)
     eval_size = options.eval_size or (300 if options.quick else 500)
@@ -195,6 +240,8 @@ def main() -> None:
         f"big = hidden 64, small = hidden 32; total {time.time() - started:.0f} s"
     )
     print(report(results, options.settings, seeds))
+    print()
+    print(paired_report(results, options.settings, seeds))
     if options.json:
         options.json.write_text(json.dumps({f"{k[0]}/seed{k[1]}": v for k, v in results.items()}, indent=2))
 
