@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from paired import format_interval, interval  # benchmarks/, the script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT / "examples" / "tiny_peer.py"
 SETTINGS = ["alone", "alone-rows", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis"]
@@ -160,13 +162,9 @@ def report(results: dict, settings, seeds) -> str:
     return "\n".join(lines)
 
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365}
-
-
 def paired_report(results: dict, settings, seeds) -> str:
     """Per setting and peer: the change in accuracy minus the baseline's on the same seed, against both alone
     baselines (mean [95% t-interval] and sign count over seeds)."""
-    import math
 
     def change(setting, seed, peer):
         run = results.get((setting, seed), {}).get(peer)
@@ -184,13 +182,7 @@ def paired_report(results: dict, settings, seeds) -> str:
                     for seed in seeds
                     if change(setting, seed, peer) is not None and change(baseline, seed, peer) is not None
                 ]
-                if len(diffs) < 2:
-                    cells.append("-")
-                    continue
-                mean, sd = statistics.mean(diffs), statistics.stdev(diffs)
-                half = T975.get(len(diffs) - 1, 1.96) * sd / math.sqrt(len(diffs))
-                signs = f"{sum(d > 0 for d in diffs)}+/{sum(d < 0 for d in diffs)}-"
-                cells.append(f"{mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] {signs}")
+                cells.append(format_interval(interval(diffs)))
             lines.append(f"{setting:12s} {peer:6s} {cells[0]:>40s} {cells[1]:>40s}")
     return "\n".join(lines)
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import multiprocessing
 import os
 import statistics
@@ -37,6 +36,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from paired import format_interval, interval  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ["alone", "alone-rows", "nois", "tis", "f-nois", "f-tis", "f-tis-remove", "f-tis-quantile"]
@@ -49,9 +50,6 @@ MODELS = {  # hidden size, warm-up target accuracy, answer rule
 }
 PARTNER_MODEL = {"copy": None, "weaker": "small", "wrong": "wrong", "strong": "big"}
 PROMPTS_PER_STEP, G = 16, 8
-# Student's t 97.5% quantiles by degrees of freedom (two-sided 95% intervals; no scipy needed).
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 24: 2.064, 29: 2.045}  # fmt: skip
 
 
 def reversed_answer(problem: dict) -> dict:
@@ -257,24 +255,6 @@ def paired(records, experiment, partner, setting, baseline, baseline_partner):
     return interval(diffs)
 
 
-def interval(values):
-    """Mean, 95% t-interval and sign count of `values` (None when fewer than 2)."""
-    n = len(values)
-    if n < 2:
-        return None
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
-    half = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return {
-        "n": n,
-        "mean": mean,
-        "low": mean - half,
-        "high": mean + half,
-        "positive": sum(v > 0 for v in values),
-        "negative": sum(v < 0 for v in values),
-        "verdict": "higher" if mean - half > 0 else "lower" if mean + half < 0 else "not distinguishable",
-    }
-
-
 def summarise(records) -> dict:
     summary = {}
     for experiment, (_, partners) in EXPERIMENTS.items():
@@ -305,12 +285,6 @@ def summarise(records) -> dict:
     return summary
 
 
-def fmt(diff) -> str:
-    if diff is None:
-        return "-"
-    return f"{diff['mean']:+.3f} [{diff['low']:+.3f}, {diff['high']:+.3f}] {diff['positive']}+/{diff['negative']}-"
-
-
 def print_summary(summary) -> None:
     print(
         "| experiment / partner / setting | n | change | vs alone (same own generation) | vs alone (same rows) "
@@ -322,8 +296,8 @@ def print_summary(summary) -> None:
         weight = "-" if cell["is_weight_mean"] is None else f"{cell['is_weight_mean']:.2f}"
         sd = "" if cell["change_sd"] is None else f" ± {cell['change_sd']:.3f}"
         print(
-            f"| {name} | {cell['n']} | {cell['change_mean']:+.3f}{sd} | {fmt(cell.get('vs_alone'))} | "
-            f"{fmt(cell.get('vs_alone_rows'))} | {fmt(cell.get('vs_nois'))} | {filtered} | {weight} | "
+            f"| {name} | {cell['n']} | {cell['change_mean']:+.3f}{sd} | {format_interval(cell.get('vs_alone'))} | "
+            f"{format_interval(cell.get('vs_alone_rows'))} | {format_interval(cell.get('vs_nois'))} | {filtered} | {weight} | "
             f"{cell['malformed_after_mean']:.3f} |"
         )
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -33,8 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from paired import interval  # benchmarks/, the script's folder
+
 ROOT = Path(__file__).resolve().parents[1]
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def warm(cache: Path, seed: int) -> Path:
@@ -134,15 +134,6 @@ def first_reach(curve, target):
         if point["step"] > 0 and point["accuracy"] >= target:
             return point
     return None
-
-
-def interval(values):
-    n = len(values)
-    if n < 2:
-        return None
-    mean, sd = statistics.fmean(values), statistics.stdev(values)
-    half = T975.get(n - 1, 1.96) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "low": mean - half, "high": mean + half}
 
 
 def main() -> None:
