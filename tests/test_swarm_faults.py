@@ -146,8 +146,8 @@ def test_the_exchange_folder_deleted_or_read_only_mid_run(tmp_path, fault):
     finish(tmp_path, ("a", a), ("b", b))
     if fault == "deleted":  # the first peer to notice creates it again (the other may never see it missing)
         assert any("had been deleted" in log(tmp_path, peer) for peer in ("a", "b"))
-    else:  # both tried to publish into it and said so
-        assert all("Could not publish round" in log(tmp_path, peer) for peer in ("a", "b"))
+    else:  # a peer that published during the window said so (the other may have been waiting for it all along)
+        assert any("Could not publish round" in log(tmp_path, peer) for peer in ("a", "b"))
     for peer, other in (("a", "b"), ("b", "a")):
         result = summary(tmp_path, peer)
         assert result["steps"] == 60 and result["peers"] == [other]
