@@ -187,6 +187,29 @@ def paired_report(results: dict, settings, seeds) -> str:
     return "\n".join(lines)
 
 
+def records(results: dict) -> list[dict]:
+    """One record per (setting, seed, peer) in the fields every learning benchmark writes (`is_weight_mean` is not
+    collected by this script: `None`)."""
+    out = []
+    for (setting, seed), peers in sorted(results.items()):
+        for peer, run in peers.items():
+            accepted = run["rows_accepted"]
+            out.append(
+                {
+                    "experiment": "ablation",
+                    "learner": peer,
+                    "partner": "-" if setting.startswith("alone") else next(p for p in PEERS if p != peer),
+                    "setting": setting,
+                    "seed": seed,
+                    "accuracy_before": run["before"],
+                    "accuracy_after": run["after"],
+                    "filtered_frac": run["rows_filtered"] / accepted if accepted else None,
+                    "is_weight_mean": None,
+                }
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="1 seed, 40 steps, 300 held-out problems")
@@ -197,6 +220,7 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=None, help="where runs and checkpoints go (default: temp)")
     parser.add_argument("--json", type=Path, default=None, help="also write every number to this JSON file")
     parser.add_argument("--report-only", action="store_true", help="print the tables from --json, run nothing")
+    parser.add_argument("--records", type=Path, default=None, help="also write one JSON line per run and peer here")
     options = parser.parse_args()
     if options.report_only:
         raw = json.loads(options.json.read_text())
@@ -206,6 +230,8 @@ def main() -> None:
         print(report(results, settings, seeds))
         print()
         print(paired_report(results, settings, seeds))
+        if options.records:
+            options.records.write_text("".join(json.dumps(r) + "\n" for r in records(results)))
         return
     seeds = options.seeds or ([0] if options.quick else [0, 1, 2])
     steps = options.steps or (40 if options.quick else 120)
@@ -236,6 +262,8 @@ def main() -> None:
     print(paired_report(results, options.settings, seeds))
     if options.json:
         options.json.write_text(json.dumps({f"{k[0]}/seed{k[1]}": v for k, v in results.items()}, indent=2))
+    if options.records:
+        options.records.write_text("".join(json.dumps(r) + "\n" for r in records(results)))
 
 
 if __name__ == "__main__":
