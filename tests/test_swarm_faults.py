@@ -5,6 +5,7 @@ in `tests/exchange/test_transport_faults.py`.)"""
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,13 @@ def wait_for(condition, timeout, *processes):
 def finish(tmp_path, *pairs):
     for name, process in pairs:
         assert process.wait(timeout=400) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
+
+
+def accepted_in_last_rounds(text, other, rounds):
+    """Rows of `other` trained on in each of the last `rounds` logged steps (0 where none arrived)."""
+    steps = [line for line in text.splitlines() if line.startswith("{'loss'")][-rounds:]
+    found = [re.search(rf"'ftis/peers/{re.escape(other)}/rows_accepted': '(\d+)'", line) for line in steps]
+    return [int(match.group(1)) if match else 0 for match in found]
 
 
 def log(tmp_path, peer):
@@ -62,10 +70,9 @@ def test_a_killed_peer_restarted_with_resume_rejoins_and_both_finish(tmp_path):
     # b's counters went on from its checkpoint: 8 rounds of rows sent in all, not only those after the restart.
     assert b_summary["rows_sent"] == 8 * ROWS
     assert a_summary["peers"] == ["b"] and b_summary["peers"] == ["a"]
-    # Both trained on the other's rows after the restart: the last rounds' logs show them.
+    # Both trained on the other's rows after the restart: rows of the other in at least one of the last 3 rounds.
     for peer, other in (("a", "b"), ("b", "a")):
-        last = [line for line in log(tmp_path, peer).splitlines() if f"'ftis/peers/{other}/rows_accepted'" in line]
-        assert last and f"'ftis/peers/{other}/rows_accepted': '{ROWS}'" in last[-1], peer
+        assert sum(accepted_in_last_rounds(log(tmp_path, peer), other, 3)) > 0, peer
 
 
 @pytest.mark.slow
@@ -104,7 +111,9 @@ def read_only(folder):
     """`folder` read-only for everyone: mode 0555, and for root (whom modes do not stop) the immutable attribute.
     Skips the test where neither stops a write (e.g. root on a file system without `chattr`)."""
     folder.chmod(0o555)
-    immutable = os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    immutable = (
+        os.geteuid() == 0 and subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+    )
     try:
         probe = folder / "probe"
         try:
@@ -151,9 +160,7 @@ def test_the_exchange_folder_deleted_or_read_only_mid_run(tmp_path, fault):
     for peer, other in (("a", "b"), ("b", "a")):
         result = summary(tmp_path, peer)
         assert result["steps"] == 60 and result["peers"] == [other]
-        text = log(tmp_path, peer).splitlines()
-        last = [line for line in text if f"'ftis/peers/{other}/rows_accepted'" in line]
-        assert last and f"'ftis/peers/{other}/rows_accepted': '{ROWS}'" in last[-1]  # exchanging again at the end
+        assert sum(accepted_in_last_rounds(log(tmp_path, peer), other, 3)) > 0  # exchanging again at the end
 
 
 @pytest.mark.slow
@@ -181,5 +188,4 @@ def test_a_redis_restart_mid_run_costs_the_outage_not_the_run(tmp_path):
         assert result["steps"] == 80 and result["peers"] == [other]
         text = log(tmp_path, peer)
         assert "is unreachable" in text and "is reachable again" in text
-        last = [line for line in text.splitlines() if f"'ftis/peers/{other}/rows_accepted'" in line]
-        assert last and f"'ftis/peers/{other}/rows_accepted': '{ROWS}'" in last[-1]
+        assert sum(accepted_in_last_rounds(text, other, 3)) > 0  # exchanging again at the end
