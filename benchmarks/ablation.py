@@ -172,11 +172,14 @@ def paired_report(results: dict, settings, seeds) -> str:
 
     lines = [f"{'setting':12s} {'peer':6s} {'vs alone (same own generation)':>40s} {'vs alone (same rows)':>40s}"]
     for setting in settings:
-        if setting.startswith("alone"):
+        if setting == "alone":
             continue
         for peer in PEERS:
             cells = []
             for baseline in ("alone", "alone-rows"):
+                if baseline == setting:
+                    cells.append("-")
+                    continue
                 diffs = [
                     change(setting, seed, peer) - change(baseline, seed, peer)
                     for seed in seeds

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import statistics
 import sys
 import tempfile
@@ -38,49 +37,21 @@ import time
 from pathlib import Path
 
 from paired import format_interval, interval  # benchmarks/, the script's folder
+from warm_models import MODELS, warm_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = ["alone", "alone-rows", "nois", "tis", "f-nois", "f-tis", "f-tis-remove", "f-tis-quantile"]
 WITH_PARTNER = SETTINGS[2:]
 EXPERIMENTS = {"strong-learner": ("big", ["copy", "weaker", "wrong"]), "weak-learner": ("small", ["strong"])}
-MODELS = {  # hidden size, warm-up target accuracy, answer rule
-    "big": (64, 0.3, "true"),
-    "small": (32, 0.12, "true"),
-    "wrong": (64, 0.5, "reversed"),
-}
 PARTNER_MODEL = {"copy": None, "weaker": "small", "wrong": "wrong", "strong": "big"}
 PROMPTS_PER_STEP, G = 16, 8
 
 
-def reversed_answer(problem: dict) -> dict:
-    return {**problem, "answer": problem["answer"][::-1]}
-
-
 def warm_model(cache: Path, name: str, seed: int):
-    """The warm checkpoint of model `name` for `seed` (built once, then loaded)."""
-    import torch
+    """The warm model `name` for `seed`, loaded ([`warm_models.warm_checkpoint`])."""
     from transformers import AutoModelForCausalLM
 
-    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup
-    from trl_ftis.tasks.addition import addition_problems
-
-    path = cache / f"{name}-seed{seed}"
-    if not (path / "config.json").exists():
-        hidden, target, rule = MODELS[name]
-        tokenizer = build_char_tokenizer()
-        problems = addition_problems(4000, seed=1000 + seed, split="train")
-        dev = addition_problems(100, seed=2000 + seed, split="test")
-        if rule == "reversed":
-            problems, dev = [reversed_answer(p) for p in problems], [reversed_answer(p) for p in dev]
-        torch.manual_seed(seed)
-        model = build_tiny_llama(tokenizer, hidden_size=hidden, seed=seed)
-        supervised_warmup(
-            model, tokenizer, problems, steps=600, target_accuracy=target, dev_problems=dev, eval_every=25, seed=seed
-        )
-        temporary = path.with_name(path.name + f".tmp{os.getpid()}")
-        model.save_pretrained(temporary)
-        os.replace(temporary, path) if not path.exists() else None
-    return AutoModelForCausalLM.from_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(warm_checkpoint(cache, name, seed))
 
 
 def partner_rows(model, tokenizer, problems, step: int, seed: int):
@@ -276,11 +247,15 @@ def summarise(records) -> dict:
                 for name in ("filtered_frac", "is_weight_mean", "kl_mean"):
                     values = [r[name] for r in rows if r[name] is not None]
                     cell[name] = statistics.fmean(values) if values else None
+                if setting == "alone-rows":  # what the extra own rows alone buy
+                    cell["vs_alone"] = paired(records, experiment, partner, setting, "alone", "-")
                 if partner != "-":
                     cell["vs_alone"] = paired(records, experiment, partner, setting, "alone", "-")
                     cell["vs_alone_rows"] = paired(records, experiment, partner, setting, "alone-rows", "-")
                     if setting != "nois":
                         cell["vs_nois"] = paired(records, experiment, partner, setting, "nois", partner)
+                    if setting in ("f-tis-remove", "f-tis-quantile"):  # the options against the defaults
+                        cell["vs_f_tis"] = paired(records, experiment, partner, setting, "f-tis", partner)
                 summary[f"{experiment}/{partner}/{setting}"] = cell
     return summary
 
@@ -288,16 +263,17 @@ def summarise(records) -> dict:
 def print_summary(summary) -> None:
     print(
         "| experiment / partner / setting | n | change | vs alone (same own generation) | vs alone (same rows) "
-        "| vs NoIS | filtered | IS weight | malformed |"
+        "| vs NoIS | vs F-TIS (defaults) | filtered | IS weight | malformed |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, cell in summary.items():
         filtered = "-" if cell["filtered_frac"] is None else f"{cell['filtered_frac']:.2f}"
         weight = "-" if cell["is_weight_mean"] is None else f"{cell['is_weight_mean']:.2f}"
         sd = "" if cell["change_sd"] is None else f" ± {cell['change_sd']:.3f}"
         print(
             f"| {name} | {cell['n']} | {cell['change_mean']:+.3f}{sd} | {format_interval(cell.get('vs_alone'))} | "
-            f"{format_interval(cell.get('vs_alone_rows'))} | {format_interval(cell.get('vs_nois'))} | {filtered} | {weight} | "
+            f"{format_interval(cell.get('vs_alone_rows'))} | {format_interval(cell.get('vs_nois'))} | "
+            f"{format_interval(cell.get('vs_f_tis'))} | {filtered} | {weight} | "
             f"{cell['malformed_after_mean']:.3f} |"
         )
 
@@ -356,7 +332,7 @@ def main() -> None:
         # Warm checkpoints first, one process, so that workers never build the same one twice.
         for seed in range(args.seeds):
             for name in MODELS:
-                warm_model(args.cache, name, seed)
+                warm_checkpoint(args.cache, name, seed)
         print(f"{len(todo)} runs to do, {len(done)} already in {args.out}", flush=True)
         start = time.time()
         context = multiprocessing.get_context("spawn")

@@ -33,30 +33,9 @@ import time
 from pathlib import Path
 
 from paired import interval  # benchmarks/, the script's folder
+from warm_models import warm_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def warm(cache: Path, seed: int) -> Path:
-    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup
-    from trl_ftis.tasks.addition import addition_problems
-
-    path = cache / f"big-seed{seed}"
-    if not (path / "config.json").exists():
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_llama(tokenizer, hidden_size=64, seed=seed)
-        supervised_warmup(
-            model,
-            tokenizer,
-            addition_problems(4000, seed=1000 + seed, split="train"),
-            steps=600,
-            target_accuracy=0.3,
-            dev_problems=addition_problems(100, seed=2000 + seed, split="test"),
-            eval_every=25,
-            seed=seed,
-        )
-        model.save_pretrained(path)
-    return path
 
 
 def peer(options) -> None:
@@ -170,7 +149,7 @@ def main() -> None:
     records, curves = [], {}
     work = Path(tempfile.mkdtemp(prefix="ftis-tta-"))
     for seed in range(options.seeds):
-        checkpoint = warm(options.cache, seed)
+        checkpoint = warm_checkpoint(options.cache, "big", seed)
         base = [sys.executable, __file__, "--checkpoint", str(checkpoint), "--seed", str(seed)]
         base += ["--eval-every", str(options.eval_every), "--eval-size", str(options.eval_size)]
         alone_curve = work / f"alone-{seed}.json"
