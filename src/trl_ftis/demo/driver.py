@@ -10,8 +10,8 @@
    bonus for the format) teaches it to answer briefly, which a dozen steps of 8 completions show.
 3. Starts a swarm of heterogeneous peers, each its own process, exchanging completions through a `dir://` exchange:
    `full` (SmolLM2, full fine-tuning) and `lora` (SmolLM2 + LoRA adapter) and, with `--small-peer`, `small` (a
-   pruned copy with 24 of the 30 decoder layers, healed once by supervised steps: a third, smaller model; it makes
-   the run longer than 20 minutes on 2 cores). Unless `--no-baseline`, two baselines run next to them:
+   pruned copy with 24 of the 30 decoder layers, healed once by supervised steps: a third, smaller model; a longer
+   run, since every swarm peer then trains on 24 rows a step; not timed). Unless `--no-baseline`, two baselines run next to them:
    `alone` (SmolLM2 full fine-tuning on its own rows only: the same own generation as a swarm peer) and
    `alone-rows` (the same, generating as many rows a step as a swarm peer trains on: the same rows per step).
 4. Prints per-peer progress while it runs and a table at the end (held-out greedy accuracy before and after, its
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--small-peer",
         action="store_true",
-        help="add a third, smaller swarm peer (a pruned, healed SmolLM2); longer than 20 minutes on 2 cores",
+        help="add a third, smaller swarm peer (a pruned, healed SmolLM2): a longer run, not timed",
     )
     parser.add_argument(
         "--cache-dir", type=Path, default=None, help="model cache (default $FTIS_CACHE or ~/.cache/trl-ftis)"
