@@ -62,8 +62,8 @@ def test_config_defaults_follow_the_paper(make_args):
         ({"is_cap": float("nan")}, "is_cap"),
         ({"kl_threshold": -1.0}, "kl_threshold"),
         ({"kl_reduction": "max"}, "kl_reduction"),
-        ({"loss_type": "cispo"}, "not supported by F-TIS"),
-        ({"importance_sampling_level": "sequence"}, "importance_sampling_level"),
+        ({"loss_type": "ppo"}, "Unknown loss_type"),
+        ({"importance_sampling_level": "per-token"}, "importance_sampling_level"),
     ],
 )
 def test_config_rejects_invalid_values(make_args, overrides, message):
@@ -92,6 +92,37 @@ def test_every_ftis_field_is_documented_and_parsable():
         ["--output_dir", "/tmp/x", "--bf16", "false", "--use_cpu", "true", "--variant", "tis", "--is_cap", "3"]
     )
     assert (args.variant, args.is_cap) == ("tis", 3.0)
+
+
+def test_the_constructor_takes_exactly_grpotrainers_parameters():
+    """Same names, order, kinds and defaults as GRPOTrainer.__init__: a positional call written for GRPOTrainer means
+    the same for FTISTrainer, and `reward_funcs` is optional as there."""
+    import inspect
+
+    def shape(cls):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(cls.__init__).parameters.values()]
+
+    assert shape(FTISTrainer) == shape(GRPOTrainer)
+
+
+def test_positional_arguments_and_no_reward_funcs_work_as_for_grpotrainer(tokenizer, dataset, make_args):
+    # model, reward_funcs, args, train_dataset, eval_dataset, processing_class: positionally, as GRPOTrainer takes them
+    trainer = FTISTrainer(
+        build_tiny_llama(tokenizer, seed=0), digit_match_reward, make_args(), dataset, None, tokenizer
+    )
+    assert trainer.train_dataset is dataset and trainer.processing_class is tokenizer
+    # Without reward functions GRPOTrainer needs rewards from elsewhere (an environment); both refuse the same way.
+    errors = []
+    for cls, config in ((GRPOTrainer, GRPOConfig), (FTISTrainer, FTISConfig)):
+        with pytest.raises(Exception) as info:
+            cls(
+                build_tiny_llama(tokenizer, seed=0),
+                args=make_args(config),
+                train_dataset=dataset,
+                processing_class=tokenizer,
+            )
+        errors.append((type(info.value), str(info.value)))
+    assert errors[0] == errors[1]
 
 
 def test_trainer_requires_an_ftis_config(tokenizer, dataset, make_args):

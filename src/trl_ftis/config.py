@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .objective import FILTER_MODES, KL_REDUCTIONS, THRESHOLD_MODES, VARIANTS, parse_variant
+from .objective import (
+    FILTER_MODES,
+    IMPORTANCE_SAMPLING_LEVELS,
+    KL_REDUCTIONS,
+    LOSS_TYPES,
+    THRESHOLD_MODES,
+    VARIANTS,
+    parse_variant,
+)
 from .rules import (
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
@@ -24,7 +32,6 @@ from .rules import (
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 """TRL aggregations whose per-token term is `-min(R A, clip(R) A)`, so that `A = w·Ã` is exactly F-TIS."""
 COLLABORATION_MODES = ("vertical", "horizontal")
 
@@ -145,8 +152,9 @@ class FTISConfig(GRPOConfig):
     > [!NOTE]
     > These parameters have default values different from [`~trl.GRPOConfig`] (TRL 1.16):
     > - `loss_type`: Defaults to `"grpo"` instead of `"dapo"`: the paper's aggregation, the mean over completions of
-    >   each completion's token mean. `"bnpo"`, `"dr_grpo"` and `"dapo"` are accepted too; other loss types are not
-    >   clipped-ratio objectives F-TIS is defined for.
+    >   each completion's token mean. Every other TRL loss type works too (`"bnpo"`, `"dr_grpo"`, `"dapo"`,
+    >   `"luspo"`, `"cispo"`, `"sapo"`, `"vespo"`), as does `importance_sampling_level="sequence"` (GSPO): F-TIS acts
+    >   through the advantage, which every one of them is linear in (`docs/objective.md`, "Every TRL loss").
     > - `beta`: Pinned to `0.0` (TRL's default too): the paper uses no KL-to-reference term, and a change of TRL's
     >   default must not turn one on.
     > - `disable_dropout`: Defaults to `True` instead of `False`: with dropout on, generation and scoring differ and
@@ -321,8 +329,8 @@ class FTISConfig(GRPOConfig):
     loss_type: str = field(
         default="grpo",
         metadata={
-            "help": "Loss aggregation. F-TIS uses 'grpo' (mean over completions of each completion's token mean); "
-            "'bnpo', 'dr_grpo' and 'dapo' are also supported.",
+            "help": "TRL's loss. F-TIS uses 'grpo' (the paper's: mean over completions of each completion's token "
+            "mean); every other TRL loss type works too: 'bnpo', 'dr_grpo', 'dapo', 'luspo', 'cispo', 'sapo', 'vespo'.",
         },
     )
     beta: float = field(
@@ -366,15 +374,12 @@ class FTISConfig(GRPOConfig):
             raise ValueError(f"filter_target_fraction must be in (0, 1), got {self.filter_target_fraction}.")
         if not 0.0 <= self.threshold_momentum < 1.0:
             raise ValueError(f"threshold_momentum must be in [0, 1), got {self.threshold_momentum}.")
-        if self.loss_type not in SUPPORTED_LOSS_TYPES:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"Unknown loss_type {self.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}.")
+        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
             raise ValueError(
-                f"loss_type={self.loss_type!r} is not supported by F-TIS; use one of {', '.join(SUPPORTED_LOSS_TYPES)} "
-                "(the clipped-ratio objectives the truncated weight and the filter are defined for)."
-            )
-        if self.importance_sampling_level != "token":
-            raise ValueError(
-                "F-TIS weights and clips per token: importance_sampling_level must be 'token', "
-                f"got {self.importance_sampling_level!r}."
+                f"Unknown importance_sampling_level {self.importance_sampling_level!r}; expected one of "
+                f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
             )
         if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN
             raise ValueError(

@@ -35,6 +35,17 @@ THRESHOLD_MODES = ("fixed", "quantile")
 """How the filter threshold `g` is set: `fixed` (`kl_threshold`), or `quantile`: a running quantile of the peer rows'
 statistic, so that about `filter_target_fraction` of their negative-advantage rows are filtered."""
 
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo", "cispo", "sapo", "vespo")
+"""TRL's loss types (TRL 1.16). Each is linear in the advantage, so F-TIS acts on all of them through it: the
+per-token advantage `w·Ã` replaces `Â` (see `docs/objective.md` for each loss's resulting gradient)."""
+
+TOKEN_NORMALISED_LOSSES = ("bnpo", "dapo", "cispo", "vespo")
+"""Loss types whose normaliser counts tokens; the others (`grpo`, `dr_grpo`, `sapo`, `luspo`) count completions."""
+
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+"""TRL's `importance_sampling_level`: per-token ratios, or GSPO's one length-normalised ratio per completion. F-TIS
+follows it: a per-token truncated weight and statistic, or a per-completion one."""
+
 MAX_LOG_RATIO = 20.0
 """Largest log importance ratio ever exponentiated: keeps `exp` finite for arbitrarily off-policy samples."""
 
@@ -97,8 +108,13 @@ def k3_per_token(
     """Schulman's k3 estimator per token, `r - log r - 1` with `r = πgen / πθ`; 0 on padding. No gradient."""
     mask = completion_mask.bool()
     log_r = _masked(_at_least_fp32(gen_per_token_logps) - _at_least_fp32(per_token_logps.detach()), mask)
-    # expm1(x) - x is exp(x) - x - 1 without the cancellation error near 0; +inf when πθ is far below πgen.
-    return _masked(torch.expm1(log_r) - log_r, mask)
+    return _masked(_k3(log_r), mask)
+
+
+def _k3(log_r: torch.Tensor) -> torch.Tensor:
+    """`r - log r - 1` from `log r`: expm1(x) - x, without the cancellation error near 0, and +inf (not inf - inf)
+    when πθ is infinitely below πgen."""
+    return torch.where(torch.isposinf(log_r), log_r, torch.expm1(log_r) - log_r)
 
 
 @torch.no_grad()
@@ -152,6 +168,44 @@ def truncated_importance_weights(
     return _masked(torch.nan_to_num(weights, nan=0.0), mask)
 
 
+@torch.no_grad()
+def sequence_log_ratio(
+    per_token_logps: torch.Tensor, gen_per_token_logps: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """`s_i = (1/|a_i|) Σ_t (ℓθ - ℓgen)`, shape `(B,)`: the log of GSPO's length-normalised sequence ratio against
+    the generator (TRL's `importance_sampling_level="sequence"` takes the same mean against `ℓold`). No gradient;
+    NaN when a token is unscorable."""
+    mask = completion_mask.bool()
+    diff = _masked(_at_least_fp32(per_token_logps.detach()) - _at_least_fp32(gen_per_token_logps), mask)
+    return diff.sum(-1) / mask.sum(-1).clamp(min=1).to(diff.dtype)
+
+
+@torch.no_grad()
+def sequence_truncated_weights(
+    per_token_logps: torch.Tensor,
+    gen_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    is_cap: float = 2.0,
+) -> torch.Tensor:
+    """GSPO's truncated weight `w_i = min(exp(s_i), C)` ([`sequence_log_ratio`]) on every token of completion `i`,
+    shape `(B, T)`, stop-gradient; 0 on padding and for a completion with an unscorable token."""
+    log_ratio = sequence_log_ratio(per_token_logps, gen_per_token_logps, completion_mask)
+    weights = torch.nan_to_num(torch.exp(torch.clamp(log_ratio, max=math.log(is_cap))), nan=0.0)
+    return _masked(weights.unsqueeze(-1).expand(completion_mask.shape), completion_mask.bool())
+
+
+@torch.no_grad()
+def sequence_filter_statistic(
+    per_token_logps: torch.Tensor, gen_per_token_logps: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """The filter statistic of sequence-level importance sampling, shape `(B,)`: k3 of the length-normalised
+    sequence ratio, `r - log r - 1` with `log r = -s_i` (`r = πgen / πθ` per token, geometric mean over the
+    completion), the per-token statistic's form applied to GSPO's ratio. `+inf` when the learner finds the
+    completion infinitely unlikely; NaN (filtered as too far) when a token is unscorable."""
+    x = -sequence_log_ratio(per_token_logps, gen_per_token_logps, completion_mask)
+    return _k3(x)
+
+
 def filter_keep_mask(advantages: torch.Tensor, filter_stat: torch.Tensor, kl_threshold: float) -> torch.Tensor:
     """`True` for completions kept; `False` where `Â <= 0` and `D > g` (a non-finite `D` exceeds any `g`)."""
     too_far = ~(filter_stat <= kl_threshold)  # NaN <= g and inf <= g are both False
@@ -163,13 +217,15 @@ def survivor_scale(keep: torch.Tensor, completion_mask: torch.Tensor, loss_type:
     "remove"`). Scalar tensor.
 
     TRL's clipped surrogate is positively homogeneous in the advantage, so multiplying every kept row's advantage by
-    `s` multiplies its loss and gradient by `s`. Removing `k` of `B` rows changes the normaliser: `grpo` and `dr_grpo`
-    divide by the number of rows (`s = B / (B - k)`), `bnpo` and `dapo` by the number of tokens (`s = tokens /
-    kept tokens`). Computed per micro-batch (`dapo` normalises over the whole generation batch: there it is the
-    micro-batch's share). 1 when nothing is filtered, 0 when everything is.
+    `s` multiplies its loss and gradient by `s` (every TRL loss is: the clipped ones, `cispo`'s and `vespo`'s
+    `-c·A·ℓθ` with `c` independent of `A`'s scale, `sapo`'s soft gate `-g(R)·A`). Removing `k` of `B` rows changes
+    the normaliser: `grpo`, `dr_grpo`, `sapo` and `luspo` divide by the number of rows (`s = B / (B - k)`), `bnpo`,
+    `dapo`, `cispo` and `vespo` by the number of tokens (`s = tokens / kept tokens`). Computed per micro-batch (the
+    last three normalise over the whole generation batch: there it is the micro-batch's share). 1 when nothing is
+    filtered, 0 when everything is.
     """
     mask = completion_mask.bool()
-    if loss_type in ("bnpo", "dapo"):
+    if loss_type in TOKEN_NORMALISED_LOSSES:
         total, kept = mask.sum(), mask[keep].sum()
     else:
         total, kept = torch.tensor(keep.numel()), keep.sum()
@@ -240,15 +296,23 @@ def ftis_terms(
     num_generations: int | None = None,
     filter_mode: str = "zero",
     loss_type: str = "grpo",
+    importance_sampling_level: str = "token",
 ) -> FTISTerms:
     """Turn learner, batch-time and generator log-probs into per-token advantages and a ratio reference.
 
     `old_per_token_logps=None` means one update per batch (`ℓold = sg ℓθ`); `gen_per_token_logps=None` means
     on-policy rows (`ℓgen = ℓold`). `advantages` has shape `(B,)`. `filter_mode="remove"` scales the kept rows by
     [`survivor_scale`] for `loss_type`, so that filtered rows leave the loss's normaliser too.
+    `importance_sampling_level="sequence"` (GSPO) uses the sequence-level weight [`sequence_truncated_weights`] and
+    statistic [`sequence_filter_statistic`] (`kl_reduction` does not apply there).
     """
     if filter_mode not in FILTER_MODES:
         raise ValueError(f"Unknown filter_mode {filter_mode!r}; expected one of {', '.join(FILTER_MODES)}.")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"Unknown importance_sampling_level {importance_sampling_level!r}; expected one of "
+            f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
+        )
     spec = variant if isinstance(variant, Variant) else parse_variant(variant)
     mask = completion_mask.bool()
     current = per_token_logps.detach()
@@ -267,16 +331,21 @@ def ftis_terms(
     old = current if old_per_token_logps is None else old_per_token_logps.to(current.dtype)
     gen = old if gen_per_token_logps is None else gen_per_token_logps.to(current.dtype)
 
-    weights = truncated_importance_weights(current, gen, mask, is_cap)
-    capped = mask & (current - gen >= math.log(is_cap))
-    stat = filter_statistic(
-        current,
-        gen,
-        mask,
-        kl_reduction=kl_reduction,
-        group_max_lengths=group_max_lengths,
-        num_generations=num_generations,
-    )
+    if importance_sampling_level == "sequence":
+        weights = sequence_truncated_weights(current, gen, mask, is_cap)
+        capped = mask & (sequence_log_ratio(current, gen, mask) >= math.log(is_cap)).unsqueeze(-1)
+        stat = sequence_filter_statistic(current, gen, mask)
+    else:
+        weights = truncated_importance_weights(current, gen, mask, is_cap)
+        capped = mask & (current - gen >= math.log(is_cap))
+        stat = filter_statistic(
+            current,
+            gen,
+            mask,
+            kl_reduction=kl_reduction,
+            group_max_lengths=group_max_lengths,
+            num_generations=num_generations,
+        )
     if spec.filtered:
         keep = filter_keep_mask(advantages, stat, kl_threshold)
     else:

@@ -104,12 +104,13 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
     Args:
         model (`str` or [`~transformers.PreTrainedModel`] or [`~peft.PeftModel`]):
             As for [`~trl.GRPOTrainer`].
-        reward_funcs (`RewardFunc` or `list[RewardFunc]`):
+        reward_funcs (`RewardFunc` or `list[RewardFunc]`, *optional*):
             As for [`~trl.GRPOTrainer`]; they also rescore received rows unless `trust_peer_rewards`.
         args ([`FTISConfig`], *optional*):
             The configuration; a `GRPOConfig` is refused. Defaults to `FTISConfig("<model name>-FTIS")`.
-        **kwargs:
-            Every other [`~trl.GRPOTrainer`] argument (`train_dataset`, `processing_class`, `peft_config`, ...).
+        train_dataset, eval_dataset, processing_class, reward_processing_classes, callbacks, optimizers,
+        quantization_config, peft_config, tools, rollout_func, environment_factory:
+            As for [`~trl.GRPOTrainer`]: the same parameters in the same order with the same defaults.
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "grpo", "ftis"]
@@ -127,7 +128,38 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             }"""),
     }
 
-    def __init__(self, model, reward_funcs, args: FTISConfig | None = None, **kwargs):
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: FTISConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        reward_processing_classes=None,
+        callbacks=None,
+        optimizers=(None, None),
+        quantization_config=None,
+        peft_config=None,
+        tools=None,
+        rollout_func=None,
+        environment_factory=None,
+    ):
+        # The same parameters, in the same order and with the same defaults, as GRPOTrainer.__init__ (TRL 1.16):
+        # tests/test_trainer.py checks it, so positional calls written for GRPOTrainer mean the same here.
+        kwargs = {
+            "train_dataset": train_dataset,
+            "eval_dataset": eval_dataset,
+            "processing_class": processing_class,
+            "reward_processing_classes": reward_processing_classes,
+            "callbacks": callbacks,
+            "optimizers": optimizers,
+            "quantization_config": quantization_config,
+            "peft_config": peft_config,
+            "tools": tools,
+            "rollout_func": rollout_func,
+            "environment_factory": environment_factory,
+        }
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = FTISConfig(f"{model_name.split('/')[-1]}-FTIS")
@@ -759,6 +791,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             group_max_lengths=group_max,
             filter_mode=args.filter_mode,
             loss_type=self.loss_type,
+            importance_sampling_level=self.importance_sampling_level,
         )
         inputs["advantages"] = terms.token_advantages
         inputs["old_per_token_logps"] = terms.ratio_reference_logps
