@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
-from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup  # noqa: E402
+from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_causal_lm, supervised_warmup  # noqa: E402
 from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.addition import (  # noqa: E402
     addition_dataset,
@@ -40,7 +40,13 @@ REWARDS = {"exact": exact_answer_reward, "digit_match": digit_match_reward}
 class TinyPeerArguments:
     """The tiny model and task of this peer."""
 
-    hidden_size: int = field(default=64, metadata={"help": "Hidden size of the tiny Llama (64: ~134k parameters)."})
+    architecture: str = field(
+        default="llama",
+        metadata={
+            "help": "Decoder family of the tiny model: llama, qwen2, mistral or gemma2 (one character tokenizer)."
+        },
+    )
+    hidden_size: int = field(default=64, metadata={"help": "Hidden size of the tiny model (64: ~134k parameters)."})
     num_layers: int = field(default=2, metadata={"help": "Decoder layers of the tiny Llama."})
     model_seed: int = field(default=0, metadata={"help": "Seed of the tiny model's initial weights."})
     sft_warmup_steps: int = field(default=0, metadata={"help": "Supervised warm-up steps before GRPO (0: none)."})
@@ -68,8 +74,12 @@ def main() -> None:
 
         model = AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path)
     else:
-        model = build_tiny_llama(
-            tokenizer, hidden_size=peer_args.hidden_size, num_layers=peer_args.num_layers, seed=peer_args.model_seed
+        model = build_tiny_causal_lm(
+            tokenizer,
+            peer_args.architecture,
+            hidden_size=peer_args.hidden_size,
+            num_layers=peer_args.num_layers,
+            seed=peer_args.model_seed,
         )
     # Each peer draws its own prompts (vertical mode); horizontal mode needs the same seed everywhere.
     seed = peer_args.dataset_seed

@@ -72,6 +72,41 @@ def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
     check_three_peers(tmp_path / "run", result.stdout[-3000:])
 
 
+def test_three_architectures_one_of_them_lora_train_on_each_others_rows(tmp_path):
+    """A Llama, a Qwen2 (LoRA) and a Gemma2 sharing one tokenizer: every peer trains on both others' rows."""
+    peers = {"llama": ("llama", 64, False), "qwen2": ("qwen2", 48, True), "gemma2": ("gemma2", 32, False)}
+    config = {
+        "script": PEER_SCRIPT,
+        "exchange_url": f"dir://{tmp_path / 'exchange'}",
+        "args": {**COMMON, "expected_peers": list(peers), "peer_timeout": 120},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "peers": [
+            {
+                "id": peer,
+                "lora": lora,
+                "args": {"architecture": architecture, "hidden_size": hidden}
+                | ({"lora_target_modules": ["q_proj", "v_proj"]} if lora else {}),
+            }
+            for peer, (architecture, hidden, lora) in peers.items()
+        ],
+    }
+    result = run_launcher(tmp_path, config)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    run_dir = tmp_path / "run"
+    for peer, (architecture, _, _) in peers.items():
+        outcome = summary(run_dir, peer)
+        assert outcome["steps"] == 3 and set(outcome["peers"]) == set(peers) - {peer}
+        assert outcome["rows_received"] == 96 and outcome["rows_accepted"] == 96, outcome
+        log = (run_dir / "logs" / f"{peer}.log").read_text()
+        for other in set(peers) - {peer}:
+            assert f"'ftis/peers/{other}/is_weight_mean'" in log  # their rows reached the loss
+    saved = json.loads((run_dir / "gemma2" / "config.json").read_text())
+    assert saved["model_type"] == "gemma2"
+    adapter = json.loads((run_dir / "qwen2" / "adapter_config.json").read_text())
+    assert sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    assert (run_dir / "llama" / "model.safetensors").exists()
+
+
 def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
     exchange = tmp_path / "exchange"
     peers = ["a", "b", "victim"]

@@ -298,3 +298,19 @@ def test_accelerate_config_loads(name):
     else:
         assert config.deepspeed_config["zero_stage"] == zero_stage
         assert config.deepspeed_config["zero3_init_flag"] is (zero_stage == 3)
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "mixed_architectures.yaml"])
+def test_cpu_swarm_examples_load_and_name_their_peers(name, tmp_path):
+    """The CPU swarm examples: valid launcher configs whose peers the tiny peer script can build."""
+    from trl_ftis.demo.tiny import TINY_ARCHITECTURES
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_swarm_config(root / "examples" / "swarms" / name, run_dir=str(tmp_path / "run"))
+    ids = [peer.id for peer in config.peers]
+    for peer in config.peers:
+        assert peer.args["expected_peers"] == ids
+        assert peer.args.get("architecture", "llama") in TINY_ARCHITECTURES
+    if name == "mixed_architectures.yaml":
+        assert {peer.args["architecture"] for peer in config.peers} == {"llama", "qwen2", "gemma2"}
+        assert [bool(peer.args.get("use_peft")) for peer in config.peers] == [False, True, False]

@@ -97,6 +97,63 @@ def build_tiny_llama(
     return model
 
 
+#: The decoder architectures [`build_tiny_causal_lm`] builds; all share the character tokenizer, so peers of different
+#: architectures can trade token ids.
+TINY_ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma2")
+
+
+def build_tiny_causal_lm(
+    tokenizer: PreTrainedTokenizerFast,
+    architecture: str = "llama",
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    seed: int = 0,
+    max_position_embeddings: int = 64,
+):
+    """A randomly initialised tiny causal LM of `architecture` ([`TINY_ARCHITECTURES`]) for the character tokenizer:
+    the same sizes as [`build_tiny_llama`] in another family's code (Qwen2's attention biases, Mistral's sliding
+    window, Gemma2's soft-capping, tied embeddings and normalisation), for swarms that mix architectures."""
+    if architecture == "llama":
+        return build_tiny_llama(
+            tokenizer,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            num_heads=num_heads,
+            seed=seed,
+            max_position_embeddings=max_position_embeddings,
+        )
+    from transformers import AutoModelForCausalLM, Gemma2Config, MistralConfig, Qwen2Config
+
+    common = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 4,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads,
+        "max_position_embeddings": max_position_embeddings,
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+    }
+    if architecture == "qwen2":
+        config = Qwen2Config(**common, tie_word_embeddings=False)
+    elif architecture == "mistral":
+        config = MistralConfig(**common, sliding_window=max_position_embeddings, tie_word_embeddings=False)
+    elif architecture == "gemma2":
+        config = Gemma2Config(**common, head_dim=hidden_size // num_heads, sliding_window=max_position_embeddings)
+    else:
+        raise ValueError(f"Unknown architecture {architecture!r}; expected one of {', '.join(TINY_ARCHITECTURES)}.")
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
 #: The CPU settings of GRPO with these tiny models on the addition task: 16 prompts x 8 completions of at most 6
 #: tokens a step, constant lr 2e-4 (5e-4 wrecks the policy), fp32, no gradient checkpointing, no tqdm bars.
 #: [`tiny_grpo_config`] builds a config from them; scripts that pass flags to a peer process use them directly.
