@@ -8,7 +8,7 @@ PIP_FLAGS ?= --disable-pip-version-check --quiet
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install demo demo-tiny test test-slow test-all clean
+.PHONY: install demo demo-tiny test test-slow test-all trl-suite clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,6 +42,20 @@ test-slow: install
 
 test-all: install
 	$(PY) -m pytest -m "slow or not slow" $(ARGS)
+
+# TRL's own GRPOTrainer tests run against FTISTrainer, compared with stock GRPOTrainer's outcome (docs/testing.md).
+# Needs a git copy of huggingface/trl (TRL_GIT) and the trl-suite harness (TRL_SUITE); takes 15-25 min on 2 cores.
+TRL_SUITE ?= ../shared/tools/trl-suite
+TRL_SUITE_HOME ?= $(or $(TMPDIR),/tmp)/trlsuite
+trl-suite: install
+	@test -n "$(TRL_GIT)" || { echo "set TRL_GIT to a git copy of huggingface/trl (git clone --bare https://github.com/huggingface/trl)"; exit 2; }
+	@test -x "$(TRL_SUITE)/run.sh" || { echo "no trl-suite harness at $(TRL_SUITE): set TRL_SUITE"; exit 2; }
+	test -x "$(TRL_SUITE_HOME)/venv/bin/python" || TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_BASE_VENV="$(CURDIR)/$(VENV)" "$(TRL_SUITE)/setup_venv.sh"
+	rm -rf "$(TRL_SUITE_HOME)/runs/ftis"
+	TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_OUT="$(TRL_SUITE_HOME)/runs/ftis" PYTHONPATH="$(CURDIR)/src" \
+		"$(TRL_SUITE)/run.sh" "$(TRL_GIT)" trl_ftis:FTISTrainer trl_ftis:FTISConfig
+	cd "$(TRL_SUITE)" && PYTHONPATH=. "$(TRL_SUITE_HOME)/venv/bin/python" -m trlsuite.summarize \
+		"$(TRL_SUITE_HOME)/runs/ftis" baseline.txt
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache outputs

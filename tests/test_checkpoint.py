@@ -7,12 +7,11 @@ import uuid
 
 import pytest
 from swarm_helpers import make_swarm, rows
+from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 from transformers import TrainerCallback
 
-from trl_ftis import FTISTrainer, PeerRow
+from trl_ftis import PeerRow
 from trl_ftis.checkpoint import rows_from_json, rows_to_json, state_path
-from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 
 class Partner(TrainerCallback):
@@ -47,13 +46,7 @@ def make_trainer(tokenizer, make_args, url, output_dir, callbacks=(), **override
     settings = dict(exchange_url=url, peer_id="me", max_steps=4, save_strategy="steps", save_steps=2)
     settings.update(overrides)
     args = make_args(output_dir=str(output_dir), **settings)
-    trainer = FTISTrainer(
-        build_tiny_llama(tokenizer, seed=0),
-        digit_match_reward,
-        args=args,
-        train_dataset=addition_dataset(64, seed=1),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(tokenizer, args)
     for callback in callbacks:
         if isinstance(callback, Partner):
             callback.trainer = trainer

@@ -1,11 +1,10 @@
 """The filter's options in a real trainer: `filter_mode="remove"` and `kl_threshold_mode="quantile"`."""
 
 import pytest
+from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 from transformers import TrainerCallback
 
-from trl_ftis import FTISTrainer, PeerRow
-from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+from trl_ftis import PeerRow
 
 
 class ConfidentPeer(TrainerCallback):
@@ -19,20 +18,16 @@ class ConfidentPeer(TrainerCallback):
         rows = []
         for group, prompt in enumerate(("12+34=", "51+27=")):
             for k in range(8):
-                ids = self.tokenizer(str(40 + k), add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+                ids = self.tokenizer(str(40 + k), add_special_tokens=False)["input_ids"] + [
+                    self.tokenizer.eos_token_id
+                ]
                 rows.append(PeerRow(prompt, ids, [-0.01] * len(ids), float(k), (state.global_step, group), "peer"))
         self.trainer.add_peer_rows(rows)
 
 
 def run(tokenizer, make_args, **overrides):
     args = make_args(max_steps=3, variant="f-tis", trust_peer_rewards=True, logging_steps=1, seed=3, **overrides)
-    trainer = FTISTrainer(
-        build_tiny_llama(tokenizer, seed=0),
-        digit_match_reward,
-        args=args,
-        train_dataset=addition_dataset(64, seed=1),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(tokenizer, args)
     peer = ConfidentPeer(tokenizer)
     peer.trainer = trainer
     trainer.add_callback(peer)

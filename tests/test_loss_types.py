@@ -18,17 +18,15 @@ import math
 
 import pytest
 import torch
+from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 from trl import GRPOTrainer
 
-from trl_ftis import FTISTrainer
-from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.objective import (
     LOSS_TYPES,
     sequence_filter_statistic,
     sequence_log_ratio,
     sequence_truncated_weights,
 )
-from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 # Two completions: an own row (Â = +1, three tokens) and a peer row (Â = -0.5, two tokens, one padding).
 LEARNER = [[-1.0, -2.0, -0.5], [-1.5, -1.0, 0.0]]
@@ -87,13 +85,7 @@ def trainer_for(tokenizer, make_args, monkeypatch):
             num_generations=8,
             **overrides,
         )
-        trainer = FTISTrainer(
-            build_tiny_llama(tokenizer, seed=0),
-            digit_match_reward,
-            args=args,
-            train_dataset=addition_dataset(16, seed=1),
-            processing_class=tokenizer,
-        )
+        trainer = tiny_trainer(tokenizer, args, train_size=16)
         trainer.model.train()
         trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop during train()
         learner = torch.tensor(LEARNER, requires_grad=True)
@@ -217,13 +209,7 @@ def real_peer_rows(tokenizer, tmp_path_factory):
     from trl_ftis.demo.tiny import tiny_grpo_config
 
     args = tiny_grpo_config(str(tmp_path_factory.mktemp("peer")), max_steps=1, per_device_train_batch_size=16)
-    peer = FTISTrainer(
-        build_tiny_llama(tokenizer, hidden_size=32, seed=7),
-        digit_match_reward,
-        args=args,
-        train_dataset=addition_dataset(16, seed=1),
-        processing_class=tokenizer,
-    )
+    peer = tiny_trainer(tokenizer, args, hidden_size=32, seed=7, train_size=16)
     published = []
     peer.add_row_listener(published.append)
     peer.train()
@@ -246,13 +232,7 @@ def test_training_on_peer_rows_works_with_every_loss_type(tokenizer, make_args, 
         importance_sampling_level=level,
         epsilon_high=5.0 if loss_type == "cispo" else None,
     )
-    trainer = FTISTrainer(
-        build_tiny_llama(tokenizer, seed=0),
-        digit_match_reward,
-        args=args,
-        train_dataset=addition_dataset(16, seed=1),
-        processing_class=tokenizer,
-    )
+    trainer = tiny_trainer(tokenizer, args, train_size=16)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.add_peer_rows(real_peer_rows)
     trainer.train()

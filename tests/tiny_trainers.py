@@ -1,0 +1,15 @@
+"""The trainer most tests build: FTISTrainer on a tiny Llama, with the digit-match reward, on 2-digit addition."""
+
+from trl_ftis import FTISTrainer
+from trl_ftis.demo.tiny import build_tiny_llama
+from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
+
+
+def tiny_trainer(tokenizer, args, *, hidden_size=64, seed=0, train_size=64, dataset_seed=1, model=None, **kwargs):
+    """`FTISTrainer` on `build_tiny_llama(tokenizer, hidden_size, seed)` (or `model`) and `train_size` addition
+    problems drawn with `dataset_seed`; `kwargs` go to the trainer."""
+    model = model if model is not None else build_tiny_llama(tokenizer, hidden_size=hidden_size, seed=seed)
+    dataset = addition_dataset(train_size, seed=dataset_seed)
+    return FTISTrainer(
+        model, digit_match_reward, args=args, train_dataset=dataset, processing_class=tokenizer, **kwargs
+    )
