@@ -44,7 +44,8 @@ test-all: install
 	$(PY) -m pytest -m "slow or not slow" $(ARGS)
 
 # TRL's own GRPOTrainer tests run against FTISTrainer, compared with stock GRPOTrainer's outcome (docs/testing.md).
-# Needs a git copy of huggingface/trl (TRL_GIT) and the trl-suite harness (TRL_SUITE); takes 15-25 min on 2 cores.
+# Needs a git copy of huggingface/trl (TRL_GIT) and the trl-suite harness (TRL_SUITE); about 22 min on 2 cores.
+# TRL_SUITE_ARGS='-k NAME' runs a subset (then every test left out shows as a difference).
 TRL_SUITE ?= ../shared/tools/trl-suite
 TRL_SUITE_HOME ?= $(or $(TMPDIR),/tmp)/trlsuite
 trl-suite: install
@@ -53,7 +54,7 @@ trl-suite: install
 	test -x "$(TRL_SUITE_HOME)/venv/bin/python" || TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_BASE_VENV="$(CURDIR)/$(VENV)" "$(TRL_SUITE)/setup_venv.sh"
 	rm -rf "$(TRL_SUITE_HOME)/runs/ftis"
 	TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_OUT="$(TRL_SUITE_HOME)/runs/ftis" PYTHONPATH="$(CURDIR)/src" \
-		"$(TRL_SUITE)/run.sh" "$(TRL_GIT)" trl_ftis:FTISTrainer trl_ftis:FTISConfig
+		"$(TRL_SUITE)/run.sh" "$(TRL_GIT)" trl_ftis:FTISTrainer trl_ftis:FTISConfig $(if $(TRL_SUITE_ARGS),-- $(TRL_SUITE_ARGS))
 	cd "$(TRL_SUITE)" && PYTHONPATH=. "$(TRL_SUITE_HOME)/venv/bin/python" -m trlsuite.summarize \
 		"$(TRL_SUITE_HOME)/runs/ftis" baseline.txt
 
