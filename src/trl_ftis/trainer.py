@@ -73,7 +73,9 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
     * The loss is the F-TIS objective (`trl_ftis.objective`): each token's advantage is multiplied by the truncated
       importance weight `min(exp(ℓθ - ℓgen), C)` (stop-gradient) and negative-advantage completions whose filter
       statistic exceeds `kl_threshold` get advantage 0. For the trainer's own rows `ℓgen = ℓold`, so with no peer
-      rows it trains exactly like `GRPOTrainer(loss_type="grpo", beta=0)`.
+      rows it trains exactly like `GRPOTrainer(loss_type="grpo", beta=0)`. It works with every TRL `loss_type` and
+      with `importance_sampling_level="sequence"` (GSPO: one weight and one statistic per completion), since each
+      of TRL's losses is linear in the advantage (`docs/objective.md`, "Every TRL loss").
     * Peer rows (completions sampled by other models that share this model's tokenizer) join the next generation
       batch, with advantages normalised within their own group: added with [`add_peer_rows`], or received from a swarm
       (`exchange_url`). [`add_row_listener`] hands out this trainer's own rows (with their generator log-probs) in the
