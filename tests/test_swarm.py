@@ -122,6 +122,23 @@ def test_a_round_waits_for_expected_peers_and_a_dead_peer_costs_one_timeout(toke
     assert second.missing == [] and len(second.rows) == 4
 
 
+def test_a_peer_a_round_ahead_is_not_waited_for_what_it_already_delivered(tokenizer, url):
+    """b publishes rounds 0 and 1 before a collects round 0 (a faster peer, within max_rounds_ahead): a takes both
+    then, and in round 1 does not wait for something new from b (seen in a real swarm: a 120 s timeout)."""
+    a = make_swarm(url, "a", tokenizer, expected_peers=["b"], peer_timeout=3.0)
+    b = make_swarm(url, "b", tokenizer)
+    b.publish(rows("b"), 0)
+    b.publish(rows("b"), 1)
+    first = a.collect(0)
+    assert len(first.rows) == 8 and first.missing == []
+    started = time.monotonic()
+    second = a.collect(1)
+    assert time.monotonic() - started < 1.0 and second.missing == [] and second.rows == []
+    b.publish(rows("b"), 2)  # and in round 2 it is waited for again, and delivers
+    third = a.collect(2)
+    assert len(third.rows) == 4 and third.missing == []
+
+
 def test_num_expected_peers_waits_for_the_count(tokenizer, url):
     import threading
 

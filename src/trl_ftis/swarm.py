@@ -386,6 +386,9 @@ class Swarm:
         # `_hinted`, the senders whose far-ahead messages were refused unread (their next one is read).
         self.round_offset = 0
         self._newest: dict[str, int] = {}
+        # Newest round of an accepted message per sender: a peer one round ahead may deliver round r + 1 while this
+        # peer collects round r; in round r + 1 it has then delivered already and is not waited for again.
+        self._delivered: dict[str, int] = {}
         self._hinted: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
@@ -565,7 +568,7 @@ class Swarm:
             budget, regulars, per_sender, rows_cap, (deadline if self.waits else start) + budget.max_seconds
         )
         self._forget(round)
-        fresh: set[str] = set()
+        fresh: set[str] = {sender for sender, newest in self._delivered.items() if newest >= round}
         dropped: Counter = Counter()
         while True:
             try:
@@ -840,6 +843,8 @@ class Swarm:
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)
         stats.staleness.append(round - message.round)
         result.rows.extend(message_to_rows(message))
+        if sender in self._delivered or len(self._delivered) < _MAX_KNOWN_PEERS:
+            self._delivered[sender] = max(self._delivered.get(sender, message.round), message.round)
         return sender
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
