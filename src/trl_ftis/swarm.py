@@ -852,7 +852,8 @@ class Swarm:
         """What a resumed run needs to go on as this one would, as JSON-serialisable values: the peers seen and their
         models, the expected peers not waited for, the digests of the messages accepted in the round window (read
         again after a restart, they are refused as duplicates instead of trained on twice), the round alignment
-        (`round_offset` and each sender's newest round) and the unpublished-row counts. Transport cursors are not
+        (`round_offset` and each sender's newest round), the newest round each sender delivered, and the
+        unpublished-row counts. Transport cursors are not
         part of it: a restarted peer reads what the exchange still holds."""
         return {
             "peer_id": self.peer_id,
@@ -864,6 +865,7 @@ class Swarm:
             "unpublished": dict(self.unpublished),
             "round_offset": self.round_offset,
             "newest": dict(self._newest),
+            "delivered": dict(self._delivered),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -887,6 +889,8 @@ class Swarm:
         unpublished = field("unpublished", dict, counts)
         offset = field("round_offset", int, lambda v: 0 <= v <= _MAX_SWARM_ROUND)
         newest = field("newest", dict, counts)
+        # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
+        delivered = field("delivered", dict, counts) if "delivered" in state else {}
         try:
             digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
         except ValueError:
@@ -906,6 +910,7 @@ class Swarm:
         self.unpublished = Counter(unpublished)
         self.round_offset = offset
         self._newest = dict(list(newest.items())[:_MAX_KNOWN_PEERS])
+        self._delivered = dict(list(delivered.items())[:_MAX_KNOWN_PEERS])
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
         # Bounded: a flood of messages with made-up sender names must not grow memory (they are still counted).
