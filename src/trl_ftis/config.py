@@ -32,7 +32,6 @@ from .rules import (
 
 logger = logging.getLogger(__name__)
 
-"""TRL aggregations whose per-token term is `-min(R A, clip(R) A)`, so that `A = w·Ã` is exactly F-TIS."""
 COLLABORATION_MODES = ("vertical", "horizontal")
 
 
