@@ -149,19 +149,6 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
     ):
         # The same parameters, in the same order and with the same defaults, as GRPOTrainer.__init__ (TRL 1.16):
         # tests/test_trainer.py checks it, so positional calls written for GRPOTrainer mean the same here.
-        kwargs = {
-            "train_dataset": train_dataset,
-            "eval_dataset": eval_dataset,
-            "processing_class": processing_class,
-            "reward_processing_classes": reward_processing_classes,
-            "callbacks": callbacks,
-            "optimizers": optimizers,
-            "quantization_config": quantization_config,
-            "peft_config": peft_config,
-            "tools": tools,
-            "rollout_func": rollout_func,
-            "environment_factory": environment_factory,
-        }
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = FTISConfig(f"{model_name.split('/')[-1]}-FTIS")
@@ -189,7 +176,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         self._refused_totals: Counter = Counter()
         self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
         self._prompt_columns: dict[str, dict[str, Any]] | None = None  # prompt key -> training set columns
-        if args.cast_lm_head_to_fp32 and kwargs.get("peft_config") is not None and _ties_embeddings(model):
+        if args.cast_lm_head_to_fp32 and peft_config is not None and _ties_embeddings(model):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
                 "cast_lm_head_to_fp32 is not supported by TRL for a LoRA model with tied embeddings; turning it off. "
@@ -199,7 +186,22 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         memory_fraction = gpu_memory_fraction()
         if memory_fraction is not None:
             cap_gpu_memory(memory_fraction, args)
-        super().__init__(model, reward_funcs, args=args, **kwargs)
+        super().__init__(
+            model,
+            reward_funcs,
+            args=args,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            reward_processing_classes=reward_processing_classes,
+            callbacks=callbacks,
+            optimizers=optimizers,
+            quantization_config=quantization_config,
+            peft_config=peft_config,
+            tools=tools,
+            rollout_func=rollout_func,
+            environment_factory=environment_factory,
+        )
         self.swarm: Swarm | None = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
             self.swarm = self._connect_swarm(args)
