@@ -190,8 +190,13 @@ def sequence_truncated_weights(
     """GSPO's truncated weight `w_i = min(exp(s_i), C)` ([`sequence_log_ratio`]) on every token of completion `i`,
     shape `(B, T)`, stop-gradient; 0 on padding and for a completion with an unscorable token."""
     log_ratio = sequence_log_ratio(per_token_logps, gen_per_token_logps, completion_mask)
+    return _sequence_weights(log_ratio, completion_mask.bool(), is_cap)
+
+
+def _sequence_weights(log_ratio: torch.Tensor, mask: torch.Tensor, is_cap: float) -> torch.Tensor:
+    """`min(exp(s_i), C)` from `s_i` (`(B,)`) on every unmasked token, 0 for a NaN `s_i`."""
     weights = torch.nan_to_num(torch.exp(torch.clamp(log_ratio, max=math.log(is_cap))), nan=0.0)
-    return _masked(weights.unsqueeze(-1).expand(completion_mask.shape), completion_mask.bool())
+    return _masked(weights.unsqueeze(-1).expand(mask.shape), mask)
 
 
 @torch.no_grad()
@@ -202,8 +207,7 @@ def sequence_filter_statistic(
     sequence ratio, `r - log r - 1` with `log r = -s_i` (`r = πgen / πθ` per token, geometric mean over the
     completion), the per-token statistic's form applied to GSPO's ratio. `+inf` when the learner finds the
     completion infinitely unlikely; NaN (filtered as too far) when a token is unscorable."""
-    x = -sequence_log_ratio(per_token_logps, gen_per_token_logps, completion_mask)
-    return _k3(x)
+    return _k3(-sequence_log_ratio(per_token_logps, gen_per_token_logps, completion_mask))
 
 
 def filter_keep_mask(advantages: torch.Tensor, filter_stat: torch.Tensor, kl_threshold: float) -> torch.Tensor:
@@ -332,9 +336,11 @@ def ftis_terms(
     gen = old if gen_per_token_logps is None else gen_per_token_logps.to(current.dtype)
 
     if importance_sampling_level == "sequence":
-        weights = sequence_truncated_weights(current, gen, mask, is_cap)
-        capped = mask & (sequence_log_ratio(current, gen, mask) >= math.log(is_cap)).unsqueeze(-1)
-        stat = sequence_filter_statistic(current, gen, mask)
+        # One log-ratio per completion gives its weight, its cap flag and its statistic (the functions above).
+        log_ratio = sequence_log_ratio(current, gen, mask)
+        weights = _sequence_weights(log_ratio, mask, is_cap)
+        capped = mask & (log_ratio >= math.log(is_cap)).unsqueeze(-1)
+        stat = _k3(-log_ratio)
     else:
         weights = truncated_importance_weights(current, gen, mask, is_cap)
         capped = mask & (current - gen >= math.log(is_cap))
