@@ -76,30 +76,37 @@ def build_tiny_llama(
 
     Raise `max_position_embeddings` for longer texts (a character a token: an R1-style prompt is ~600).
     """
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    return build_tiny_causal_lm(
+        tokenizer,
+        "llama",
         hidden_size=hidden_size,
-        intermediate_size=hidden_size * 4,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_heads,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        seed=seed,
         max_position_embeddings=max_position_embeddings,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=False,
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    return model
 
 
 #: The decoder architectures [`build_tiny_causal_lm`] builds; all share the character tokenizer, so peers of different
 #: architectures can trade token ids.
 TINY_ARCHITECTURES = ("llama", "qwen2", "mistral", "gemma2")
+
+
+def _tiny_family(architecture: str, max_position_embeddings: int, head_dim: int):
+    """`(config class, model class, family-specific config fields)` of `architecture`."""
+    import transformers
+
+    if architecture == "llama":
+        return LlamaConfig, LlamaForCausalLM, {"tie_word_embeddings": False}
+    if architecture == "qwen2":
+        return transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {"tie_word_embeddings": False}
+    if architecture == "mistral":
+        extra = {"sliding_window": max_position_embeddings, "tie_word_embeddings": False}
+        return transformers.MistralConfig, transformers.MistralForCausalLM, extra
+    if architecture == "gemma2":
+        extra = {"head_dim": head_dim, "sliding_window": max_position_embeddings}
+        return transformers.Gemma2Config, transformers.Gemma2ForCausalLM, extra
+    raise ValueError(f"Unknown architecture {architecture!r}; expected one of {', '.join(TINY_ARCHITECTURES)}.")
 
 
 def build_tiny_causal_lm(
@@ -113,42 +120,25 @@ def build_tiny_causal_lm(
     max_position_embeddings: int = 64,
 ):
     """A randomly initialised tiny causal LM of `architecture` ([`TINY_ARCHITECTURES`]) for the character tokenizer:
-    the same sizes as [`build_tiny_llama`] in another family's code (Qwen2's attention biases, Mistral's sliding
-    window, Gemma2's soft-capping, tied embeddings and normalisation), for swarms that mix architectures."""
-    if architecture == "llama":
-        return build_tiny_llama(
-            tokenizer,
-            hidden_size=hidden_size,
-            num_layers=num_layers,
-            num_heads=num_heads,
-            seed=seed,
-            max_position_embeddings=max_position_embeddings,
-        )
-    from transformers import AutoModelForCausalLM, Gemma2Config, MistralConfig, Qwen2Config
-
-    common = {
-        "vocab_size": len(tokenizer),
-        "hidden_size": hidden_size,
-        "intermediate_size": hidden_size * 4,
-        "num_hidden_layers": num_layers,
-        "num_attention_heads": num_heads,
-        "num_key_value_heads": num_heads,
-        "max_position_embeddings": max_position_embeddings,
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-    }
-    if architecture == "qwen2":
-        config = Qwen2Config(**common, tie_word_embeddings=False)
-    elif architecture == "mistral":
-        config = MistralConfig(**common, sliding_window=max_position_embeddings, tie_word_embeddings=False)
-    elif architecture == "gemma2":
-        config = Gemma2Config(**common, head_dim=hidden_size // num_heads, sliding_window=max_position_embeddings)
-    else:
-        raise ValueError(f"Unknown architecture {architecture!r}; expected one of {', '.join(TINY_ARCHITECTURES)}.")
+    the same sizes in each family's code (Llama; Qwen2's attention biases, Mistral's sliding window, Gemma2's
+    soft-capping, tied embeddings and normalisation), for swarms that mix architectures."""
+    config_class, model_class, extra = _tiny_family(architecture, max_position_embeddings, hidden_size // num_heads)
+    config = config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 4,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        **extra,
+    )
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_class(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
