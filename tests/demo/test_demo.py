@@ -22,7 +22,8 @@ def test_the_demo_swarm_config_is_accepted_by_the_launcher_with_both_baselines(t
     assert all(f"--temperature {FULL['temperature']}" in r for r in commands.values())
     # Same own generation for the swarm peers and 'alone'; 'alone-rows' generates what a swarm peer trains on.
     own = FULL["prompts_per_step"] * FULL["num_generations"]
-    assert own_rows_per_step(config) == {"full": own, "lora": own, "alone": own, "alone-rows": 2 * own}
+    rows = own_rows_per_step(load_swarm_config(config, run_dir=tmp_path))
+    assert rows == {"full": own, "lora": own, "alone": own, "alone-rows": 2 * own}
     assert f"--gradient_accumulation_steps {2 * own}" in commands["alone-rows"]
     # Own prompts and samples per swarm peer (one seed would make full and lora trade duplicates); the baselines
     # share full's seed.
@@ -38,7 +39,7 @@ def test_the_small_peer_joins_the_swarm_and_the_rows_baseline_grows_with_it(tmp_
     assert str(tmp_path / "small") in commands["small"]
     assert all("--expected_peers full lora small" in r for r in commands.values())
     own = FULL["prompts_per_step"] * FULL["num_generations"]
-    assert own_rows_per_step(config)["alone-rows"] == 3 * own
+    assert own_rows_per_step(load_swarm_config(config, run_dir=tmp_path))["alone-rows"] == 3 * own
     without = _peer_config(tmp_path, tmp_path / "base", tmp_path / "small", FULL, baseline=False, seed=0)
     assert [p["id"] for p in without["peers"]] == ["full", "lora", "small"]
 

@@ -203,14 +203,13 @@ def collect_results(run_dir: Path, peer_ids, own_rows: dict[str, int] | None = N
     return results
 
 
-def own_rows_per_step(config: dict) -> dict[str, int]:
-    """Rows each peer of a demo config generates a step (`per_device_train_batch_size` x gradient accumulation)."""
-    common = config["args"]
-    rows = {}
-    for peer in config["peers"]:
-        args = {**common, **peer.get("args", {})}
-        rows[peer["id"]] = int(args["per_device_train_batch_size"]) * int(args["gradient_accumulation_steps"])
-    return rows
+def own_rows_per_step(swarm) -> dict[str, int]:
+    """Rows each peer of a loaded swarm config ([`trl_ftis.launcher.load_swarm_config`], whose peer args are merged
+    over the common ones) generates a step: `per_device_train_batch_size` x gradient accumulation."""
+    return {
+        peer.id: int(peer.args["per_device_train_batch_size"]) * int(peer.args["gradient_accumulation_steps"])
+        for peer in swarm.peers
+    }
 
 
 def two_standard_errors(before: float, after: float, n: int) -> float:
@@ -385,9 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         f"exchange {config['exchange_url']}",
         flush=True,
     )
-    code = run_swarm(load_swarm_config(config, run_dir=run_dir))
+    swarm = load_swarm_config(config, run_dir=run_dir)
+    code = run_swarm(swarm)
 
-    results = collect_results(run_dir, peer_ids, own_rows_per_step(config))
+    results = collect_results(run_dir, peer_ids, own_rows_per_step(swarm))
     (run_dir / "results.json").write_text(json.dumps({"settings": settings, "peers": results}, indent=2))
     print(
         "\n== results (held-out greedy accuracy on "
