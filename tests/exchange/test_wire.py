@@ -44,8 +44,11 @@ VOCAB = 22  # the tiny character tokenizer's size
 PREAMBLE = struct.Struct("<4sHHIQ")
 
 
-def make_message(n=8, length=16, k=2, n_groups=2, seed=0, vocab=VOCAB, low_logp=-20.0, **overrides) -> Message:
-    """``n`` completions of ``length`` tokens over ``n_groups`` prompts, ``k`` reward functions."""
+def make_message(
+    n=8, length=16, k=2, n_groups=2, seed=0, vocab=VOCAB, low_logp=-20.0, texts=None, eos=(False,), **overrides
+) -> Message:
+    """``n`` completions of ``length`` tokens over ``n_groups`` prompts, ``k`` reward functions; completion ``i`` gets
+    ``texts[i % len(texts)]`` as its text (default: none) and ``eos[i % len(eos)]`` as its ``ends_with_eos``."""
     rng = np.random.default_rng(seed)
     completions = []
     for i in range(n):
@@ -59,6 +62,8 @@ def make_message(n=8, length=16, k=2, n_groups=2, seed=0, vocab=VOCAB, low_logp=
                 generator_logps=-np.exp(rng.uniform(np.log(1e-3), np.log(-low_logp), length)).astype(np.float32),
                 reward=float(rng.uniform(-1, 1)),
                 rewards_per_func=rewards,
+                text=None if texts is None else texts[i % len(texts)],
+                ends_with_eos=eos[i % len(eos)],
             )
         )
     groups = [WireGroup(prompt=f"{10 + g}+{20 + g}=", extra={"answer": str(30 + 2 * g)}) for g in range(n_groups - 1)]
@@ -1073,6 +1078,8 @@ def test_limits_are_validated():
         {"max_completions": -1},
         {"max_completions": 1.5},
         {"max_message_bytes": True},
+        {"max_text_bytes": -1},
+        {"max_completion_text_bytes": 1.0},
         {"max_abs_reward": 0.0},
         {"max_abs_reward": math.inf},
         {"min_logp": 0.0},
@@ -1082,7 +1089,14 @@ def test_limits_are_validated():
     ):
         with pytest.raises(ValueError):
             Limits(**bad)
-    for bad in ({"max_rows": 0}, {"max_completion_length": -1}, {"max_rows": 2.0}, {"max_prompt_chars": -1}):
+    for bad in (
+        {"max_rows": 0},
+        {"max_completion_length": -1},
+        {"max_rows": 2.0},
+        {"max_prompt_chars": -1},
+        {"max_text_bytes_per_token": -1},
+        {"max_text_bytes_per_token": 1.5},
+    ):
         with pytest.raises(ValueError):
             Limits.for_receiver(**{"max_completion_length": 8, "max_rows": 8, **bad})
 
@@ -1095,7 +1109,7 @@ def test_for_receiver_derives_tight_limits():
     limits = Limits.for_receiver(max_completion_length=512, max_rows=512, max_groups=64, max_prompt_chars=4096)
     assert limits.max_completions == 512 and limits.max_groups == 64
     assert limits.max_completion_tokens == 512 and limits.max_total_tokens == 512 * 512
-    body = 512 * (12 + 4 * 64) + 8 * 512 * 512
+    body = 512 * (12 + 4 * 64) + 8 * 512 * 512 + 5 * 512 + 16 * 512 * 512  # the last two: the text section
     assert body < limits.max_message_bytes - limits.max_header_bytes < body * 1.01 + 1024
     assert limits.max_header_bytes == 64 * 2**10 + 1600 * 64 + 64 * (6 * 4096 + 16_384 + 1024)
     assert limits.max_message_bytes < 12 * 2**20  # vs 256 MiB by default
@@ -1192,3 +1206,277 @@ def test_a_zip_bomb_costs_at_most_the_derived_body_size():
     # A header larger than the derived budget: refused before it is parsed.
     huge_header = small_header(groups=[{"prompt": "x" * limits.max_header_bytes, "extra": {}}])
     expect("too_large", decode_message, assemble(huge_header, small_body()), limits=limits)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The optional text section (header key "text_bytes"), for peers with another tokenizer
+
+NO_TEXT = 0xFFFFFFFF
+TEXTS = ["h\u00e9llo \u2713 \U0001f600", None, "", "2+2=4", None, "\u6570\u5b66 ok"]  # 2-, 3-, 4-byte characters
+EOS = [True, True, False, True, False, False]  # the None rows' True is not sent
+
+
+def example_message(**fields) -> Message:
+    """The worked example of docs/wire-format.md: one prompt, one completion of 3 tokens, K = 1."""
+    completion = WireCompletion(
+        group=0,
+        completion_ids=np.array([11, 5, 2]),
+        generator_logps=np.array([-0.25, -0.5, -0.125], np.float32),
+        reward=1.0,
+        rewards_per_func=np.array([1.0], np.float32),
+        **fields,
+    )
+    return make_message(
+        n=0, k=1, reward_names=["exact"], groups=[WireGroup(prompt="23+48=", extra={"answer": "71"})],
+        completions=[completion], created=1_700_000_000.0,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"compress": True},
+        {"compact": True},
+        {"compact": True, "compress": False},
+        {"secret": "s", "private_key": KEY_A},
+        {"compact": True, "secret": "s", "private_key": KEY_A},
+    ],
+    ids=["exact", "exact-zlib", "compact", "compact-raw", "signed", "compact-signed"],
+)
+def test_texts_round_trip(options):
+    message = make_message(n=6, length=5, texts=TEXTS, eos=EOS)
+    data = encode_message(message, **options)
+    signatures = {"secret": "s", "public_keys": PUBLIC_KEYS} if "secret" in options else {}
+    decoded = decode_message(data, vocab_limit=VOCAB, **signatures)
+    assert [c.text for c in decoded.completions] == TEXTS
+    assert [c.ends_with_eos for c in decoded.completions] == [True, False, False, True, False, False]
+    assert all(type(c.ends_with_eos) is bool for c in decoded.completions)
+    assert decoded.completions[2].text == "" and decoded.completions[1].text is None  # empty is not absent
+    for got, sent in zip(decoded.completions, message.completions, strict=True):  # the columns are unchanged
+        assert np.array_equal(got.completion_ids, sent.completion_ids) and got.group == sent.group
+    text_bytes = sum(len(t.encode()) for t in TEXTS if t is not None)
+    assert text_bytes > sum(len(t) for t in TEXTS if t is not None)  # non-ASCII: more bytes than characters
+    assert peek_header(data, **signatures)["text_bytes"] == text_bytes
+    flags, header, body, _ = split(data)
+    assert header["text_bytes"] == text_bytes
+    if not flags & wire.FLAG_COMPRESSED:  # the section follows the log-probs: 5 bytes per completion + the texts
+        assert len(body) == len(split(encode_message(make_message(n=6, length=5), **options))[2]) + 5 * 6 + text_bytes
+        section = body[len(body) - text_bytes - 5 * 6 :]
+        assert np.frombuffer(section[:24], "<u4").tolist() == [
+            NO_TEXT if t is None else len(t.encode()) for t in TEXTS
+        ]
+        assert list(section[24:30]) == [1, 0, 0, 1, 0, 0]
+        assert section[30:] == "".join(t for t in TEXTS if t is not None).encode()
+
+
+def test_a_message_without_texts_is_byte_identical_to_before():
+    # SHA-256 of the worked example as encoded before the text section existed (same bytes, same sizes).
+    known = {
+        (): (405, "f59675e7c1ed8a4a5a785393deef98a6b352c16f9bf192cc266e216f984da170"),
+        (("secret", "swarm secret"),): (437, "3dd1c1b6c0f82a8d485f571921068fc85fe5efe712f7edab01dce4ef056e5fbe"),
+        (("compact", True), ("compress", False), ("private_key", KEY_A)): (
+            464,
+            "0e0eeffdb1fe33ea7b80f25bb5139e4e997ee549652f07ed6fc5d19c6f73160a",
+        ),
+    }
+    for options, (size, digest) in known.items():
+        for eos in (False, True):  # ends_with_eos without a text is not sent
+            data = encode_message(example_message(ends_with_eos=eos), **dict(options))
+            assert (len(data), hashlib.sha256(data).hexdigest()) == (size, digest)
+            assert b"text_bytes" not in data and peek_header(data)["text_bytes"] == 0
+            decoded = decode_message(data).completions[0]
+            assert decoded.text is None and decoded.ends_with_eos is False
+    # And any message without texts: no key, and the body is exactly the columns.
+    data = encode_message(make_message(n=4, length=3, k=1, eos=[True]))
+    _, header, body, _ = split(data)
+    assert "text_bytes" not in header and len(body) == 4 * (12 + 4) + 8 * 4 * 3
+
+
+def text_frame(texts, eos=(False,), *, n_tokens=2, **header_fields):
+    """(header, body) of a valid exact-mode message with a text section, to patch by hand: completion i has the
+    text texts[i] (None: none), 2 tokens each, K = 1."""
+    n = len(texts)
+    message = make_message(n=n, length=n_tokens, k=1, n_groups=1, texts=list(texts), eos=list(eos))
+    _, header, body, _ = split(encode_message(message))
+    header.update(header_fields)
+    return header, body
+
+
+def patch_section(header, body, *, lengths=None, flags=None, text: bytes | None = None) -> bytes:
+    """The body with its text section's lengths, flags or bytes replaced (same sizes unless given otherwise)."""
+    n = header["counts"]["completions"]
+    start = len(body) - header["text_bytes"] - 5 * n
+    old_lengths, old_flags = body[start : start + 4 * n], body[start + 4 * n : start + 5 * n]
+    old_text = body[start + 5 * n :]
+    return (
+        body[:start]
+        + (old_lengths if lengths is None else np.asarray(lengths, "<u4").tobytes())
+        + (old_flags if flags is None else bytes(flags))
+        + (old_text if text is None else text)
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"\xed\xa0\x80",  # a lone (high) surrogate, U+D800, in UTF-8 form: not text
+        b"\xed\xbf\xbf",  # a low surrogate, U+DFFF
+        b"\xff\xfe\x41",  # never valid in UTF-8
+        b"\xc0\xaf\x41",  # an overlong "/"
+        b"ab\xe2",  # a 3-byte character cut short at the end of the text
+        b"\xf4\x90\x80",  # above U+10FFFF (3 of 4 bytes)
+    ],
+)
+def test_invalid_utf8_texts_are_refused(bad):
+    header, body = text_frame(["abc", None])
+    assert decode_message(assemble(header, patch_section(header, body, text=b"xyz"))).completions[0].text == "xyz"
+    error = expect("text", decode_message, assemble(header, patch_section(header, body, text=bad)))
+    assert "completion 0" in str(error) and "peer-a" in str(error)  # names the completion and the sender
+    # Between two valid texts the boundary matters: a character split across two completions is invalid in each.
+    header, body = text_frame(["\u2713", "ok"])  # 3 bytes + 2 bytes
+    split_char = patch_section(header, body, lengths=[2, 3])  # e2 9c | 93 6f 6b
+    expect("text", decode_message, assemble(header, split_char))
+
+
+def test_a_member_cannot_smuggle_invalid_text_past_a_signed_receiver():
+    header, body = text_frame(["abc", None])
+    core = assemble(header, patch_section(header, body, text=b"\xed\xa0\x80"))
+    expect("text", decode_message, sign_frame(core, secret="s", private_key=KEY_A, signer="peer-a"),
+           secret="s", public_keys=PUBLIC_KEYS)  # fmt: skip
+    compressed_body = zlib.compress(patch_section(header, body, text=b"\xed\xa0\x80"))
+    expect("text", decode_message, assemble(header, compressed_body, flags=wire.FLAG_COMPRESSED))
+
+
+def test_text_lengths_must_add_up_to_text_bytes():
+    header, body = text_frame(["abc", None, "de"])  # text_bytes 5
+    assert header["text_bytes"] == 5
+    for lengths in ([4, NO_TEXT, 2], [3, NO_TEXT, 1], [3, 0, 1], [NO_TEXT, NO_TEXT, 5 - 1], [3, 2, 1]):
+        error = expect("shape", decode_message, assemble(header, patch_section(header, body, lengths=lengths)))
+        assert "declares 5" in str(error)
+    # A sentinel turned into a length (and back) with the same total is consistent: the texts move, nothing breaks.
+    moved = decode_message(assemble(header, patch_section(header, body, lengths=[3, 1, 1])))
+    assert [c.text for c in moved.completions] == ["abc", "d", "e"]
+    # A header whose text_bytes disagrees with the body it came with: the body size no longer matches.
+    header["text_bytes"] = 6
+    expect("shape", decode_message, assemble(header, body))
+    expect("shape", decode_message, assemble(header, zlib.compress(body), flags=wire.FLAG_COMPRESSED))
+
+
+def test_text_bytes_above_the_limit_are_refused_from_the_header(monkeypatch):
+    header, body = text_frame(["abc", "de"])
+    limits = Limits(max_text_bytes=4)
+    expect("limits", decode_message, assemble(header, body), limits=limits)
+    assert decode_message(assemble(header, body), limits=Limits(max_text_bytes=5)).completions[1].text == "de"
+    # A huge declared size costs the header only: the body (here 0 bytes, compressed or not) is never read.
+    huge = dict(header, text_bytes=10**12)
+    monkeypatch.setattr(wire.zlib, "decompressobj", lambda: pytest.fail("inflated a body the header refuses"))
+    monkeypatch.setattr(wire, "_check_text_columns", lambda *args: pytest.fail("read the text section"))
+    for flags in (0, wire.FLAG_COMPRESSED):
+        error = expect("limits", decode_message, assemble(huge, b"", flags=flags))
+        assert "1000000000000 bytes of text" in str(error)
+        expect("limits", peek_header, assemble(huge, b"", flags=flags))
+    # More than N completions at their per-completion limit could hold, though within max_text_bytes: refused too.
+    expect("limits", decode_message, assemble(header, body), limits=Limits(max_completion_text_bytes=2))
+
+
+def test_one_completions_text_above_its_limit_is_refused():
+    header, body = text_frame(["abcde", "", None])  # 5 bytes <= 3 completions x 4, but one text has 5
+    limits = Limits(max_completion_text_bytes=4)
+    error = expect("limits", decode_message, assemble(header, body), limits=limits)
+    assert "completion 0 has 5 bytes of text" in str(error)
+    assert decode_message(assemble(header, body), limits=Limits(max_completion_text_bytes=5)).completions[0].text
+    # A hostile length far above the limit (but not the sentinel) is refused before any text byte is read.
+    hostile = patch_section(header, body, lengths=[NO_TEXT - 1, 0, NO_TEXT])
+    expect("limits", decode_message, assemble(header, hostile))
+    # The sender finds out first, with the same limits.
+    message = make_message(n=3, length=2, k=1, texts=["abcde", "", None])
+    expect("limits", encode_message, message, limits=limits)
+    expect("limits", encode_message, message, limits=Limits(max_text_bytes=4))
+    expect("limits", encode_message, make_message(n=1, texts=["\u00e9\u00e9\u00e9"]), limits=limits)  # 6 bytes
+
+
+@pytest.mark.parametrize("flags", [[2, 0], [3, 0], [0x80, 0], [1, 0xFE]])
+def test_unknown_text_flag_bits_are_refused(flags):
+    header, body = text_frame(["abc", "d"])
+    assert [c.ends_with_eos for c in decode_message(assemble(header, patch_section(header, body, flags=[1, 0]))).completions] == [True, False]  # fmt: skip
+    error = expect("text", decode_message, assemble(header, patch_section(header, body, flags=flags)))
+    assert "unknown text flag bits" in str(error)
+
+
+def test_text_flags_on_a_completion_without_text_are_refused():
+    header, body = text_frame(["abc", None])
+    for flags in ([0, 1], [1, 1]):
+        error = expect("text", decode_message, assemble(header, patch_section(header, body, flags=flags)))
+        assert "completion 1" in str(error) and "no text" in str(error)
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "3", True, None, [3], 2**64])
+def test_text_bytes_must_be_a_non_negative_integer(value):
+    header, body = text_frame(["abc"])
+    header["text_bytes"] = value
+    expect("limits" if value == 2**64 else "header", decode_message, assemble(header, body))
+
+
+def test_a_text_section_with_no_text_or_no_completion_is_accepted():
+    # Not what encode_message writes (it leaves the section out), but consistent: all sentinels, text_bytes 0.
+    header, body = text_frame([None, None], text_bytes=0)
+    body += np.full(2, NO_TEXT, "<u4").tobytes() + bytes(2)
+    assert [c.text for c in decode_message(assemble(header, body)).completions] == [None, None]
+    header, body = text_frame([])
+    header["text_bytes"] = 0
+    assert decode_message(assemble(header, body)).completions == []
+
+
+def test_encode_validates_texts():
+    for text in (b"bytes", 5, ["a"], np.array(["a"])):
+        expect("text", encode_message, make_message(n=2, texts=[text, None]))
+    error = expect("text", encode_message, make_message(n=2, texts=["ok", "lone \ud800 surrogate"]))
+    assert "completions[1].text" in str(error)
+    for eos in ("yes", 1, None, np.int64(1)):
+        error = expect("text", encode_message, make_message(n=1, texts=["ok"], eos=[eos]))
+        assert "ends_with_eos" in str(error)
+    decoded = decode_message(encode_message(make_message(n=1, texts=["ok"], eos=[np.bool_(True)])))
+    assert decoded.completions[0].ends_with_eos is True
+    # Without a text, ends_with_eos is not sent, so it is not checked either.
+    decode_message(encode_message(make_message(n=2, texts=["ok", None], eos=[False, "ignored"])))
+    assert decode_message(encode_message(make_message(n=1, texts=[np.str_("np")]))).completions[0].text == "np"
+
+
+def test_for_receiver_derives_text_limits():
+    limits = Limits.for_receiver(max_completion_length=512, max_rows=64, max_groups=8, max_reward_functions=2)
+    assert limits.max_completion_text_bytes == 16 * 512 == 8192
+    assert limits.max_text_bytes == 64 * 8192 == 524_288
+    header = 64 * 2**10 + 1600 * 2 + 8 * (6 * 32_768 + 16_384 + 1024)
+    body = 64 * (12 + 4 * 2) + 8 * 64 * 512 + 5 * 64 + 524_288
+    assert limits.max_header_bytes == header
+    assert limits.max_message_bytes == 20 + header + body + body // 1000 + 64 + 161
+    custom = Limits.for_receiver(max_completion_length=100, max_rows=10, max_text_bytes_per_token=6)
+    assert (custom.max_completion_text_bytes, custom.max_text_bytes) == (600, 6000)
+    none = Limits.for_receiver(max_completion_length=100, max_rows=10, max_text_bytes_per_token=0)
+    assert (none.max_completion_text_bytes, none.max_text_bytes) == (0, 0)
+    assert custom.max_message_bytes - none.max_message_bytes == 6000 + 6  # the texts + their 0.1% zlib margin
+    # Never looser than the defaults, and any derived value can be overridden.
+    long = Limits.for_receiver(max_completion_length=131_072, max_rows=1024)
+    assert long.max_completion_text_bytes == Limits().max_completion_text_bytes == 2**20  # not 2 MiB
+    assert long.max_text_bytes == Limits().max_text_bytes == 64 * 2**20  # not 1 GiB
+    override = Limits.for_receiver(max_completion_length=8, max_rows=8, max_text_bytes=7, max_completion_text_bytes=3)
+    assert (override.max_completion_text_bytes, override.max_text_bytes) == (3, 7)
+
+
+def test_texts_at_the_receivers_caps_fit_the_derived_limits():
+    # Every row with a text of 16 bytes per token (4-byte characters), on top of every row and token at the caps.
+    rows, length, k = 12, 7, 2
+    limits = Limits.for_receiver(
+        max_completion_length=length, max_rows=rows, max_prompt_chars=8, max_reward_functions=k
+    )
+    message = make_message(n=rows, length=length, k=k, n_groups=rows, vocab=151_000, texts=["\U0001f600" * 4 * length])
+    for compact in (False, True):
+        data = encode_message(message, compact=compact, secret="s", private_key=KEY_A, limits=limits)
+        decoded = decode_message(data, secret="s", public_keys=PUBLIC_KEYS, limits=limits)
+        assert [c.text for c in decoded.completions] == ["\U0001f600" * 4 * length] * rows
+        assert peek_header(data)["text_bytes"] == limits.max_text_bytes == rows * 16 * length
+    # One byte more in one text, and sender and receiver refuse it.
+    message.completions[0].text += "x"
+    expect("limits", encode_message, message, limits=limits)
+    expect("limits", decode_message, encode_message(message), limits=limits)

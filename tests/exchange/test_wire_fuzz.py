@@ -1,11 +1,12 @@
 """Property tests of the decoder: whatever the bytes, `decode_message` and `peek_header` raise nothing but
 `ExchangeError`, and whatever they return satisfies the receiver's invariants.
 
-Four generators: random bytes (bare, or behind a plausible preamble); mutations of valid messages (bit flips, byte
-sets, preamble fields, truncations, insertions, deletions, duplications, splices of two messages); and two kinds of
+Five generators: random bytes (bare, or behind a plausible preamble); mutations of valid messages (bit flips, byte
+sets, preamble fields, truncations, insertions, deletions, duplications, splices of two messages); and three kinds of
 edits made by a swarm *member*, who re-signs what it edits with the secret and its key so the edit reaches the
-parsers: header JSON edits (replace, delete or add any field, nested ones included) and body edits (special
-numbers written into the columns, re-compressed or not). Receivers: no signatures required, a secret, keys, both;
+parsers: header JSON edits (replace, delete or add any field, nested ones included), body edits (special
+numbers written into the columns, re-compressed or not) and text section edits (lengths, flags, arbitrary or
+near-UTF-8 bytes, `text_bytes` kept consistent or not). Receivers: no signatures required, a secret, keys, both;
 default and receiver-derived limits.
 
 The default suite runs a few thousand examples (derandomized, so CI sees the same ones every run); `-m slow` runs
@@ -66,7 +67,20 @@ BASES = [
     (_encode("both", make_message(n=2, length=6, k=3, seed=4), compact=True), "peer-a"),
     (_encode("key", make_message(n=2, length=4, k=1, seed=5, vocab=151_000), compact=True), "peer-a"),
     (_encode("secret", make_message(n=1, length=16, k=1, seed=6, low_logp=-1e5)), "peer-a"),
-    (_encode("none", make_message(n=0, n_groups=0)), "peer-a"),
+    # With the optional text section: texts and no texts mixed, multi-byte characters, an empty text, EOS flags.
+    (
+        _encode("none", make_message(n=3, length=4, k=1, seed=7, texts=["a\u00e9\u2713", None, ""], eos=[True])),
+        "peer-a",
+    ),
+    (
+        _encode(
+            "both",
+            make_message(n=2, length=3, k=2, seed=8, sender="peer-b", texts=["\U0001f600 x", "yz"], eos=[False, True]),
+            compact=True,
+        ),
+        "peer-b",
+    ),
+    (_encode("none", make_message(n=0, n_groups=0)), "peer-a"),  # last: body_edits leaves it out
 ]
 INTERESTING_INTS = [0, 1, 2, 3, 7, 255, 2**15, 2**16 - 1, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, 2**64 - 1]
 INTERESTING_FLOATS = [
@@ -123,6 +137,7 @@ def check_peeked(info: dict, public_keys, limits: Limits) -> None:
     assert info["num_tokens"] <= limits.max_total_tokens
     assert len(info["reward_names"]) <= limits.max_reward_functions
     assert info["header_bytes"] <= limits.max_header_bytes and info["message_bytes"] <= limits.max_message_bytes
+    assert 0 <= info["text_bytes"] <= limits.max_text_bytes
 
 
 def check_decoded(message: Message, public_keys, limits: Limits, vocab_limit: int | None) -> None:
@@ -135,7 +150,7 @@ def check_decoded(message: Message, public_keys, limits: Limits, vocab_limit: in
     k = len(message.reward_names)
     assert k <= limits.max_reward_functions
     assert len(message.groups) <= limits.max_groups and len(message.completions) <= limits.max_completions
-    total = 0
+    total = text_bytes = 0
     for c in message.completions:
         assert type(c.group) is int and 0 <= c.group < len(message.groups)
         ids, logps, rpf = c.completion_ids, c.generator_logps, c.rewards_per_func
@@ -145,13 +160,20 @@ def check_decoded(message: Message, public_keys, limits: Limits, vocab_limit: in
         assert np.isfinite(logps).all() and logps.min() >= limits.min_logp and logps.max() <= MAX_LOGP
         assert type(c.reward) is float and math.isfinite(c.reward) and abs(c.reward) <= limits.max_abs_reward
         assert rpf.shape == (k,) and (np.isnan(rpf) | (np.abs(rpf) <= limits.max_abs_reward)).all()
+        assert type(c.ends_with_eos) is bool and (c.text is not None or not c.ends_with_eos)
+        if c.text is not None:
+            assert type(c.text) is str and len(c.text.encode("utf-8")) <= limits.max_completion_text_bytes
+            text_bytes += len(c.text.encode("utf-8"))
         total += ids.size
-    assert total <= limits.max_total_tokens
+    assert total <= limits.max_total_tokens and text_bytes <= limits.max_text_bytes
     # What a receiver accepted, a sender could have sent: it re-encodes within the same limits, identically.
     again = decode_message(
         encode_message(message, compact=message.compact, limits=limits), vocab_limit=vocab_limit, limits=limits
     )
     assert again.num_tokens() == message.num_tokens() and again.sender == message.sender
+    assert [(c.text, c.ends_with_eos) for c in again.completions] == [
+        (c.text, c.ends_with_eos) for c in message.completions
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -308,6 +330,60 @@ def body_edits(draw):
     return resign(frame(flags, header_bytes, body), draw(member_signing), sender)
 
 
+TEXT_BASES = [i for i, (data, _) in enumerate(BASES) if b'"text_bytes"' in data]
+text_lengths = st.integers(0, 12) | st.sampled_from([0xFFFFFFFF, 0xFFFFFFFE, 2**31, 256, 257, 2**20 + 1])
+# Bytes near UTF-8: valid characters, encoded surrogates, stray continuation bytes, truncated sequences.
+text_pieces = st.sampled_from(
+    [
+        b"a",
+        b"\xc3\xa9",
+        b"\xe2\x9c\x93",
+        b"\xf0\x9f\x98\x80",
+        b"\xed\xa0\x80",
+        b"\xed\xbf\xbf",
+        b"\x80",
+        b"\xc3",
+        b"\xe2\x9c",
+    ]
+    + [b"\xf4\x90\x80\x80", b"\xc0\xaf", b"\xff", b"\x00"]
+)
+text_bytes_strategy = st.lists(text_pieces, max_size=8).map(b"".join) | st.binary(max_size=24)
+
+
+@st.composite
+def text_edits(draw):
+    data, sender = BASES[draw(st.sampled_from(TEXT_BASES))]
+    flags, header, body = split(data)
+    if flags & wire.FLAG_COMPRESSED:
+        body = zlib.decompress(body)
+    n = header["counts"]["completions"]
+    start = len(body) - header["text_bytes"] - 5 * n
+    lengths = list(struct.unpack_from(f"<{n}I", body, start))
+    text_flags = bytearray(body[start + 4 * n : start + 5 * n])
+    text = body[start + 5 * n :]
+    for _ in range(draw(st.integers(1, 3))):
+        part = draw(st.sampled_from(["length", "flags", "text", "text_bytes"]))
+        index = draw(st.integers(0, n - 1))
+        if part == "length":
+            lengths[index] = draw(text_lengths)
+        elif part == "flags":
+            text_flags[index] = draw(st.integers(0, 255) | st.just(1))
+        elif part == "text":
+            text = draw(text_bytes_strategy)
+            if draw(st.booleans()):  # the honest way: the lengths of the new bytes, as texts or sentinels
+                cuts = sorted(draw(st.lists(st.integers(0, len(text)), min_size=n - 1, max_size=n - 1)))
+                lengths = [b - a for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+        else:
+            header["text_bytes"] = draw(st.sampled_from([0, 1, len(text) + 1, 2**26, 2**26 + 1]) | st.integers(0, 40))
+    if draw(st.integers(0, 3)):  # mostly keep the header consistent with what the section now holds
+        header["text_bytes"] = len(text)
+    body = body[:start] + struct.pack(f"<{n}I", *lengths) + bytes(text_flags) + text
+    if flags & wire.FLAG_COMPRESSED:
+        body = zlib.compress(body, 1)
+    header_bytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    return resign(frame(flags, header_bytes, body), draw(member_signing), sender)
+
+
 plausible_preamble = st.builds(
     lambda flags, header_length, body_length: struct.pack(
         "<4sHHIQ", b"FTIS", wire.SCHEMA_VERSION, flags, header_length, body_length
@@ -348,6 +424,10 @@ def test_the_base_messages_are_valid():
         outcomes = {name: check(data, name) for name in RECEIVERS}
         assert outcomes["open"] == "decoded" and decode_message(data).sender == sender
     assert {check(BASES[3][0], name) for name in RECEIVERS} == {"decoded"}  # signed both ways, small
+    assert {check(BASES[-2][0], name) for name in RECEIVERS} == {"decoded"}  # with texts, signed both ways
+    texts = [(c.text, c.ends_with_eos) for c in decode_message(BASES[-2][0]).completions]
+    assert texts == [("\U0001f600 x", False), ("yz", True)]
+    assert [c.text for c in decode_message(BASES[-3][0]).completions] == ["a\u00e9\u2713", None, ""]
 
 
 @budget(600, 5000)
@@ -375,3 +455,8 @@ def test_header_edits_by_a_member(examples):
 @budget(700, 5000)
 def test_body_edits_by_a_member(examples):
     run(examples, st.tuples(body_edits(), receivers), check)
+
+
+@budget(400, 3000)
+def test_text_section_edits_by_a_member(examples):
+    run(examples, st.tuples(text_edits(), receivers), check)

@@ -60,6 +60,10 @@ class Limits:
     """Lowest sampling temperature: below it sampling is greedy in all but name and log-probs explode."""
     max_temperature: float = MAX_TEMPERATURE
     """Highest sampling temperature: above it sampling is uniform in all but name."""
+    max_completion_text_bytes: int = 2**20
+    """UTF-8 bytes of one completion's text (the optional text section)."""
+    max_text_bytes: int = 64 * 2**20
+    """UTF-8 bytes of all texts of one message (the header's `text_bytes`)."""
 
     def __post_init__(self):
         for f in fields(self):
@@ -83,6 +87,7 @@ class Limits:
         max_prompt_chars: int | None = None,
         max_extra_bytes: int = 16_384,
         max_reward_functions: int = 64,
+        max_text_bytes_per_token: int = 16,
         **overrides: Any,
     ) -> Limits:
         """Limits as tight as what this receiver will use of one message, so nothing larger is parsed or inflated.
@@ -97,18 +102,23 @@ class Limits:
             max_prompt_chars: characters of the longest prompt (all its chat messages' text); default 32 768.
             max_extra_bytes: JSON bytes of one prompt's other dataset columns (`WireGroup.extra`).
             max_reward_functions: the largest `K` a peer may send.
+            max_text_bytes_per_token: UTF-8 bytes of a completion's text (the optional text section) per token of
+                `max_completion_length`: 16 = a BPE token averages about 4 characters, a character takes at most 4
+                bytes in UTF-8.
             overrides: any other [`Limits`] field (`max_abs_reward`, `min_logp`, ...), or a derived one to replace.
 
         Derived: `max_completions = max_rows`, `max_groups`, `max_completion_tokens = max_completion_length`,
-        `max_total_tokens = T = max_rows * max_completion_length`, `max_reward_functions = K`, the header budget
+        `max_total_tokens = T = max_rows * max_completion_length`, `max_reward_functions = K`,
+        `max_completion_text_bytes = max_text_bytes_per_token * max_completion_length`, `max_text_bytes = X =
+        max_rows * max_completion_text_bytes`, the header budget
         `64 KiB + 1600 K + max_groups * (6 * max_prompt_chars + max_extra_bytes + 1024)` (6 bytes: the longest JSON
         form of a character), and `max_message_bytes` = the 20-byte preamble + the header budget + the largest body
-        those counts allow, `max_rows * (12 + 4K) + 8 T`, + 0.1% + 64 bytes (zlib's worst-case expansion is
-        smaller) + 161 bytes of signature trailers. Both byte limits are capped at the defaults (pass them in
-        `overrides` to go beyond). The body is inflated only up to the exact size the header's counts imply, so
-        decompression is bounded by `max_rows * (12 + 4K) + 8 T` whatever the header budget.
+        those counts allow, `max_rows * (12 + 4K) + 8 T + 5 max_rows + X`, + 0.1% + 64 bytes (zlib's worst-case
+        expansion is smaller) + 161 bytes of signature trailers. Every byte limit is capped at its default (pass it
+        in `overrides` to go beyond). The body is inflated only up to the exact size the header's counts imply, so
+        decompression is bounded by `max_rows * (17 + 4K) + 8 T + X` whatever the header budget.
         """
-        from .wire import _FIXED_PER_COMPLETION, _MAX_TRAILER_BYTES, PREAMBLE_SIZE
+        from .wire import _FIXED_PER_COMPLETION, _MAX_TRAILER_BYTES, _TEXT_PER_COMPLETION, PREAMBLE_SIZE
 
         groups = max_rows if max_groups is None else max_groups
         prompt_chars = _DEFAULT_PROMPT_CHARS if max_prompt_chars is None else max_prompt_chars
@@ -119,6 +129,7 @@ class Limits:
             ("max_prompt_chars", prompt_chars, 0),
             ("max_extra_bytes", max_extra_bytes, 0),
             ("max_reward_functions", max_reward_functions, 0),
+            ("max_text_bytes_per_token", max_text_bytes_per_token, 0),
         ):
             if not _is_int(value) or value < low:
                 raise ValueError(f"Limits.for_receiver: {name} must be an integer >= {low}, got {value!r}")
@@ -126,8 +137,11 @@ class Limits:
         group_bytes = _JSON_BYTES_PER_CHAR * prompt_chars + max_extra_bytes + _GROUP_OVERHEAD_BYTES
         header = _FIXED_HEADER_BYTES + _REWARD_NAME_BYTES * k + groups * group_bytes
         tokens = max_rows * max_completion_length
-        body = max_rows * (_FIXED_PER_COMPLETION + 4 * k) + 8 * tokens  # exact mode, the larger one
         defaults = cls()  # in bytes, never looser than the defaults
+        completion_text = min(max_text_bytes_per_token * max_completion_length, defaults.max_completion_text_bytes)
+        text = min(max_rows * completion_text, defaults.max_text_bytes)
+        body = max_rows * (_FIXED_PER_COMPLETION + 4 * k) + 8 * tokens  # exact mode, the larger one
+        body += _TEXT_PER_COMPLETION * max_rows + text  # the text section, every completion with a text
         header = min(header, defaults.max_header_bytes)
         message = PREAMBLE_SIZE + header + body + body // 1000 + 64 + _MAX_TRAILER_BYTES
         derived = {
@@ -138,6 +152,8 @@ class Limits:
             "max_completion_tokens": max_completion_length,
             "max_total_tokens": tokens,
             "max_reward_functions": k,
+            "max_completion_text_bytes": completion_text,
+            "max_text_bytes": text,
         }
         derived.update(overrides)
         return cls(**derived)

@@ -2,8 +2,9 @@
 
 A [`Message`] is what one peer publishes for one training step: the prompts it sampled (as the dataset gave
 them, so every receiver renders them with its own chat template), and per completion the token ids, the
-generator's per-token log-probs and the rewards. [`encode_message`] turns it into bytes, [`decode_message`]
-turns bytes from an *untrusted* peer back into a validated [`Message`].
+generator's per-token log-probs and the rewards (optionally also its text, for peers with another tokenizer).
+[`encode_message`] turns it into bytes, [`decode_message`] turns bytes from an *untrusted* peer back into a
+validated [`Message`].
 
 Decoding never executes anything (no pickle, no `torch.load`, no `eval`): the small text parts are JSON, the
 numbers are raw little-endian arrays read with [`numpy.frombuffer`]. Required signatures (a swarm secret, per-peer
@@ -104,7 +105,12 @@ _FIXED_PER_COMPLETION = 12
 _HEADER_KEYS = ("sender", "round", "created", "tokenizer_fingerprint", "tokenizer_name", "temperature")
 _HEADER_KEYS += ("reward_names", "groups", "counts", "dtypes")
 # Keys a header may carry or leave out (added after schema version 1 without breaking it).
-_OPTIONAL_HEADER_KEYS = ("model",)
+_OPTIONAL_HEADER_KEYS = ("model", "text_bytes")
+# The optional text section (header key "text_bytes"): N x <u4 byte lengths, N x u8 flags, then the UTF-8 bytes.
+_NO_TEXT = 0xFFFFFFFF  # the length of a completion without text
+_TEXT_FLAG_EOS = 1 << 0  # the completion ended with the sender's end-of-sequence token
+_TEXT_FLAGS_UNKNOWN = 0xFF & ~_TEXT_FLAG_EOS  # must be 0
+_TEXT_PER_COMPLETION = 5  # its length (u4) and flags (u8)
 
 REASONS = frozenset(
     {
@@ -122,7 +128,8 @@ REASONS = frozenset(
         "ids",  # a token id outside [0, vocab_limit) (or not an integer on encode)
         "logps",  # a log-prob that is not finite, is > MAX_LOGP or < Limits.min_logp
         "rewards",  # a reward not finite or above Limits.max_abs_reward in magnitude (rewards_per_func: NaN allowed)
-        "limits",  # a declared count above Limits (completions, groups, tokens, reward functions)
+        "limits",  # a declared count or size above Limits (completions, groups, tokens, reward functions, texts)
+        "text",  # a completion's text is not strict UTF-8 (lone surrogates included), or its flags are invalid
     }
 )
 
@@ -169,6 +176,12 @@ class WireCompletion:
     """Total reward, finite; it travels as float32."""
     rewards_per_func: np.ndarray
     """float32, shape `(K,)` with `K = len(Message.reward_names)`; NaN where a reward function returned None."""
+    text: str | None = None
+    """The completion as text, decoded with the sender's tokenizer, without the end-of-sequence token; None: not
+    sent. Lets peers with another tokenizer re-tokenise it (`docs/wire-format.md`, "The text section")."""
+    ends_with_eos: bool = False
+    """The completion ended with the sender's end-of-sequence token (not part of `text`); receivers with another
+    tokenizer append their own. Sent only with `text` (ignored when `text` is None)."""
 
 
 @dataclass(eq=False)
@@ -303,6 +316,8 @@ class _Header:
     ids_dtype: str
     logps_dtype: str
     model: str = ""
+    text_bytes: int | None = None
+    """Total UTF-8 bytes of the texts; None: the message has no text section."""
 
 
 def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
@@ -365,6 +380,15 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
         raise _fail("limits", f"{n} completions, more than {limits.max_completions}", sender)
     if t > limits.max_total_tokens:
         raise _fail("limits", f"{t} tokens, more than {limits.max_total_tokens}", sender)
+    text_bytes = header.get("text_bytes")
+    if "text_bytes" in header:
+        if not _is_int(text_bytes) or text_bytes < 0:
+            raise _fail("header", f"text_bytes must be a non-negative integer, got {text_bytes!r:.40}", sender)
+        if text_bytes > limits.max_text_bytes:
+            raise _fail("limits", f"{text_bytes} bytes of text, more than {limits.max_text_bytes}", sender)
+        if text_bytes > n * limits.max_completion_text_bytes:  # some completion would exceed its own limit
+            problem = f"{text_bytes} bytes of text for {n} completions of at most {limits.max_completion_text_bytes}"
+            raise _fail("limits", problem, sender)
 
     dtypes = header["dtypes"]
     if not isinstance(dtypes, dict) or set(dtypes) != {"ids", "logps"}:
@@ -389,6 +413,7 @@ def _check_header(header: Any, compact: bool, limits: Limits) -> _Header:
         ids_dtype=dtypes["ids"],
         logps_dtype=dtypes["logps"],
         model=model,
+        text_bytes=None if text_bytes is None else int(text_bytes),
     )
 
 
@@ -397,7 +422,10 @@ def _body_size(header: _Header) -> int:
     k = len(header.reward_names)
     id_size = _ID_DTYPES[header.ids_dtype].itemsize
     logp_size = _LOGP_DTYPES[header.logps_dtype].itemsize
-    return header.num_completions * (_FIXED_PER_COMPLETION + 4 * k) + header.num_tokens * (id_size + logp_size)
+    size = header.num_completions * (_FIXED_PER_COMPLETION + 4 * k) + header.num_tokens * (id_size + logp_size)
+    if header.text_bytes is not None:
+        size += _TEXT_PER_COMPLETION * header.num_completions + header.text_bytes
+    return size
 
 
 @dataclass
@@ -463,6 +491,46 @@ def _check_columns(columns: _Columns, header: _Header, *, vocab_limit: int | Non
     starts = np.zeros(columns.length.size, dtype=np.int64)
     np.cumsum(columns.length[:-1], dtype=np.int64, out=starts[1:])
     return starts
+
+
+def _check_text_columns(lengths: np.ndarray, flags: np.ndarray, header: _Header, limits: Limits) -> np.ndarray:
+    """Checks the text section's lengths (`_NO_TEXT`: no text) and flags against the header and the limits, before
+    any text byte is read; returns a boolean mask of the completions that have a text."""
+    sender = header.sender
+    has_text = lengths != _NO_TEXT
+    sizes = lengths[has_text]
+    if sizes.size and int(sizes.max()) > limits.max_completion_text_bytes:
+        bad = int(np.flatnonzero(has_text)[int(np.argmax(sizes))])
+        limit = limits.max_completion_text_bytes
+        raise _fail("limits", f"completion {bad} has {int(lengths[bad])} bytes of text, more than {limit}", sender)
+    total = int(sizes.sum(dtype=np.int64))
+    if total != header.text_bytes:
+        raise _fail("shape", f"the texts' lengths sum to {total}, the header declares {header.text_bytes}", sender)
+    unknown = (flags & _TEXT_FLAGS_UNKNOWN) != 0
+    if unknown.any():
+        bad = int(np.argmax(unknown))
+        raise _fail("text", f"completion {bad} has unknown text flag bits {int(flags[bad]):#04x}", sender)
+    if (flags[~has_text] != 0).any():
+        bad = int(np.argmax(~has_text & (flags != 0)))
+        raise _fail("text", f"completion {bad} has text flags {int(flags[bad]):#04x} but no text", sender)
+    return has_text
+
+
+def _decode_texts(data: bytes | memoryview, lengths: np.ndarray, has_text: np.ndarray, sender: str) -> list:
+    """Each completion's text (strict UTF-8: invalid bytes and encoded surrogates are refused), or None."""
+    texts: list[str | None] = []
+    offset = 0
+    for i, (size, present) in enumerate(zip(lengths.tolist(), has_text.tolist(), strict=True)):
+        if not present:
+            texts.append(None)
+            continue
+        try:
+            texts.append(bytes(data[offset : offset + size]).decode("utf-8"))
+        except UnicodeDecodeError as error:
+            problem = f"completion {i}'s text is not valid UTF-8 ({error.reason} at byte {error.start})"
+            raise _fail("text", problem, sender) from None
+        offset += size
+    return texts
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -557,6 +625,36 @@ def _completion_arrays(message: Message, k: int, sender: str):
     return group, length, reward32, rewards_per_func, ids_all, logps_all
 
 
+def _completion_texts(message: Message, limits: Limits, sender: str) -> tuple[np.ndarray, np.ndarray, bytes] | None:
+    """The text section (lengths, flags, concatenated UTF-8 bytes), validated as a receiver will check it; None when
+    no completion has a text (the message then has no section, and `ends_with_eos` is not sent)."""
+    completions = message.completions
+    if all(c.text is None for c in completions):
+        return None
+    lengths = np.full(len(completions), _NO_TEXT, dtype=np.int64)
+    flags = np.zeros(len(completions), dtype=np.uint8)
+    encoded = []
+    for i, c in enumerate(completions):
+        if c.text is None:
+            continue  # flags 0: ends_with_eos travels only with a text
+        if not isinstance(c.text, str):
+            raise _fail("text", f"completions[{i}].text must be a string or None, not {type(c.text).__name__}", sender)
+        try:
+            data = c.text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _fail("text", f"completions[{i}].text holds a lone surrogate (not valid Unicode)", sender) from None
+        limit = limits.max_completion_text_bytes
+        if len(data) > limit or len(data) >= _NO_TEXT:
+            raise _fail("limits", f"completions[{i}].text has {len(data)} UTF-8 bytes, more than {limit}", sender)
+        if not isinstance(c.ends_with_eos, (bool, np.bool_)):
+            problem = f"completions[{i}].ends_with_eos must be a bool, got {c.ends_with_eos!r:.40}"
+            raise _fail("text", problem, sender)
+        lengths[i] = len(data)
+        flags[i] = _TEXT_FLAG_EOS if c.ends_with_eos else 0
+        encoded.append(data)
+    return lengths, flags, b"".join(encoded)
+
+
 def encode_message(
     message: Message,
     *,
@@ -593,6 +691,7 @@ def encode_message(
         raise _fail("header", "completions must be a list", sender)
     k = len(message.reward_names)
     group, length, reward, rewards_per_func, ids, logps = _completion_arrays(message, k, sender)
+    texts = _completion_texts(message, limits, sender)
 
     if compact:
         ids_dtype = "<u2" if ids.size == 0 or int(ids.max()) < 2**16 else "<i4"
@@ -624,6 +723,8 @@ def encode_message(
     }
     if message.model:
         header["model"] = message.model
+    if texts is not None:
+        header["text_bytes"] = len(texts[2])
     parsed = _check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
     columns = _Columns(
@@ -635,6 +736,8 @@ def encode_message(
         logps=logps,
     )
     _check_columns(columns, parsed, vocab_limit=None, limits=limits)
+    if texts is not None:
+        _check_text_columns(texts[0], texts[1], parsed, limits)
     if compact:
         # float16 holds [-65504, 65504]: a lower log-prob would become -inf. Such a token is astronomically
         # unlikely and its weight min(exp(lθ - lgen), C) is capped at C either way, so clamp rather than fail;
@@ -648,6 +751,9 @@ def encode_message(
         logps_wire = logps.astype("<f4")
 
     header_bytes = json.dumps(header, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    text_section = []  # after the log-probs: lengths (no text: 0xFFFFFFFF), flags, the concatenated UTF-8 bytes
+    if texts is not None:
+        text_section = [texts[0].astype("<u4").tobytes(), texts[1].astype("u1").tobytes(), texts[2]]
     body = b"".join(
         [
             group.astype("<u4").tobytes(),
@@ -656,6 +762,7 @@ def encode_message(
             rewards_per_func.astype("<f4").tobytes(),  # row-major: completion 0's K values, then completion 1's
             ids.astype(ids_dtype).tobytes(),
             logps_wire.tobytes(),
+            *text_section,
         ]
     )
     if len(body) > limits.max_message_bytes:  # the receiver bounds the decompressed body the same way
@@ -879,7 +986,8 @@ def decode_message(
     Signatures are verified on the exact signed bytes before the header or the body is parsed: a stranger's
     message costs one pass of HMAC/Ed25519 hashing over bytes already in memory, nothing more. Without `secret`
     and `public_keys` no signature is checked. The returned arrays are fresh, writable copies (ids int32,
-    log-probs and rewards float32).
+    log-probs and rewards float32). Completions carry their `text` (strict UTF-8) and `ends_with_eos` when the
+    message has a text section, else None and False.
     """
     frame, header = _open(data, secret, public_keys, limits, need_body=True)
     view = frame.view
@@ -920,6 +1028,13 @@ def decode_message(
         logps=take(logp_dtype, t).astype(np.float32),
     )
     starts = _check_columns(columns, header, vocab_limit=vocab_limit, limits=limits)
+    texts: list[str | None] = [None] * n
+    eos = [False] * n
+    if header.text_bytes is not None:  # the text section: lengths and flags checked before a text byte is read
+        text_lengths, text_flags = take(np.dtype("<u4"), n), take(np.dtype("u1"), n)
+        has_text = _check_text_columns(text_lengths, text_flags, header, limits)
+        texts = _decode_texts(memoryview(body)[offset:], text_lengths, has_text, sender)  # no copy of all texts
+        eos = ((text_flags & _TEXT_FLAG_EOS) != 0).tolist()
 
     completions = []
     for i in range(n):
@@ -931,6 +1046,8 @@ def decode_message(
                 generator_logps=columns.logps[start:stop],
                 reward=float(columns.reward[i]),
                 rewards_per_func=columns.rewards_per_func[i],
+                text=texts[i],
+                ends_with_eos=eos[i],
             )
         )
     return Message(
@@ -964,8 +1081,9 @@ def peek_header(
 
     Returns a dict with ``schema_version, signed, ed25519, verified, signer, compact, compressed, sender, round,
     created, tokenizer_fingerprint, tokenizer_name, temperature, reward_names, model, num_groups, num_completions,
-    num_tokens, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when `public_keys` verified
-    it, else None; `message_bytes`: the size the frame declares).
+    num_tokens, text_bytes, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when `public_keys`
+    verified it, else None; `text_bytes`: UTF-8 bytes of the completions' texts, 0 when the message carries none;
+    `message_bytes`: the size the frame declares).
     """
     frame, header = _open(data, secret, public_keys, limits, need_body=False)
     return {
@@ -987,6 +1105,7 @@ def peek_header(
         "num_groups": len(header.groups),
         "num_completions": header.num_completions,
         "num_tokens": header.num_tokens,
+        "text_bytes": header.text_bytes or 0,
         "header_bytes": frame.header_length,
         "body_bytes": frame.body_length,
         "message_bytes": frame.total_length,
