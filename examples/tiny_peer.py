@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
-from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_causal_lm, supervised_warmup  # noqa: E402
+from trl_ftis.demo.tiny import TINY_TOKENIZERS, build_tiny_causal_lm, build_tokenizer, supervised_warmup  # noqa: E402
 from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.addition import (  # noqa: E402
     addition_dataset,
@@ -42,8 +42,13 @@ class TinyPeerArguments:
 
     architecture: str = field(
         default="llama",
+        metadata={"help": "Decoder family of the tiny model: llama, qwen2, mistral or gemma2."},
+    )
+    tokenizer: str = field(
+        default="char",
         metadata={
-            "help": "Decoder family of the tiny model: llama, qwen2, mistral or gemma2 (one character tokenizer)."
+            "help": f"Tokenizer: {' or '.join(TINY_TOKENIZERS)} (peers with different ones need --cross_tokenizer).",
+            "choices": list(TINY_TOKENIZERS),
         },
     )
     hidden_size: int = field(default=64, metadata={"help": "Hidden size of the tiny model (64: ~134k parameters)."})
@@ -68,7 +73,7 @@ def main() -> None:
     peer_args, training_args, model_args = parser.parse_args_and_config()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
-    tokenizer = build_char_tokenizer()
+    tokenizer = build_tokenizer(peer_args.tokenizer)
     if model_args.model_name_or_path:
         from transformers import AutoModelForCausalLM
 

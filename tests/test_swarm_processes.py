@@ -108,6 +108,46 @@ def test_three_architectures_one_of_them_lora_train_on_each_others_rows(tmp_path
     assert (run_dir / "llama" / "model.safetensors").exists()
 
 
+def test_peers_with_different_tokenizers_train_on_each_others_texts(tmp_path):
+    """A character-level Llama and a BPE Qwen2 (LoRA): with cross_tokenizer each re-tokenises the other's texts and
+    trains on them at the text level; the examples/swarms/mixed_tokenizers.yaml setting, made small."""
+    # A BPE token is a whole number (up to 3 characters): the character peer gets room for 6 of them, and more.
+    peers = {"char": ("char", "llama", 64, False, 20), "bpe": ("bpe", "qwen2", 48, True, 6)}
+    config = {
+        "script": PEER_SCRIPT,
+        "exchange_url": f"dir://{tmp_path / 'exchange'}",
+        "args": {**COMMON, "expected_peers": list(peers), "peer_timeout": 120, "cross_tokenizer": True},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "peers": [
+            {
+                "id": peer,
+                "lora": lora,
+                "args": {"tokenizer": kind, "architecture": architecture, "hidden_size": hidden}
+                | {"max_completion_length": length}
+                | ({"lora_target_modules": ["q_proj", "v_proj"]} if lora else {}),
+            }
+            for peer, (kind, architecture, hidden, lora, length) in peers.items()
+        ],
+    }
+    result = run_launcher(tmp_path, config)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    run_dir = tmp_path / "run"
+    for peer in peers:
+        (other,) = set(peers) - {peer}
+        outcome = summary(run_dir, peer)
+        assert outcome["steps"] == 3 and outcome["peers"] == [other]
+        assert outcome["refused"].get("tokenizer", 0) == 0
+        assert outcome["rows_received"] == 48
+        # Every received row was re-tokenised or dropped for a counted reason: untrained models also write their
+        # special tokens (<unk>, <pad>) mid-completion, which the other reads as its own (text_special_tokens).
+        assert outcome["rows_retokenised"] + outcome["dropped"].get("text_special_tokens", 0) == 48
+        assert set(outcome["dropped"]) <= {"text_special_tokens", "too_long"}, outcome["dropped"]
+        assert outcome["rows_accepted"] >= 10 and outcome["rows_retokenised"] >= outcome["rows_accepted"]
+        log = (run_dir / "logs" / f"{peer}.log").read_text()
+        assert f"'ftis/peers/{other}/is_weight_mean'" in log  # their re-tokenised rows reached the loss
+        assert "nothing new from" not in log
+
+
 def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
     exchange = tmp_path / "exchange"
     peers = ["a", "b", "victim"]

@@ -125,9 +125,45 @@ def test_positional_arguments_and_no_reward_funcs_work_as_for_grpotrainer(tokeni
     assert errors[0] == errors[1]
 
 
-def test_trainer_requires_an_ftis_config(tokenizer, dataset, make_args):
+def test_a_trainer_config_that_is_not_a_grpo_config_is_refused(tokenizer, dataset, make_args, tmp_path):
+    from transformers import TrainingArguments
+
     with pytest.raises(TypeError, match="FTISConfig"):
-        make_trainer(tokenizer, make_args(GRPOConfig), dataset)
+        make_trainer(tokenizer, TrainingArguments(str(tmp_path / "out")), dataset)
+
+
+def test_a_grpo_config_is_converted_keeping_every_value(make_args):
+    grpo = make_args(GRPOConfig, loss_type="dapo", learning_rate=3e-4, steps_per_generation=2, temperature=0.7)
+    before = copy.deepcopy(grpo.to_dict())
+    converted = FTISConfig.from_grpo_config(grpo)
+    assert isinstance(converted, FTISConfig) and type(grpo) is GRPOConfig
+    assert grpo.to_dict() == before  # the caller's config is untouched
+    theirs = grpo.to_dict()
+    ours = converted.to_dict()
+    assert {key: ours[key] for key in theirs} == theirs  # every GRPOConfig value, TRL's defaults included
+    assert converted.loss_type == "dapo" and converted.disable_dropout is False  # GRPOConfig's, not FTISConfig's
+    assert (converted.variant, converted.is_cap, converted.kl_threshold) == ("f-tis", 2.0, 50.0)
+    assert converted.cross_tokenizer is False and converted.exchange_url is None and converted.peer_id
+    with pytest.raises(TypeError, match="GRPOConfig"):
+        FTISConfig.from_grpo_config(object())
+
+
+def test_with_a_grpo_config_it_trains_exactly_like_grpotrainer(tokenizer, dataset, make_args):
+    """A drop-in replacement: the same GRPOConfig (TRL's default loss, dapo) in both trainers, the same weights."""
+    grpo = make_args(GRPOConfig, loss_type="dapo")
+    reference = GRPOTrainer(
+        build_tiny_llama(tokenizer, seed=0),
+        digit_match_reward,
+        args=copy.deepcopy(grpo),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+    )
+    reference.train()
+    ours = make_trainer(tokenizer, grpo, dataset)
+    assert isinstance(ours.args, FTISConfig)
+    ours.train()
+    expected, got = params(reference.model), params(ours.model)
+    assert all(torch.equal(expected[k], got[k]) for k in expected)
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from trl.trainer.utils import is_async_callable
 from .peer_rows import (
     MAX_ABS_ADVANTAGE,
     PeerRow,
+    _row_problem,
     prompt_columns,
     prompt_key,
     row_problems,
@@ -73,6 +74,13 @@ DROP_REASONS: dict[str, str] = {
     "enormous rewards)",
     "batch_split": "trimmed so that the peer rows split evenly over the micro-batches and processes",
     "internal_error": "an unexpected error while processing the round's rows (logged with its traceback)",
+    "foreign_tokenizer": "completion ids in another tokenizer's tokens, but cross_tokenizer is off",
+    "no_text": "a completion from a peer with another tokenizer without a usable text (none sent, or empty), or that "
+    "ended with an end-of-sequence token when this tokenizer has none",
+    "text_round_trip": "a completion text that does not survive re-tokenisation with this trainer's tokenizer "
+    "(decode(encode(text)) != text: characters it cannot represent)",
+    "text_special_tokens": "a completion text that this trainer's tokenizer reads as special tokens (a chat-template "
+    "marker, padding, end of sequence...) inside the completion",
 }
 """Why a received row is dropped: each is counted in `ftis/peer_rows_dropped/<reason>` (and the total in
 `ftis/peer_rows_dropped`) and warned about once per peer and reason."""
@@ -141,7 +149,8 @@ class PeerRowAdmission:
         decided from a row alone. Never raises because of a row's content: a row is kept, or dropped and counted by
         reason ([`DROP_REASONS`]).
 
-        In order: ids and log-probs (`bad_ids`, `bad_logps`: the wire format and `add_peer_rows` already refuse them),
+        First, rows of a peer with another tokenizer are re-tokenised ([`_retokenise`]). Then, in order: ids and
+        log-probs (`bad_ids`, `bad_logps`: the wire format and `add_peer_rows` already refuse them),
         the completion length (`too_long`), the prompt's shape (`bad_prompt`, `empty_prompt`, `bad_chat_prompt`,
         `no_chat_template`) and the columns' (`bad_columns`); then columns named like a reward function argument are
         removed ([`RESERVED_REWARD_COLUMNS`], `reserved_column`) and, with `local_columns`, a known prompt gets the
@@ -156,6 +165,12 @@ class PeerRowAdmission:
         rows = list(rows)
         if not rows:
             return rows
+        if getattr(self.args, "text_level_peer_rows", False):  # measuring the approximation: every text is foreign
+            for row in rows:
+                if row.completion_text is not None:
+                    row.foreign_tokenizer = True
+        if any(row.foreign_tokenizer for row in rows):
+            rows = self._retokenise(rows)
         problems = row_problems(rows, self.vocab_limit)
         problems = [problem or self._shape_problem(row) for row, problem in zip(rows, problems, strict=True)]
         rows = self._sift(rows, problems)
@@ -173,6 +188,57 @@ class PeerRowAdmission:
             else:
                 problems.append(None)
         return self._sift(rows, problems)
+
+    def _retokenise(self, rows: list[PeerRow]) -> list[PeerRow]:
+        """
+        Rows in another tokenizer's tokens (`foreign_tokenizer`) become rows in this trainer's: their text is
+        tokenised with this tokenizer (no special tokens added; its end-of-sequence token appended when the sender's
+        completion ended with its own), and every generator log-prob becomes the sender's total over its tokens
+        divided by the new length, so that the sum is still the sender's `Σ ℓgen` of the text. Such rows are marked
+        `text_level`: the objective gives them one sequence-level weight `min(exp(Σ ℓθ - Σ ℓgen), C)`.
+
+        Dropped and counted: rows that came in another tokenizer while `cross_tokenizer` is off
+        (`foreign_tokenizer`), without a text (`no_text`), with generator log-probs that are not finite and <= 0
+        (`bad_logps`), whose text does not survive `decode(encode(text))` (`text_round_trip`: characters this
+        tokenizer maps to an unknown token, normalisation) or holds this tokenizer's special tokens
+        (`text_special_tokens`: a peer must not smuggle a chat-template marker into the completion).
+        """
+        tokenizer = self._tokenizer
+        foreign = [row for row in rows if row.foreign_tokenizer]
+        texts = [row.completion_text if isinstance(row.completion_text, str) else "" for row in foreign]
+        encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        decoded = tokenizer.batch_decode(encoded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        special = set(tokenizer.all_special_ids)
+        eos = tokenizer.eos_token_id
+        if eos is None and self.eos_token_ids:  # the model's end of sequence, when the tokenizer names none
+            eos = self.eos_token_ids[0]
+        problems: dict[int, str] = {}
+        for row, ids, text in zip(foreign, encoded, decoded, strict=True):
+            problem = None
+            if not getattr(self.args, "cross_tokenizer", False):
+                problem = "foreign_tokenizer"
+            elif (
+                not isinstance(row.completion_text, str)
+                or not (ids or row.ends_with_eos)
+                or (row.ends_with_eos and eos is None)
+            ):
+                problem = "no_text"
+            elif (shape := _row_problem(row, vocab_limit=2**63)) is not None:  # the sender's ids: any ints >= 0
+                problem = shape
+            elif text != row.completion_text:
+                problem = "text_round_trip"
+            elif special.intersection(ids):
+                problem = "text_special_tokens"
+            if problem is not None:
+                problems[id(row)] = problem
+                continue
+            ids = list(ids) + ([int(eos)] if row.ends_with_eos else [])
+            total = float(np.sum(np.asarray(row.generator_logps, dtype=np.float64)))
+            row.completion_ids = np.asarray(ids, dtype=np.int64)
+            row.generator_logps = np.full(len(ids), total / len(ids), dtype=np.float64)
+            row.foreign_tokenizer, row.text_level = False, True
+        self._totals["rows_retokenised"] += len(foreign) - len(problems)
+        return self._sift(rows, [problems.get(id(row)) for row in rows])
 
     def _shape_problem(self, row: PeerRow) -> str | None:
         if len(row.completion_ids) > self.max_completion_length:

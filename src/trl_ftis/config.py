@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import logging
 import os
@@ -147,6 +148,19 @@ class FTISConfig(GRPOConfig):
             The swarm's public keys (JSON or YAML: peer id -> base64 key, the lines `trl-ftis keygen` prints). When
             set, a message is accepted only when signed by the key registered for the sender it names, so a member
             holding the swarm secret cannot write as another. Checked when the config is built.
+        cross_tokenizer (`bool`, *optional*, defaults to `False`):
+            Accept peers whose tokenizer differs from this trainer's (refused otherwise, reason `tokenizer`). Such a
+            peer must send its completions as text (it does when its own `cross_tokenizer` is on); each text is
+            re-tokenised with this trainer's tokenizer (a text that does not survive `decode(encode(text))`, or that
+            this tokenizer reads as special tokens, is dropped and counted) and trained on with one sequence-level
+            weight `min(exp(Σ ℓθ - Σ ℓgen), C)` and the sequence-level filter statistic (`docs/objective.md`,
+            "Peers with other tokenizers"). This peer then also sends its own completions' text (about one byte per
+            character more on the wire).
+        text_level_peer_rows (`bool`, *optional*, defaults to `False`):
+            With `cross_tokenizer`: treat the rows of peers that share this tokenizer as text too (re-tokenised,
+            sequence-level weight), as if their tokenizer differed. For measuring what the cross-tokenizer
+            approximation costs against token-level F-TIS on the same rows (`benchmarks/ablation.py`); off, they are
+            trained on token by token.
 
     > [!NOTE]
     > These parameters have default values different from [`~trl.GRPOConfig`] (TRL 1.16):
@@ -324,6 +338,21 @@ class FTISConfig(GRPOConfig):
         },
     )
 
+    cross_tokenizer: bool = field(
+        default=False,
+        metadata={
+            "help": "Accept peers with another tokenizer: their completion texts are re-tokenised and trained on with "
+            "a sequence-level truncated weight and filter. Also sends this peer's completion texts."
+        },
+    )
+    text_level_peer_rows: bool = field(
+        default=False,
+        metadata={
+            "help": "With cross_tokenizer: treat rows of peers sharing this tokenizer as text too (sequence-level "
+            "weight), to measure what the cross-tokenizer approximation costs."
+        },
+    )
+
     # Inherited options whose defaults follow the paper (listed in the docstring's note).
     loss_type: str = field(
         default="grpo",
@@ -350,6 +379,35 @@ class FTISConfig(GRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        self._validate_ftis()
+
+    @classmethod
+    def from_grpo_config(cls, config: GRPOConfig) -> FTISConfig:
+        """
+        An `FTISConfig` that holds every value of `config`, a TRL `GRPOConfig` (validated when it was built), and the
+        defaults of the F-TIS fields, so that `FTISTrainer(..., args=GRPOConfig(...))` runs what the `GRPOConfig`
+        says.
+
+        The fields whose `FTISConfig` default differs from TRL's (`loss_type`, `beta`, `disable_dropout`,
+        `cast_lm_head_to_fp32`) keep `config`'s values, TRL's defaults included: a drop-in replacement trains with
+        the settings it was given. `config` is not changed. The values are copied, not passed to the constructor
+        again: `GRPOConfig.__post_init__` derives fields (`generation_batch_size`, `steps_per_generation`, ...) that
+        it refuses to be given together, so rebuilding it from its own values could fail.
+        """
+        if not isinstance(config, GRPOConfig):
+            raise TypeError(f"from_grpo_config takes a trl.GRPOConfig, got {type(config).__name__}.")
+        converted = copy.copy(config)
+        converted.__class__ = cls
+        inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
+        for f in dataclasses.fields(cls):
+            if f.name not in inherited:
+                default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+                setattr(converted, f.name, copy.deepcopy(default))
+        converted._validate_ftis()
+        return converted
+
+    def _validate_ftis(self):
+        """Checks (and completes) the F-TIS and swarm fields; `GRPOConfig.__post_init__` has run."""
         if self.cast_lm_head_to_fp32 is None:
             self.cast_lm_head_to_fp32 = bool(self.bf16 or self.fp16)
         self.variant = parse_variant(self.variant).name  # raises ValueError on an unknown name
@@ -418,6 +476,8 @@ class FTISConfig(GRPOConfig):
             raise ValueError(
                 f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
             )
+        if self.text_level_peer_rows and not self.cross_tokenizer:
+            raise ValueError("text_level_peer_rows=True needs cross_tokenizer=True (it treats peer rows as text).")
         if self.swarm_secret is None:
             self.swarm_secret = os.environ.get(SWARM_SECRET_ENV) or None
         self._validate_keys()

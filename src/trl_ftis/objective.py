@@ -210,6 +210,33 @@ def sequence_filter_statistic(
     return _k3(-sequence_log_ratio(per_token_logps, gen_per_token_logps, completion_mask))
 
 
+@torch.no_grad()
+def text_log_ratio(
+    per_token_logps: torch.Tensor, gen_per_token_logps: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """`Σ_t (ℓθ - ℓgen)` over each completion, shape `(B,)`: for a row re-tokenised from another tokenizer's text,
+    whose generator log-probs are the sender's total spread evenly over this tokenizer's tokens, the log of the ratio
+    of the two models' probabilities of the same text (`Σ ℓθ - Σ ℓgen`). No gradient; NaN when a token is
+    unscorable."""
+    mask = completion_mask.bool()
+    return _masked(_at_least_fp32(per_token_logps.detach()) - _at_least_fp32(gen_per_token_logps), mask).sum(-1)
+
+
+@torch.no_grad()
+def text_truncated_weights(
+    per_token_logps: torch.Tensor,
+    gen_per_token_logps: torch.Tensor,
+    completion_mask: torch.Tensor,
+    is_cap: float = 2.0,
+) -> torch.Tensor:
+    """The cross-tokenizer weight `w_i = min(exp(Σ ℓθ - Σ ℓgen), C)` ([`text_log_ratio`]) on every token of
+    completion `i`, shape `(B, T)`, stop-gradient; 0 on padding and for a completion with an unscorable token. Its
+    filter statistic is [`sequence_filter_statistic`] (per token of this tokenizer, so one `g` serves every row)."""
+    return _sequence_weights(
+        text_log_ratio(per_token_logps, gen_per_token_logps, completion_mask), completion_mask.bool(), is_cap
+    )
+
+
 def filter_keep_mask(advantages: torch.Tensor, filter_stat: torch.Tensor, kl_threshold: float) -> torch.Tensor:
     """`True` for completions kept; `False` where `Â <= 0` and `D > g` (a non-finite `D` exceeds any `g`)."""
     too_far = ~(filter_stat <= kl_threshold)  # NaN <= g and inf <= g are both False
@@ -301,6 +328,7 @@ def ftis_terms(
     filter_mode: str = "zero",
     loss_type: str = "grpo",
     importance_sampling_level: str = "token",
+    text_level: torch.Tensor | None = None,
 ) -> FTISTerms:
     """Turn learner, batch-time and generator log-probs into per-token advantages and a ratio reference.
 
@@ -308,7 +336,9 @@ def ftis_terms(
     on-policy rows (`ℓgen = ℓold`). `advantages` has shape `(B,)`. `filter_mode="remove"` scales the kept rows by
     [`survivor_scale`] for `loss_type`, so that filtered rows leave the loss's normaliser too.
     `importance_sampling_level="sequence"` (GSPO) uses the sequence-level weight [`sequence_truncated_weights`] and
-    statistic [`sequence_filter_statistic`] (`kl_reduction` does not apply there).
+    statistic [`sequence_filter_statistic`] (`kl_reduction` does not apply there). `text_level` (bool, `(B,)`)
+    marks rows re-tokenised from a peer with another tokenizer: whatever the level, they get the text-level weight
+    [`text_truncated_weights`] and the sequence statistic [`sequence_filter_statistic`].
     """
     if filter_mode not in FILTER_MODES:
         raise ValueError(f"Unknown filter_mode {filter_mode!r}; expected one of {', '.join(FILTER_MODES)}.")
@@ -352,6 +382,13 @@ def ftis_terms(
             group_max_lengths=group_max_lengths,
             num_generations=num_generations,
         )
+    if text_level is not None and bool(text_level.any()):
+        text = text_level.to(mask.device).bool()
+        total = text_log_ratio(current, gen, mask)
+        mean = total / mask.sum(-1).clamp(min=1).to(total.dtype)
+        weights = torch.where(text.unsqueeze(-1), _sequence_weights(total, mask, is_cap), weights)
+        capped = torch.where(text.unsqueeze(-1), mask & (total >= math.log(is_cap)).unsqueeze(-1), capped)
+        stat = torch.where(text, _k3(-mean).to(stat.dtype), stat)
     if spec.filtered:
         keep = filter_keep_mask(advantages, stat, kl_threshold)
     else:

@@ -61,6 +61,18 @@ class PeerRow:
     """Set by [`assign_group_statistics`] before rows are shared out between processes (groups may split)."""
     group_max_length: int | None = None
     """Longest completion of the row's group, set with `advantage`."""
+    completion_text: str | None = None
+    """The completion as text, decoded with the sender's tokenizer, without its end-of-sequence token: sent by peers
+    with `cross_tokenizer` on, so that peers with another tokenizer can re-tokenise it. `None`: not sent."""
+    ends_with_eos: bool = False
+    """The completion ended with the sender's end-of-sequence token (not part of `completion_text`)."""
+    foreign_tokenizer: bool = False
+    """`completion_ids` and `generator_logps` are in another tokenizer's tokens (a peer whose tokenizer differs):
+    the receiving trainer re-tokenises `completion_text` before anything else ([`FTISTrainer`] admission)."""
+    text_level: bool = False
+    """Set when re-tokenised: `completion_ids` are this receiver's tokens of the sender's text and every
+    `generator_logps` entry is the sender's total log-prob divided by their number, so that their sum is the sender's
+    `Σ ℓgen`. The objective gives such a row one sequence-level weight (`docs/objective.md`)."""
 
     def __post_init__(self):
         n_ids, n_logps = len(self.completion_ids), len(self.generator_logps)
@@ -190,6 +202,8 @@ class PeerBatch:
     advantages: torch.Tensor
     group_max_lengths: torch.Tensor
     senders: list[str]
+    text_level: torch.Tensor
+    """bool `(B,)`: rows re-tokenised from a peer with another tokenizer ([`PeerRow.text_level`])."""
 
     def __len__(self) -> int:
         return self.completion_ids.shape[0]
@@ -257,6 +271,7 @@ def build_peer_batch(
         advantages=advantages.to(device, torch.float32),
         group_max_lengths=group_max.to(device),
         senders=[row.sender for row in rows],
+        text_level=torch.tensor([bool(row.text_level) for row in rows], dtype=torch.bool, device=device),
     )
 
 
@@ -368,7 +383,8 @@ def check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
         if problem == "bad_ids":
             raise ValueError(
                 f"Peer row from {row.sender!r} has token ids outside this model's vocabulary [0, {vocab_limit}): "
-                "peers must share a tokenizer."
+                "peers must share a tokenizer (rows in another tokenizer's tokens: foreign_tokenizer=True with their "
+                "completion_text, and cross_tokenizer=True)."
             )
         if problem == "bad_logps":
             raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")

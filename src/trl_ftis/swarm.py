@@ -169,6 +169,8 @@ def rows_to_message(
                 generator_logps=np.asarray(row.generator_logps, dtype=np.float32),
                 reward=float(row.reward),
                 rewards_per_func=np.asarray([per_func.get(name, math.nan) for name in reward_names], np.float32),
+                text=row.completion_text,
+                ends_with_eos=bool(row.ends_with_eos),
             )
         )
     return Message(
@@ -184,8 +186,10 @@ def rows_to_message(
     )
 
 
-def message_to_rows(message: Message) -> list[PeerRow]:
-    """Unpack a decoded message into peer rows; group keys are unique per (sender, round, prompt index)."""
+def message_to_rows(message: Message, *, foreign_tokenizer: bool = False) -> list[PeerRow]:
+    """Unpack a decoded message into peer rows; group keys are unique per (sender, round, prompt index).
+    `foreign_tokenizer`: the sender's tokenizer differs from the receiver's (the rows are marked so, to be
+    re-tokenised from their text)."""
     rows = []
     for completion in message.completions:
         group = message.groups[completion.group]
@@ -204,6 +208,9 @@ def message_to_rows(message: Message) -> list[PeerRow]:
                 },
                 extra=dict(group.extra),
                 round=message.round,
+                completion_text=completion.text,
+                ends_with_eos=completion.ends_with_eos,
+                foreign_tokenizer=foreign_tokenizer,
             )
         )
     return rows
@@ -310,6 +317,10 @@ class Swarm:
             the swarm secret can no longer write as another.
         max_rounds_ahead: messages from rounds later than `round + max_rounds_ahead` are dropped (`ahead`).
         budget: what one round may cost ([`RoundBudget`]).
+        cross_tokenizer: accept peers with another tokenizer fingerprint when their messages carry completion texts
+            (their rows come out marked `foreign_tokenizer`, to be re-tokenised by the trainer); token ids are then
+            checked against `vocab_limit` only for peers that share this tokenizer. Off: such peers are refused
+            (`tokenizer`).
     """
 
     def __init__(
@@ -336,6 +347,7 @@ class Swarm:
         public_keys: Mapping[str, Ed25519PublicKey] | str | os.PathLike | None = None,
         max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
         budget: RoundBudget | None = None,
+        cross_tokenizer: bool = False,
     ):
         self.url = url
         self.peer_id = peer_id
@@ -360,6 +372,7 @@ class Swarm:
                 f"max_staleness and max_rounds_ahead must be >= 0, got {max_staleness}, {max_rounds_ahead}"
             )
         self.compact = compact
+        self.cross_tokenizer = bool(cross_tokenizer)
         self.keep_rounds = keep_rounds if keep_rounds is not None else max_staleness + 2
         self.limits = limits if limits is not None else Limits()
         if not isinstance(self.limits, Limits):
@@ -762,7 +775,8 @@ class Swarm:
                 envelope.data,
                 secret=self.secret,
                 public_keys=self.public_keys,
-                vocab_limit=self.vocab_limit,
+                # Another tokenizer's ids are not ours: checked below, once the sender's tokenizer is known.
+                vocab_limit=None if self.cross_tokenizer else self.vocab_limit,
                 limits=self.limits,
             )
         except ExchangeError as error:
@@ -782,17 +796,11 @@ class Swarm:
                 "under their own id only.",
             )
             return None
-        if message.tokenizer_fingerprint != self.fingerprint:
-            result.refused["tokenizer"] += 1
-            self._warn_once(
-                sender,
-                "tokenizer",
-                f"Refusing peer {sender!r}: its tokenizer {message.tokenizer_name!r} "
-                f"(fingerprint {message.tokenizer_fingerprint[:12]}) differs from ours {self.tokenizer_name!r} "
-                f"(fingerprint {self.fingerprint[:12]}); token ids would mean different tokens. Peers must share a "
-                "tokenizer.",
-                level=logging.ERROR,
-            )
+        problem = self._tokenizer_problem(message)
+        if problem is not None:
+            reason, text = problem
+            result.refused[reason] += 1
+            self._warn_once(sender, reason, f"Refusing peer {sender!r}: {text}", level=logging.ERROR)
             return None
         if not math.isclose(message.temperature, self.temperature, rel_tol=1e-6):
             result.refused["temperature"] += 1
@@ -808,6 +816,28 @@ class Swarm:
             state.deferred.append((envelope, digest, message))  # a live peer far ahead: `_align` decides
             return None
         return self._take(envelope, digest, message, round, result, state, dropped)
+
+    def _tokenizer_problem(self, message: Message) -> tuple[str, str] | None:
+        """`(reason, explanation)` when this peer cannot use `message`'s token ids or text, else `None`."""
+        if message.tokenizer_fingerprint == self.fingerprint:
+            if self.cross_tokenizer and message.completions:  # decoded without the vocabulary check
+                highest = max(int(c.completion_ids.max()) for c in message.completions)
+                if highest >= self.vocab_limit:
+                    return "ids", f"token id {highest} is outside this peer's vocabulary of {self.vocab_limit}."
+            return None
+        theirs = f"its tokenizer {message.tokenizer_name!r} (fingerprint {message.tokenizer_fingerprint[:12]})"
+        ours = f"ours {self.tokenizer_name!r} (fingerprint {self.fingerprint[:12]})"
+        if not self.cross_tokenizer:
+            return "tokenizer", (
+                f"{theirs} differs from {ours}; token ids would mean different tokens. Peers must share a tokenizer, "
+                "or set cross_tokenizer=True on every peer (completions then travel as text too)."
+            )
+        if not any(c.text is not None for c in message.completions):
+            return "tokenizer", (
+                f"{theirs} differs from {ours} and its messages carry no completion text to re-tokenise: set "
+                "cross_tokenizer=True on that peer too."
+            )
+        return None
 
     def _take(self, envelope, digest: bytes, message: Message, round: int, result, state, dropped) -> str | None:
         """Accept a verified, decoded message of a compatible peer when its round is in the window and the round's
@@ -842,7 +872,9 @@ class Swarm:
             self.known_peers.add(sender)
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)
         stats.staleness.append(round - message.round)
-        result.rows.extend(message_to_rows(message))
+        result.rows.extend(
+            message_to_rows(message, foreign_tokenizer=message.tokenizer_fingerprint != self.fingerprint)
+        )
         if sender in self._delivered or len(self._delivered) < _MAX_KNOWN_PEERS:
             self._delivered[sender] = max(self._delivered.get(sender, message.round), message.round)
         return sender

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
 from transformers import LogitsProcessorList, TrainerCallback
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
@@ -109,7 +109,8 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         reward_funcs (`RewardFunc` or `list[RewardFunc]`, *optional*):
             As for [`~trl.GRPOTrainer`]; they also rescore received rows unless `trust_peer_rewards`.
         args ([`FTISConfig`], *optional*):
-            The configuration; a `GRPOConfig` is refused. Defaults to `FTISConfig("<model name>-FTIS")`.
+            The configuration. A TRL `GRPOConfig` is converted with [`FTISConfig.from_grpo_config`] (its values, and
+            the F-TIS fields at their defaults). Defaults to `FTISConfig("<model name>-FTIS")`.
         train_dataset, eval_dataset, processing_class, reward_processing_classes, callbacks, optimizers,
         quantization_config, peft_config, tools, rollout_func, environment_factory:
             As for [`~trl.GRPOTrainer`]: the same parameters in the same order with the same defaults.
@@ -153,10 +154,14 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = FTISConfig(f"{model_name.split('/')[-1]}-FTIS")
         elif not isinstance(args, FTISConfig):
-            raise TypeError(
-                f"FTISTrainer needs an FTISConfig, got {type(args).__name__}. FTISConfig is a GRPOConfig with the F-TIS "
-                "options: replace `GRPOConfig(...)` with `trl_ftis.FTISConfig(...)` (same arguments)."
-            )
+            if not isinstance(args, GRPOConfig):
+                raise TypeError(
+                    f"FTISTrainer needs an FTISConfig (or a trl.GRPOConfig), got {type(args).__name__}: "
+                    "`trl_ftis.FTISConfig(...)` takes every GRPOConfig argument and the F-TIS options."
+                )
+            # A drop-in replacement: the GRPOConfig's values, F-TIS's defaults for the F-TIS fields.
+            logger.info("Converting the GRPOConfig to an FTISConfig (F-TIS fields at their defaults).")
+            args = FTISConfig.from_grpo_config(args)
         self._variant = parse_variant(args.variant)
         self._pending_peer_rows: list[PeerRow] = []
         self._dropped: Counter = Counter()  # rows dropped since the last merge, by reason
@@ -172,7 +177,9 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
         self._filtered_in_step: dict[str, float] = {}
         self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
-        self._totals = {"rows_sent": 0, "rows_received": 0, "rows_accepted": 0, "rows_filtered": 0, "bytes_sent": 0}
+        self._totals = dict.fromkeys(
+            ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent", "rows_retokenised"), 0
+        )
         self._refused_totals: Counter = Counter()
         self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
         self._prompt_columns: dict[str, dict[str, Any]] | None = None  # prompt key -> training set columns
@@ -229,8 +236,10 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             private_key=args.private_key_file,
             public_keys=args.peer_keys_file,
             budget=RoundBudget(max_bytes=args.max_round_bytes),
+            cross_tokenizer=args.cross_tokenizer,
             limits=Limits.for_receiver(
-                max_completion_length=4 * args.max_completion_length,
+                # Another tokenizer may need several of its tokens for one of ours (a character-level one: ~4).
+                max_completion_length=(16 if args.cross_tokenizer else 4) * args.max_completion_length,
                 max_rows=max(args.max_peer_message_rows, args.generation_batch_size),
             ),
         )
@@ -265,6 +274,10 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         `docs/swarm.md`, "Hostile and mismatched rows"). `extra` columns named like a reward function argument
         (`prompts`, `completions`, `trainer_state`, ...) are removed.
 
+        Rows in another tokenizer's tokens (`foreign_tokenizer=True`, with their `completion_text`) need
+        `cross_tokenizer=True` (else `ValueError`); their text is re-tokenised with this trainer's tokenizer, or the
+        row dropped and counted (`no_text`, `text_round_trip`, `text_special_tokens`).
+
         The rows' rewards are used as given (not recomputed), and their advantages are normalised within each
         `(sender, group)` of the rows merged together (any `advantage` already set on them is cleared); a row whose
         advantage would not be finite, or above `1e7` in magnitude, is dropped when merged. In a multi-process job
@@ -282,10 +295,18 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             problem = _api_row_problem(row)
             if problem is not None:
                 raise TypeError(problem)
-        if rows:
-            check_rows(rows, self.vocab_limit)
+        foreign = [row for row in rows if row.foreign_tokenizer]
+        if foreign and not self.args.cross_tokenizer:
+            raise ValueError(
+                f"PeerRow from {foreign[0].sender!r} is in another tokenizer's tokens (foreign_tokenizer=True), but "
+                "cross_tokenizer is off: set FTISConfig(cross_tokenizer=True) to train on such rows."
+            )
+        own_tokens = [row for row in rows if not row.foreign_tokenizer]
+        if own_tokens:
+            check_rows(own_tokens, self.vocab_limit)
         for row in rows:
             row.advantage = row.group_max_length = None
+            row.text_level = False  # set by the re-tokenisation only
         kept = self._admit(rows)
         self._pending_peer_rows.extend(kept)
         return len(kept)
@@ -399,6 +420,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         output["ftis_gen_logps"] = torch.zeros(completion_mask.shape, dtype=torch.float32, device=device)
         output["ftis_gen_valid"] = torch.zeros(batch, dtype=torch.bool, device=device)
         output["ftis_source"] = torch.zeros(batch, dtype=torch.long, device=device)
+        output["ftis_text_level"] = torch.zeros(batch, dtype=torch.bool, device=device)
         return output
 
     @torch.no_grad()
@@ -437,6 +459,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
         rewards_per_func = self._last_rewards_per_func[start : start + batch].float().cpu()
         weights = self.reward_weights.float().cpu()
         totals = torch.nansum(rewards_per_func * weights, dim=1)
+        texts = self._completion_texts(output) if self.args.cross_tokenizer else None
         rows = []
         for i, example in enumerate(inputs):
             n = int(output["completion_mask"][i].sum())
@@ -453,9 +476,25 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
                     },
                     extra={key: value for key, value in example.items() if key != "prompt"},
                     round=self.state.global_step,
+                    completion_text=texts[i][0] if texts else None,
+                    ends_with_eos=texts[i][1] if texts else False,
                 )
             )
         return rows
+
+    def _completion_texts(self, output: dict[str, Any]) -> list[tuple[str | None, bool]]:
+        """Per own completion, its text without the end-of-sequence token and whether it ended with one, for peers
+        with another tokenizer (`cross_tokenizer`). The text is `None` (receivers drop the row, `no_text`) when it
+        holds U+FFFD: a byte-level token sequence cut inside a character, which no text can stand for."""
+        texts = []
+        for ids, n in zip(output["completion_ids"].tolist(), output["completion_mask"].sum(-1).tolist(), strict=True):
+            ids = ids[: int(n)]
+            ends = bool(ids) and ids[-1] in self.eos_token_ids
+            text = self._tokenizer.decode(
+                ids[:-1] if ends else ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            texts.append((None if "\ufffd" in text else text, ends))
+        return texts
 
     # ------------------------------------------------------------------------------------------------------------
     # The swarm round: publish, collect, score, select, share out (main process talks; every process takes part)
@@ -694,6 +733,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             "ftis_gen_valid": torch.ones(len(peer), dtype=torch.bool, device=device),
             "ftis_source": torch.tensor([self._sources.index(s) + 1 for s in peer.senders], device=device),
             "ftis_group_max_len": peer.group_max_lengths,
+            "ftis_text_level": peer.text_level,
         }
         if "sampling_per_token_logps" in output:
             fields["sampling_per_token_logps"] = peer.generator_logps
@@ -796,6 +836,7 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
             filter_mode=args.filter_mode,
             loss_type=self.loss_type,
             importance_sampling_level=self.importance_sampling_level,
+            text_level=inputs.get("ftis_text_level"),
         )
         inputs["advantages"] = terms.token_advantages
         inputs["old_per_token_logps"] = terms.ratio_reference_logps
@@ -921,7 +962,8 @@ class FTISTrainer(PeerRowAdmission, SwarmCheckpointing, GRPOTrainer):
 
         Returns:
             `dict[str, Any]`: `peer_id`, `steps`, `rows_sent`, `rows_received`, `rows_accepted`, `rows_filtered`,
-            `bytes_sent`, `reward` (the last logged), `refused` (counts by reason), `dropped` (received or added rows
+            `bytes_sent`, `rows_retokenised` (rows of peers with another tokenizer, re-tokenised: `cross_tokenizer`),
+            `reward` (the last logged), `refused` (counts by reason), `dropped` (received or added rows
             dropped, by reason: [`DROP_REASONS`]), `peers` (every peer whose rows were merged or whose messages were
             accepted), `peer_models` and `exchange_url` (password redacted).
         """

@@ -300,7 +300,7 @@ def test_accelerate_config_loads(name):
         assert config.deepspeed_config["zero3_init_flag"] is (zero_stage == 3)
 
 
-@pytest.mark.parametrize("name", ["tiny.yaml", "mixed_architectures.yaml"])
+@pytest.mark.parametrize("name", ["tiny.yaml", "mixed_architectures.yaml", "mixed_tokenizers.yaml"])
 def test_cpu_swarm_examples_load_and_name_their_peers(name, tmp_path):
     """The CPU swarm examples: valid launcher configs whose peers the tiny peer script can build."""
     from trl_ftis.demo.tiny import TINY_ARCHITECTURES
@@ -314,3 +314,11 @@ def test_cpu_swarm_examples_load_and_name_their_peers(name, tmp_path):
     if name == "mixed_architectures.yaml":
         assert {peer.args["architecture"] for peer in config.peers} == {"llama", "qwen2", "gemma2"}
         assert [bool(peer.args.get("use_peft")) for peer in config.peers] == [False, True, False]
+    if name == "mixed_tokenizers.yaml":
+        from trl_ftis.demo.tiny import build_tokenizer
+        from trl_ftis.exchange import tokenizer_fingerprint
+
+        kinds = [peer.args["tokenizer"] for peer in config.peers]
+        assert all(peer.args["cross_tokenizer"] is True for peer in config.peers)
+        fingerprints = {tokenizer_fingerprint(build_tokenizer(kind)) for kind in kinds}
+        assert len(fingerprints) == 2  # genuinely different tokenizers

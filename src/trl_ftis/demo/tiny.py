@@ -11,7 +11,7 @@ import copy
 from collections.abc import Sequence
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 ALPHABET = "0123456789+-*=QA: "
@@ -50,6 +50,11 @@ def build_char_tokenizer(
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     backend.decoder = decoders.Fuse()  # characters join without spaces
+    return _wrap(backend, chat_template)
+
+
+def _wrap(backend: Tokenizer, chat_template: str | None) -> PreTrainedTokenizerFast:
+    """`backend` as a transformers tokenizer with [`SPECIAL_TOKENS`] in their roles, padding on the left."""
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token="<pad>",
@@ -61,6 +66,50 @@ def build_char_tokenizer(
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     return tokenizer
+
+
+def build_bpe_tokenizer(
+    corpus: Sequence[str] | None = None,
+    *,
+    vocab_size: int = 160,
+    alphabet: str = ALPHABET,
+    chat_template: str | None = CHAT_TEMPLATE,
+) -> PreTrainedTokenizerFast:
+    """A BPE tokenizer trained in a fraction of a second on `corpus` (default: every `"a+b=c"` of 2-digit addition),
+    over `alphabet` plus the character tokenizer's special tokens, padding on the left.
+
+    Its tokens are pieces of numbers (`"23"`, `"147"`, ...): token ids mean something else than the character
+    tokenizer's, and a completion is fewer tokens. Peers using both form a swarm of genuinely different tokenizers
+    (`cross_tokenizer`). Characters outside `alphabet` become `<unk>`.
+    """
+    from tokenizers import trainers
+
+    if corpus is None:
+        corpus = [f"{a}+{b}={a + b}" for a in range(100) for b in range(100)]
+    backend = Tokenizer(models.BPE(unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"\d+"), behavior="isolated")  # merges within numbers
+    backend.decoder = decoders.Fuse()  # pieces join without spaces
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=list(alphabet),
+        show_progress=False,
+    )
+    backend.train_from_iterator(corpus, trainer=trainer)
+    return _wrap(backend, chat_template)
+
+
+#: The tokenizers [`build_tokenizer`] builds: `char` (one token a character) and `bpe` (multi-character pieces).
+TINY_TOKENIZERS = ("char", "bpe")
+
+
+def build_tokenizer(kind: str = "char") -> PreTrainedTokenizerFast:
+    """The tiny task's tokenizer of `kind` ([`TINY_TOKENIZERS`])."""
+    if kind == "char":
+        return build_char_tokenizer()
+    if kind == "bpe":
+        return build_bpe_tokenizer()
+    raise ValueError(f"Unknown tokenizer {kind!r}; expected one of {', '.join(TINY_TOKENIZERS)}.")
 
 
 def build_tiny_llama(
