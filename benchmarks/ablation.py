@@ -12,6 +12,9 @@ start from the same weights). Then, for each setting, both peers train at the sa
     alone-rows     the same, generating twice as many rows: as many rows per step as a peer trains on in the swarm
     nois ... f-tis the six objective variants, vertical mode (each peer samples full groups for its own prompts)
     horiz-f-tis    F-TIS in horizontal mode (same prompts, each peer samples half of every group)
+    f-tis-text     F-TIS with every peer row treated as another tokenizer's text (`cross_tokenizer` with
+                   `text_level_peer_rows`): re-tokenised, one weight min(exp(Σ ℓθ - Σ ℓgen), C) per completion, the
+                   sequence statistic. Against f-tis on the same seeds: what the cross-tokenizer approximation costs
 
 It prints, per setting and peer, the held-out greedy accuracy after training (mean ± standard deviation over seeds),
 its change from the start, and the fraction of peer rows the filter zeroed. Accuracy is measured on problems
@@ -35,7 +38,9 @@ from paired import format_interval, interval  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT / "examples" / "tiny_peer.py"
-SETTINGS = ["alone", "alone-rows", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis"]
+SETTINGS = ["alone", "alone-rows", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis", "f-tis-text"]
+# Each run of these is also compared with the other on the same seed (setting - reference).
+PAIRED_WITH = {"f-tis-text": "f-tis"}
 PEERS = {"big": 64, "small": 32}
 
 
@@ -77,7 +82,7 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
     from trl_ftis.demo.tiny import TINY_GRPO_SETTINGS
 
     horizontal = setting.startswith("horiz")
-    variant = "f-tis" if setting in ("alone", "alone-rows", "horiz-f-tis") else setting
+    variant = "f-tis" if setting in ("alone", "alone-rows", "horiz-f-tis", "f-tis-text") else setting
     args = {
         # The tiny models' CPU settings (the same as tiny_grpo_config's): 128 rows a step, constant lr 2e-4, ...
         **TINY_GRPO_SETTINGS,
@@ -95,6 +100,8 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
         "report_to": "none",
         "logging_steps": 10,
     }
+    if setting == "f-tis-text":  # the same tokenizer, but every peer row goes through the text path
+        args.update(cross_tokenizer=True, text_level_peer_rows=True)
     if setting == "alone-rows":  # the fair baseline: as many rows per step as a peer trains on with its partner
         args["per_device_train_batch_size"] = 2 * TINY_GRPO_SETTINGS["per_device_train_batch_size"]
     if not setting.startswith("alone"):
@@ -132,6 +139,9 @@ def run_pair(setting: str, seed: int, checkpoints: dict, work: Path, steps: int,
             "after": summary["accuracy_after"],
             "rows_accepted": summary["rows_accepted"],
             "rows_filtered": summary["rows_filtered"],
+            "rows_received": summary["rows_received"],
+            "rows_retokenised": summary.get("rows_retokenised", 0),
+            "dropped": summary.get("dropped", {}),
         }
     return results
 
@@ -187,6 +197,18 @@ def paired_report(results: dict, settings, seeds) -> str:
                 ]
                 cells.append(format_interval(interval(diffs)))
             lines.append(f"{setting:12s} {peer:6s} {cells[0]:>40s} {cells[1]:>40s}")
+    for setting, reference in PAIRED_WITH.items():
+        if setting not in settings or reference not in settings:
+            continue
+        lines.append("")
+        lines.append(f"{setting} vs {reference} (same seeds), change in accuracy:")
+        for peer in PEERS:
+            diffs = [
+                change(setting, seed, peer) - change(reference, seed, peer)
+                for seed in seeds
+                if change(setting, seed, peer) is not None and change(reference, seed, peer) is not None
+            ]
+            lines.append(f"  {peer:6s} {format_interval(interval(diffs))}")
     return "\n".join(lines)
 
 
@@ -250,7 +272,13 @@ def main() -> None:
             run_started = time.time()
             results[(setting, seed)] = run_pair(setting, seed, checkpoints, work / "runs", steps, eval_size)
             parts = ", ".join(
-                f"{peer} {r['before']:.3f}->{r['after']:.3f} (filtered {r['rows_filtered']}/{r['rows_accepted']})"
+                f"{peer} {r['before']:.3f}->{r['after']:.3f} (filtered {r['rows_filtered']}/{r['rows_accepted']}"
+                + (
+                    f", re-tokenised {r['rows_retokenised']}, dropped {sum(r['dropped'].values())}"
+                    if r.get("rows_retokenised")
+                    else ""
+                )
+                + ")"
                 for peer, r in results[(setting, seed)].items()
             )
             print(f"seed {seed} {setting:12s} {parts}  [{time.time() - run_started:.0f} s]", flush=True)
