@@ -118,7 +118,8 @@ class Limits:
         in `overrides` to go beyond). The body is inflated only up to the exact size the header's counts imply, so
         decompression is bounded by `max_rows * (17 + 4K) + 8 T + X` whatever the header budget.
         """
-        from .wire import _FIXED_PER_COMPLETION, _MAX_TRAILER_BYTES, _TEXT_PER_COMPLETION, PREAMBLE_SIZE
+        from .checks import _FIXED_PER_COMPLETION, _TEXT_PER_COMPLETION
+        from .wire import _MAX_TRAILER_BYTES, PREAMBLE_SIZE
 
         groups = max_rows if max_groups is None else max_groups
         prompt_chars = _DEFAULT_PROMPT_CHARS if max_prompt_chars is None else max_prompt_chars
