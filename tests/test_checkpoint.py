@@ -202,3 +202,24 @@ def test_rows_that_json_cannot_hold_are_left_out_and_counted():
     assert unwritable == 1 and len(records) == 2
     back = rows_from_json(json.loads(json.dumps(records)))
     assert [row.sender for row in back] == ["a", "a"] and back[0].extra == {"answer": "46"}
+
+
+def test_a_queued_re_tokenised_row_keeps_its_text_level_and_old_totals_still_load():
+    text_row = rows("bpe", count=1)[0]
+    text_row.text_level = True  # as the re-tokenisation of a cross-tokenizer row leaves it
+    records, _ = rows_to_json([text_row, *rows("a", count=1)])
+    back = rows_from_json(json.loads(json.dumps(records)))
+    assert [row.text_level for row in back] == [True, False]
+    assert "text_level" not in records[1]  # the file of a token-level row is as before
+
+
+def test_a_state_saved_before_rows_retokenised_existed_resumes_with_zero(tokenizer, make_args, tmp_path):
+    from trl_ftis.checkpoint import restore_trainer_state, trainer_state
+
+    trainer = make_trainer(tokenizer, make_args, f"memory://old-{uuid.uuid4().hex}", tmp_path / "out")
+    trainer._totals["rows_retokenised"] = 7
+    state = trainer_state(trainer)
+    assert state["totals"]["rows_retokenised"] == 7
+    del state["totals"]["rows_retokenised"]  # a file written by an earlier version
+    restore_trainer_state(trainer, state)
+    assert trainer._totals["rows_retokenised"] == 0

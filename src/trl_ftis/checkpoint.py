@@ -41,7 +41,8 @@ STATE_FORMAT = 1
 
 _COUNTERS = ("refused", "dropped", "dropped_since_merge", "stripped_since_merge", "accepted_by_peer")
 _LAST = ("last", "latest", "true")  # command-line spellings of `resume_from_checkpoint=True`
-_TOTALS = ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent")
+_TOTALS = ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent", "rows_retokenised")
+_LATER_TOTALS = ("rows_retokenised",)  # absent from files of earlier versions: 0 when missing
 
 
 def state_path(checkpoint: str | os.PathLike, process_index: int) -> Path:
@@ -93,6 +94,8 @@ def rows_to_json(rows: Sequence[PeerRow]) -> tuple[list[dict[str, Any]], int]:
             "extra": row.extra,
             "round": None if row.round is None else int(row.round),
         }
+        if row.text_level:  # re-tokenised from another tokenizer's text: trained on with the text-level weight
+            record["text_level"] = True
         try:
             json.dumps(record, default=_plain)
         except (TypeError, ValueError):
@@ -153,8 +156,9 @@ def restore_trainer_state(trainer, state: Any, source: str = "F-TIS state") -> N
         if state.get("format") != STATE_FORMAT:
             raise ValueError(f"format {state.get('format')!r}, this version reads format {STATE_FORMAT}")
         totals = _numbers(state.get("totals"), "totals")
-        if set(totals) != set(_TOTALS):
+        if not set(_TOTALS) - set(_LATER_TOTALS) <= set(totals) <= set(_TOTALS):
             raise ValueError(f"'totals' must have exactly {', '.join(_TOTALS)}")
+        totals = {**dict.fromkeys(_LATER_TOTALS, 0), **totals}
         counters = {name: _numbers(state.get(name), name) for name in _COUNTERS}
         keys = state.get("row_count_keys")
         sources = state.get("sources")
