@@ -256,10 +256,10 @@ def test_a_url_without_a_password_is_shown_unchanged_everywhere():
 
 def test_the_generator_logp_bound_is_the_same_for_the_wire_and_the_trainer():
     from trl_ftis import PeerRow
-    from trl_ftis.exchange import wire
+    from trl_ftis.exchange import checks
     from trl_ftis.peer_rows import check_rows
 
-    assert wire.MAX_LOGP is rules.MAX_LOGP
+    assert checks.MAX_LOGP is rules.MAX_LOGP  # the wire format's checks live in exchange/checks.py
     just_inside, just_outside = rules.MAX_LOGP, math.nextafter(rules.MAX_LOGP, 1.0) * 2
     message = _message("a")
     message.completions[0].generator_logps = np.array([just_inside, -1.0], dtype=np.float32)

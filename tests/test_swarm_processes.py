@@ -72,6 +72,24 @@ def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
     check_three_peers(tmp_path / "run", result.stdout[-3000:])
 
 
+def test_async_peers_train_on_each_others_rows_one_round_late(tmp_path):
+    """Two processes with exchange_mode="async": each trains on the other's rows from the second step on."""
+    config = three_peer_config(f"dir://{tmp_path / 'exchange'}")
+    config["peers"] = config["peers"][:2]
+    config["args"].update(expected_peers=["big", "small"], exchange_mode="async", max_steps=4)
+    result = run_launcher(tmp_path, config)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    for peer, other in (("big", "small"), ("small", "big")):
+        outcome = summary(tmp_path / "run", peer)
+        assert outcome["steps"] == 4 and outcome["exchange_worker_errors"] == 0
+        # Steps 1-3 merge the other's rounds 0-2 (16 rows each); round 3 was collected after the last step.
+        assert outcome["rows_accepted"] >= 48, outcome
+        log = (tmp_path / "run" / "logs" / f"{peer}.log").read_text()
+        assert f"'ftis/peers/{other}/staleness': '1'" in log  # one round of lag
+        assert "'ftis/exchange/blocking_seconds'" in log
+        assert "nothing new from" not in log
+
+
 def test_three_architectures_one_of_them_lora_train_on_each_others_rows(tmp_path):
     """A Llama, a Qwen2 (LoRA) and a Gemma2 sharing one tokenizer: every peer trains on both others' rows."""
     peers = {"llama": ("llama", 64, False), "qwen2": ("qwen2", 48, True), "gemma2": ("gemma2", 32, False)}

@@ -226,7 +226,13 @@ class SwarmCheckpointing:
     def _save_checkpoint(self, model, trial):
         # Written first: the Trainer's own files (trainer_state.json last) complete the checkpoint.
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        write_json_atomic(state_path(folder, self.args.process_index), trainer_state(self))
+        # exchange_mode="async": the swarm's state is read once its worker's round is done (the rows of that round
+        # are trained on at the next step of this run, but are not in the checkpoint).
+        if self._exchange_worker is not None:
+            self._exchange_worker.wait()
+        with self._exchange_lock:
+            state = trainer_state(self)
+        write_json_atomic(state_path(folder, self.args.process_index), state)
         return super()._save_checkpoint(model, trial)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):

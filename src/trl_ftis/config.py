@@ -148,6 +148,13 @@ class FTISConfig(GRPOConfig):
             The swarm's public keys (JSON or YAML: peer id -> base64 key, the lines `trl-ftis keygen` prints). When
             set, a message is accepted only when signed by the key registered for the sender it names, so a member
             holding the swarm secret cannot write as another. Checked when the config is built.
+        exchange_mode (`str`, *optional*, defaults to `"sync"`):
+            `"sync"`: each step publishes its rows and collects the others' (waiting for `expected_peers`) before it
+            trains. `"async"`: a background worker (main process) publishes this step's rows and collects, decodes,
+            admits and scores the others' while the step computes; they join the next step (one round of lag,
+            counted in the staleness metrics and corrected by the truncated weight). Logged either way:
+            `ftis/exchange/blocking_seconds`, the time the training loop waited on the exchange. Not with
+            `collaboration_mode="horizontal"` (it normalises this step's own rows with the same round's peer rows).
         cross_tokenizer (`bool`, *optional*, defaults to `False`):
             Accept peers whose tokenizer differs from this trainer's (refused otherwise, reason `tokenizer`). Such a
             peer must send its completions as text (it does when its own `cross_tokenizer` is on); each text is
@@ -338,6 +345,14 @@ class FTISConfig(GRPOConfig):
         },
     )
 
+    exchange_mode: str = field(
+        default="sync",
+        metadata={
+            "help": "'sync': the swarm round runs inside the training step. 'async': a background worker publishes, "
+            "collects and admits while the step computes; the rows join the next step (one round of lag).",
+            "choices": ["sync", "async"],
+        },
+    )
     cross_tokenizer: bool = field(
         default=False,
         metadata={
@@ -475,6 +490,14 @@ class FTISConfig(GRPOConfig):
         if self.collaboration_mode not in COLLABORATION_MODES:
             raise ValueError(
                 f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
+            )
+        if self.exchange_mode not in ("sync", "async"):
+            raise ValueError(f"exchange_mode must be 'sync' or 'async', got {self.exchange_mode!r}.")
+        if self.exchange_mode == "async" and self.collaboration_mode == "horizontal":
+            raise ValueError(
+                "exchange_mode='async' cannot be combined with collaboration_mode='horizontal': horizontal mode "
+                "normalises this step's own rows together with the same round's peer rows, which async mode only "
+                "has one step later. Use exchange_mode='sync', or the vertical mode."
             )
         if self.text_level_peer_rows and not self.cross_tokenizer:
             raise ValueError("text_level_peer_rows=True needs cross_tokenizer=True (it treats peer rows as text).")

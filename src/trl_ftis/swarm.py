@@ -30,6 +30,7 @@ import hashlib
 import logging
 import math
 import os
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -405,6 +406,7 @@ class Swarm:
         self._hinted: set[str] = set()
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
+        self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
 
     def _keys(self, private_key, public_keys):
         """The key arguments loaded (from files when they are paths) and checked against each other."""
@@ -596,7 +598,7 @@ class Swarm:
             round = self._align(round, result, state, dropped, fresh)
             if envelopes and time.monotonic() <= state.until:
                 continue  # drain: a poll is bounded, what is left comes with the next one
-            if not self.waits or self._satisfied(fresh):
+            if not self.waits or self._satisfied(fresh) or self._interrupted.is_set():
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -961,9 +963,15 @@ class Swarm:
             self._closed = True
             self.transport.close()
 
+    def interrupt(self) -> None:
+        """Make a round that waits for peers (in another thread: an async exchange worker) stop waiting within about a
+        second and return what arrived; later rounds do not wait either, until [`reopen`]."""
+        self._interrupted.set()
+
     def reopen(self) -> None:
         """Open a fresh transport on `url` after [`close`] (a trainer's second `train()`). Messages already
-        accepted are refused as duplicates when read again, so nothing is trained on twice."""
+        accepted are refused as duplicates when read again, so nothing is trained on twice. Clears [`interrupt`]."""
+        self._interrupted.clear()
         if self._closed:
             self.transport = self._open()
             self._closed = False

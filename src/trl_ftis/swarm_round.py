@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,8 +28,79 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trl_ftis.trainer")  # the trainer's logger: one place to configure
 
 
+EXCHANGE_MODES = ("sync", "async")
+"""`sync`: the round runs inside the training step. `async`: a background worker runs it while the step computes."""
+
+_WORKER_THREAD = "ftis-exchange"
+
+
+class ExchangeWorker:
+    """The background thread of `exchange_mode="async"`: runs one swarm round at a time, off the training loop.
+
+    At most one round is in flight and its result is the only one held (the round's own bounds cap its rows and
+    bytes). The thread belongs to its trainer: [`close`] (called when `train()` ends, also when it raises) interrupts
+    a round waiting for peers, lets its publish finish and joins the thread. A round that raises is reported when its
+    result is taken, never lost silently.
+    """
+
+    def __init__(self, interrupt):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER_THREAD)
+        self._interrupt = interrupt  # stops a round's wait for peers (Swarm.interrupt)
+        self._future: Future | None = None
+
+    @property
+    def busy(self) -> bool:
+        """Whether a round was submitted and its result not taken yet."""
+        return self._future is not None
+
+    def submit(self, function, *args) -> None:
+        if self._future is not None:
+            raise RuntimeError("The exchange worker already has a round in flight: take its result first.")
+        self._future = self._executor.submit(function, *args)
+
+    def take(self) -> Future | None:
+        """The round in flight, once it is done (blocks until then); `None` when none was submitted."""
+        future, self._future = self._future, None
+        if future is not None:
+            future.exception()  # waits; the caller reads the result or the error
+        return future
+
+    def wait(self) -> None:
+        """Block until the round in flight (if any) is done, leaving its result to [`take`]."""
+        if self._future is not None:
+            self._future.exception()
+
+    def close(self) -> None:
+        """Interrupt a round waiting for peers, wait for it (its publish completes) and stop the thread."""
+        if self._future is not None:
+            self._interrupt()
+        self._executor.shutdown(wait=True)
+        self._future = None
+
+
 class SwarmRounds:
-    """The exchange of rows with the swarm, once per generation batch (mixed into [`FTISTrainer`])."""
+    """The exchange of rows with the swarm, once per generation batch (mixed into [`FTISTrainer`]).
+
+    `exchange_mode="sync"` runs the round inside the step. `"async"` hands this step's rows to an [`ExchangeWorker`]
+    and trains on what the previous step's round collected (one round of lag): the worker publishes, collects,
+    decodes, admits and scores while the step computes. The lock `_exchange_lock` keeps the worker's admission
+    (tokenizer, reward functions, counters) apart from the training loop's use of them (generation, scoring, the
+    merge); `ftis/exchange/blocking_seconds` is the time the training loop waited on the exchange: the whole round
+    in sync mode; in async mode, waiting for the worker's result and for the lock.
+    """
+
+    @contextmanager
+    def _exchange_turn(self):
+        """Hold `_exchange_lock` (the training loop's side); the time waited for it counts as blocking."""
+        started = time.monotonic()
+        with self._exchange_lock:
+            self._blocked_seconds += time.monotonic() - started
+            yield
+
+    def _close_exchange_worker(self) -> None:
+        worker, self._exchange_worker = self._exchange_worker, None
+        if worker is not None:
+            worker.close()
 
     def _connect_swarm(self, args: FTISConfig) -> Swarm:
         from .exchange import Limits, tokenizer_fingerprint
@@ -69,7 +143,14 @@ class SwarmRounds:
         everyone = gather_object(own_rows) if accelerator.num_processes > 1 else own_rows
         payload = [None]
         if accelerator.is_main_process:
-            payload = [self._run_round(everyone)]
+            started = time.monotonic()
+            if self.args.exchange_mode == "async":
+                rows, own_statistics, metrics = self._async_round(everyone, self.state.global_step)
+            else:
+                rows, own_statistics, metrics = self._run_round(everyone, self.state.global_step)
+            metrics["ftis/exchange/blocking_seconds"] = self._blocked_seconds + time.monotonic() - started
+            self._blocked_seconds = 0.0
+            payload = [(rows, own_statistics, metrics)]
         if accelerator.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
         rows, own_statistics, metrics = payload[0]
@@ -84,18 +165,54 @@ class SwarmRounds:
         # Equal shares: every process merges the same number of rows (unequal micro-batches deadlock DDP/ZeRO).
         share = len(rows) // accelerator.num_processes
         if accelerator.is_main_process:
-            for sender, count in Counter(str(row.sender) for row in rows[share * accelerator.num_processes :]).items():
-                self._count_rows(sender, "batch_split", count)
+            with self._exchange_lock:  # the counters the worker's admission also writes
+                for sender, count in Counter(
+                    str(row.sender) for row in rows[share * accelerator.num_processes :]
+                ).items():
+                    self._count_rows(sender, "batch_split", count)
         return rows[accelerator.process_index * share : (accelerator.process_index + 1) * share]
 
-    def _run_round(self, own_rows: list[PeerRow]):
-        """Main process only: publish, collect, admit, select, score, normalise. Returns (rows, own statistics,
-        metrics). Never raises because of what peers sent: a row is trained on or dropped and counted by reason."""
-        swarm, round = self.swarm, self.state.global_step
+    def _async_round(self, own_rows: list[PeerRow], round: int):
+        """Main process, `exchange_mode="async"`: the rows the previous step's round collected (waiting for it only if
+        it is not done yet), and this step's round handed to the worker. The rows are one round older than in sync
+        mode: the staleness metrics count it."""
+        if self._exchange_worker is None:
+            self._exchange_worker = ExchangeWorker(self.swarm.interrupt)
+        previous = self._exchange_worker.take()
+        self._exchange_worker.submit(self._run_round, own_rows, round)
+        if previous is None:  # the first step of a run: nothing collected yet
+            return [], None, {}
+        error = previous.exception()
+        if error is not None:  # reported, and this step trains on its own rows: the next round is already running
+            self._worker_errors += 1
+            logger.error(
+                "The exchange worker failed in round %d (%s: %s): this step trains without peer rows. The next "
+                "round runs as usual; `ftis/exchange/worker_errors` counts the failures.",
+                round - 1,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+            return [], None, {"ftis/exchange/worker_errors": float(self._worker_errors)}
+        rows, own_statistics, metrics = previous.result()
+        for name in metrics:
+            if name.endswith("/staleness"):
+                metrics[name] += 1.0  # collected for the previous step, trained on at this one
+        return rows, own_statistics, metrics
+
+    def _run_round(self, own_rows: list[PeerRow], round: int):
+        """Main process (or its exchange worker): publish, collect, admit, select, score, normalise. Returns (rows, own
+        statistics, metrics). Never raises because of what peers sent: a row is trained on or dropped and counted by
+        reason."""
+        swarm = self.swarm
         bytes_sent = swarm.publish(own_rows, round)
         cap = self._peer_row_cap(len(own_rows))
         # Decode at most a few times what this round can use: rows beyond that cost nothing.
         result = swarm.collect(round, max_rows=None if cap is None else max(4 * cap, 64))
+        with self._exchange_lock:  # the rest uses the tokenizer, the reward functions and the counters
+            return self._finish_round(own_rows, round, result, bytes_sent)
+
+    def _finish_round(self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int):
         received = result.rows
         try:
             rows, own_statistics = self._round_rows(own_rows, result)

@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import textwrap
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
@@ -174,6 +175,12 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
         self._filtered_in_step: dict[str, float] = {}
         self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
+        # exchange_mode="async" (swarm_round.py): the worker, the lock it shares with the training loop, and the time
+        # the loop waited on the exchange since the last round was logged.
+        self._exchange_lock = threading.RLock()
+        self._exchange_worker = None
+        self._blocked_seconds = 0.0
+        self._worker_errors = 0
         self._totals = dict.fromkeys(
             ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent", "rows_retokenised"), 0
         )
@@ -274,8 +281,9 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         for row in rows:
             row.advantage = row.group_max_length = None
             row.text_level = False  # set by the re-tokenisation only
-        kept = self._admit(rows)
-        self._pending_peer_rows.extend(kept)
+        with self._exchange_lock:  # an async exchange worker admits rows too
+            kept = self._admit(rows)
+            self._pending_peer_rows.extend(kept)
         return len(kept)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -360,7 +368,8 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         self._recorder = GeneratorLogpsRecorder(self.temperature) if can_record else None
         self._recorded_logps = None
         try:
-            output = super()._generate_and_score_completions(inputs)
+            with self._exchange_turn():  # TRL's tokenizer and reward functions, which an async worker also uses
+                output = super()._generate_and_score_completions(inputs)
         finally:
             self._recorder = None
 
@@ -371,10 +380,12 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         own_rows = self._own_rows(inputs, output, num_generations) if listening else []
         for listener in self._row_listeners:
             listener(own_rows)
-        rows, self._pending_peer_rows = self._pending_peer_rows, []
+        with self._exchange_lock:
+            rows, self._pending_peer_rows = self._pending_peer_rows, []
         if in_swarm:
             rows = rows + self._exchange_round(own_rows, output)
-        return self._merge_peer_rows(output, rows)
+        with self._exchange_turn():
+            return self._merge_peer_rows(output, rows)
 
     def _add_ftis_fields(self, output: dict[str, Any], num_generations: int) -> dict[str, Any]:
         completion_mask = output["completion_mask"]
@@ -731,6 +742,7 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         try:
             return super().train(*args, **kwargs)
         finally:
+            self._close_exchange_worker()  # exchange_mode="async": the worker never outlives a train() call
             if self.swarm is not None:
                 self.swarm.close()
 
@@ -780,9 +792,10 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         Returns:
             `dict[str, Any]`: `peer_id`, `steps`, `rows_sent`, `rows_received`, `rows_accepted`, `rows_filtered`,
             `bytes_sent`, `rows_retokenised` (rows of peers with another tokenizer, re-tokenised: `cross_tokenizer`),
-            `reward` (the last logged), `refused` (counts by reason), `dropped` (received or added rows
-            dropped, by reason: [`DROP_REASONS`]), `peers` (every peer whose rows were merged or whose messages were
-            accepted), `peer_models` and `exchange_url` (password redacted).
+            `reward` (the last logged), `exchange_worker_errors` (rounds an async exchange worker failed), `refused`
+            (counts by reason), `dropped` (received or added rows dropped, by reason: [`DROP_REASONS`]), `peers`
+            (every peer whose rows were merged or whose messages were accepted), `peer_models` and `exchange_url`
+            (password redacted).
         """
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
         return {
@@ -792,6 +805,7 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             "reward": rewards[-1] if rewards else None,
             "refused": dict(self._refused_totals),
             "dropped": dict(self._dropped_totals),
+            "exchange_worker_errors": self._worker_errors,
             "peers": sorted(set(self._sources) | (self.swarm.known_peers if self.swarm is not None else set())),
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
