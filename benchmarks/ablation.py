@@ -15,6 +15,8 @@ start from the same weights). Then, for each setting, both peers train at the sa
     f-tis-text     F-TIS with every peer row treated as another tokenizer's text (`cross_tokenizer` with
                    `text_level_peer_rows`): re-tokenised, one weight min(exp(Σ ℓθ - Σ ℓgen), C) per completion, the
                    sequence statistic. Against f-tis on the same seeds: what the cross-tokenizer approximation costs
+    f-tis-async    F-TIS with exchange_mode="async" (the round runs in a background worker, its rows join the next
+                   step). Against f-tis on the same seeds: final accuracy and the training-reward curve
 
 It prints, per setting and peer, the held-out greedy accuracy after training (mean ± standard deviation over seeds),
 its change from the start, and the fraction of peer rows the filter zeroed. Accuracy is measured on problems
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -38,9 +41,12 @@ from paired import format_interval, interval  # benchmarks/, the script's folder
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT / "examples" / "tiny_peer.py"
-SETTINGS = ["alone", "alone-rows", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis", "f-tis-text"]
+SETTINGS = [
+    *("alone", "alone-rows", "nois", "vis", "tis", "f-nois", "f-vis", "f-tis", "horiz-f-tis"),
+    *("f-tis-text", "f-tis-async"),
+]
 # Each run of these is also compared with the other on the same seed (setting - reference).
-PAIRED_WITH = {"f-tis-text": "f-tis"}
+PAIRED_WITH = {"f-tis-text": "f-tis", "f-tis-async": "f-tis"}
 PEERS = {"big": 64, "small": 32}
 
 
@@ -82,7 +88,7 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
     from trl_ftis.demo.tiny import TINY_GRPO_SETTINGS
 
     horizontal = setting.startswith("horiz")
-    variant = "f-tis" if setting in ("alone", "alone-rows", "horiz-f-tis", "f-tis-text") else setting
+    variant = "f-tis" if setting in ("alone", "alone-rows", "horiz-f-tis", "f-tis-text", "f-tis-async") else setting
     args = {
         # The tiny models' CPU settings (the same as tiny_grpo_config's): 128 rows a step, constant lr 2e-4, ...
         **TINY_GRPO_SETTINGS,
@@ -102,6 +108,8 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
     }
     if setting == "f-tis-text":  # the same tokenizer, but every peer row goes through the text path
         args.update(cross_tokenizer=True, text_level_peer_rows=True)
+    if setting == "f-tis-async":
+        args["exchange_mode"] = "async"
     if setting == "alone-rows":  # the fair baseline: as many rows per step as a peer trains on with its partner
         args["per_device_train_batch_size"] = 2 * TINY_GRPO_SETTINGS["per_device_train_batch_size"]
     if not setting.startswith("alone"):
@@ -134,7 +142,10 @@ def run_pair(setting: str, seed: int, checkpoints: dict, work: Path, steps: int,
                 f"{setting} seed {seed}: peer {peer} exited with {code}; see {run_dir / (peer + '.log')}"
             )
         summary = json.loads((run_dir / peer / "ftis_summary.json").read_text())
+        log_text = (run_dir / f"{peer}.log").read_text()
         results[peer] = {
+            # The training reward every `logging_steps` (the log lines of the peer): its learning curve.
+            "rewards": [float(value) for value in re.findall(r"'reward': '([-0-9.e]+)'", log_text)],
             "before": summary["accuracy_before"],
             "after": summary["accuracy_after"],
             "rows_accepted": summary["rows_accepted"],
@@ -209,6 +220,22 @@ def paired_report(results: dict, settings, seeds) -> str:
                 if change(setting, seed, peer) is not None and change(reference, seed, peer) is not None
             ]
             lines.append(f"  {peer:6s} {format_interval(interval(diffs))}")
+        curves = [
+            (seed, peer)
+            for seed in seeds
+            for peer in PEERS
+            if all(results.get((s, seed), {}).get(peer, {}).get("rewards") for s in (setting, reference))
+        ]
+        if curves:
+            lines.append(f"{setting} vs {reference}, mean training reward over the run (the learning curve's area):")
+            for peer in PEERS:
+                diffs = [
+                    statistics.mean(results[(setting, seed)][peer]["rewards"])
+                    - statistics.mean(results[(reference, seed)][peer]["rewards"])
+                    for seed, who in curves
+                    if who == peer
+                ]
+                lines.append(f"  {peer:6s} {format_interval(interval(diffs))}")
     return "\n".join(lines)
 
 
