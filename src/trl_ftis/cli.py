@@ -1,6 +1,6 @@
 """The `trl-ftis` command line.
 
-    trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS]
+    trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS] [--slurm]
     trl-ftis keygen PEER_ID [--dir DIR] [--keys-file FILE]
 
 Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets `func` to a handler
@@ -18,12 +18,14 @@ import sys
 def _add_swarm(subparsers) -> None:
     parser = subparsers.add_parser(
         "swarm",
-        help="start every peer of a swarm on this machine and supervise them",
+        help="start every peer of a swarm on this machine (or one SLURM job each) and supervise them",
         description=(
             "Start every peer listed in CONFIG.yaml as its own job (own process group, own accelerate port), "
             "stream their output prefixed with the peer id, stop all of them when one fails or on Ctrl-C, and print "
-            "a summary table. Exit code: 0 all peers succeeded, 1 a peer failed, 2 invalid config, 130 interrupted. "
-            "See docs/swarm-launcher.md for the config schema."
+            "a summary table. With `launcher: slurm` in the config (or --slurm) every peer is one SLURM job instead, "
+            "submitted with submitit, and Ctrl-C or a failing peer cancels every job. Exit code: 0 all peers "
+            "succeeded, 1 a peer failed, 2 invalid config, 130 interrupted. See docs/swarm-launcher.md for the "
+            "config schema."
         ),
     )
     parser.add_argument("config", help="swarm config (YAML)")
@@ -31,14 +33,23 @@ def _add_swarm(subparsers) -> None:
         "--run-dir", help="where logs, peer outputs and summary.json go (overrides the config's run_dir)"
     )
     parser.add_argument(
-        "--dry-run", action="store_true", help="print each peer's command and environment; start nothing"
+        "--dry-run",
+        action="store_true",
+        help="print each peer's command and environment (on SLURM: each job's sbatch options and script); start "
+        "nothing",
+    )
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="run every peer as a SLURM job (as `launcher: slurm` does; a top-level `launcher: python|accelerate` "
+        "then says what runs inside each job)",
     )
     parser.add_argument(
         "--grace",
         type=_non_negative_float,
         default=10.0,
         metavar="SECONDS",
-        help="when stopping peers, seconds between SIGTERM and SIGKILL (default: 10)",
+        help="when stopping peers, seconds between SIGTERM and SIGKILL (on SLURM: and scancel) (default: 10)",
     )
     parser.set_defaults(func=_run_swarm)
 
@@ -47,7 +58,7 @@ def _run_swarm(args: argparse.Namespace) -> int:
     from . import launcher  # here, not at the top: keeps the CLI fast for other subcommands
 
     try:
-        config = launcher.load_swarm_config(args.config, run_dir=args.run_dir)
+        config = launcher.load_swarm_config(args.config, run_dir=args.run_dir, slurm=args.slurm)
         if args.dry_run:
             return launcher.dry_run(config)
         return launcher.run_swarm(config, grace=args.grace)

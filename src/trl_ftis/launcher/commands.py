@@ -104,14 +104,16 @@ def _free_port(taken: set[int]) -> int:
     raise RuntimeError("could not find a free TCP port for accelerate's main_process_port")
 
 
-def build_commands(config: SwarmConfig) -> list[PeerCommand]:
+def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> list[PeerCommand]:
     """One `PeerCommand` per peer, in config order. Starts nothing and writes nothing.
 
     Each command is `sys.executable SCRIPT` (launcher python) or ``sys.executable -m accelerate.commands.launch
     [--config_file F] [--num_processes N] --main_process_port PORT SCRIPT`` (launcher accelerate; every accelerate
     peer gets a different free port so that no two peers ever join one process group), followed by
-    `--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID` and the peer's args.
+    `--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID` and the peer's args. `exchange_url` replaces the
+    config's (the SLURM launcher passes the address of the Redis job it started).
     """
+    exchange_url = config.exchange_url if exchange_url is None else exchange_url
     ports: set[int] = set()
     swarm_name = config.run_dir.name  # runs/<config file stem> by default
     cwd = Path(os.getcwd())
@@ -131,7 +133,7 @@ def build_commands(config: SwarmConfig) -> list[PeerCommand]:
         else:
             argv = [sys.executable]
         argv.append(str(peer.script))
-        argv += ["--peer_id", peer.id, "--exchange_url", config.exchange_url, "--output_dir", str(output_dir)]
+        argv += ["--peer_id", peer.id, "--exchange_url", exchange_url, "--output_dir", str(output_dir)]
         argv += render_args(peer.args)
         if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
             argv += ["--project", swarm_name]
@@ -241,7 +243,12 @@ def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | 
 
 
 def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
-    """Print what `run_swarm` would start; start nothing, write nothing. Returns 0."""
+    """Print what `run_swarm` would start (for SLURM: the jobs it would submit); start nothing, write nothing.
+    Returns 0."""
+    if config.scheduler == "slurm":
+        from .slurm import dry_run_slurm
+
+        return dry_run_slurm(config, stream)
     stream = sys.stdout if stream is None else stream
     commands = build_commands(config)
     stream.write(

@@ -17,12 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
+from . import slurm_schema
+from .slurm_schema import REDIS_JOB_EXCHANGE, RedisJobConfig, SlurmResources
 
 __all__ = [
     "CROSS_PROCESS_SCHEMES",
     "LAUNCHERS",
     "PEER_KEYS",
     "RESERVED_ARGS",
+    "SCHEDULERS",
     "TOP_LEVEL_KEYS",
     "PeerConfig",
     "SwarmConfig",
@@ -33,7 +36,10 @@ __all__ = [
 ]
 
 LAUNCHERS = ("python", "accelerate")
-TOP_LEVEL_KEYS = ("script", "launcher", "exchange_url", "run_dir", "args", "env", "peers")
+# Where the peers run: this machine, or one SLURM job each (`launcher: slurm` at the top level, or --slurm). A swarm is
+# either local or on SLURM; inside its job each peer still runs its own launcher (python or accelerate).
+SCHEDULERS = ("local", "slurm")
+TOP_LEVEL_KEYS = ("script", "launcher", "exchange_url", "run_dir", "args", "env", "slurm", "redis", "peers")
 PEER_KEYS = (
     "id",
     "model",
@@ -46,6 +52,7 @@ PEER_KEYS = (
     "num_processes",
     "gpus",
     "gpu_share",
+    "slurm",
 )
 # Every peer of a swarm is a separate process, so only transports that cross processes make sense here
 # (rules.IN_PROCESS_SCHEMES, memory://, live inside one process).
@@ -86,16 +93,22 @@ class PeerConfig:
     num_processes: int | None = None
     gpus: str | None = None
     gpu_share: float | None = None
+    slurm: SlurmResources | None = None  # the peer's job (merged over the top-level `slurm`); None when local
 
 
 @dataclass
 class SwarmConfig:
-    """A validated swarm: absolute `run_dir`, one `exchange_url` for all peers, at least one peer."""
+    """A validated swarm: absolute `run_dir`, one `exchange_url` for all peers, at least one peer.
+
+    With `scheduler == "slurm"` every peer is one SLURM job; `redis` is then the Redis server job the launcher starts
+    first (or None), and while its address is unknown `exchange_url` is `slurm_schema.REDIS_JOB_EXCHANGE`."""
 
     peers: list[PeerConfig]
     run_dir: Path
     exchange_url: str
     source: str | None = None  # the config file, for messages; None for a dict
+    scheduler: str = "local"
+    redis: RedisJobConfig | None = None
 
     def peer(self, peer_id: str) -> PeerConfig:
         for peer in self.peers:
@@ -287,13 +300,22 @@ def _load_raw(path_or_dict: Any) -> tuple[Mapping, str | None, str]:
         raise TypeError(f"load_swarm_config takes a path or a mapping, got {type(path_or_dict).__name__}")
     import yaml  # only needed for files
 
+    class _Loader(yaml.SafeLoader):
+        """YAML 1.1 reads an unquoted `4:00:00` as the base-60 integer 14400; keep its text (`slurm.time`)."""
+
+    def _int(loader, node):
+        value = yaml.SafeLoader.construct_yaml_int(loader, node)
+        return slurm_schema.ColonInt(value, node.value) if ":" in str(node.value) else value
+
+    _Loader.add_constructor("tag:yaml.org,2002:int", _int)
+
     path = Path(path_or_dict)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SwarmConfigError(f"cannot read swarm config {path}: {exc.strerror or exc}") from exc
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise SwarmConfigError(f"swarm config {path} is not valid YAML: {exc}") from exc
     if raw is None:
@@ -304,13 +326,15 @@ def _load_raw(path_or_dict: Any) -> tuple[Mapping, str | None, str]:
 
 
 def load_swarm_config(
-    path_or_dict: str | os.PathLike | Mapping, run_dir: str | os.PathLike | None = None
+    path_or_dict: str | os.PathLike | Mapping, run_dir: str | os.PathLike | None = None, *, slurm: bool = False
 ) -> SwarmConfig:
     """Read and validate a swarm config (a YAML file or an already-parsed mapping).
 
     `run_dir` (the CLI's `--run-dir`) wins over the config's `run_dir`; the default is ``runs/<config file
     stem>` (`runs/swarm` for a mapping). Relative paths (`script`, `accelerate_config`, `run_dir`` and a
-    relative `dir://` exchange) are made absolute against the current directory.
+    relative `dir://` exchange) are made absolute against the current directory. `slurm=True` (the CLI's
+    `--slurm`) runs the swarm on SLURM as `launcher: slurm` does, keeping a top-level `launcher: python|accelerate`
+    as what runs inside each peer's job.
 
     Raises `SwarmConfigError` listing every problem, each naming the peer and the key.
     """
@@ -330,12 +354,38 @@ def load_swarm_config(
         chosen_run_dir = os.path.join("runs", default_name)
     resolved_run_dir = Path(os.path.abspath(os.path.expanduser(os.fspath(chosen_run_dir))))
 
-    exchange_url = _normalise_exchange_url(raw.get("exchange_url"), resolved_run_dir, problems)
-
     default_launcher = raw.get("launcher", "python")
-    if default_launcher not in LAUNCHERS:
-        problems.add(top, f"`launcher` must be one of {', '.join(LAUNCHERS)}, got {default_launcher!r}")
+    scheduler = "slurm" if slurm or default_launcher == "slurm" else "local"
+    if default_launcher == "slurm":
+        default_launcher = "python"  # what runs inside each job; a peer's own `launcher` may say accelerate
+    elif default_launcher not in LAUNCHERS:
+        problems.add(top, f"`launcher` must be one of {', '.join(LAUNCHERS)}, slurm, got {default_launcher!r}")
         default_launcher = "python"
+
+    top_slurm = slurm_schema.validate_slurm_mapping(raw.get("slurm"), top, problems.add)
+    redis_job, redis_start = slurm_schema.validate_redis(raw.get("redis"), top_slurm, problems.add)
+    if scheduler == "local":
+        for key in ("slurm", "redis"):
+            if key in raw:
+                problems.add(top, f"`{key}` is only used on SLURM: add `launcher: slurm` (or run with --slurm)")
+        redis_job = None
+    elif redis_start is None and raw.get("exchange_url") is None:
+        # On SLURM the default exchange is a Redis server the launcher starts as a job of its own: peers on
+        # different nodes only need to reach it (dir:// needs a directory every node shares).
+        redis_job, _ = slurm_schema.validate_redis({}, top_slurm, problems.add)
+    elif not redis_start:
+        redis_job = None
+    if redis_job is not None and raw.get("exchange_url") is not None:
+        problems.add(
+            top,
+            "`exchange_url` and `redis.start: true` both set: the launcher gives every peer the address of the "
+            "Redis job it starts; drop one",
+        )
+        redis_job = None
+    if redis_job is not None:
+        exchange_url = REDIS_JOB_EXCHANGE
+    else:
+        exchange_url = _normalise_exchange_url(raw.get("exchange_url"), resolved_run_dir, problems)
     default_script = raw.get("script")
     if default_script is not None:
         default_script = _resolve_path(default_script, "script", top, problems)
@@ -353,7 +403,9 @@ def load_swarm_config(
 
     seen_ids: dict[str, int] = {}
     for index, entry in enumerate(peers_raw):
-        peer = _validate_peer(index, entry, default_script, default_launcher, base_args, base_env, problems)
+        peer = _validate_peer(
+            index, entry, default_script, default_launcher, base_args, base_env, problems, scheduler, top_slurm
+        )
         if peer is None:
             continue
         if peer.id in seen_ids:
@@ -370,7 +422,14 @@ def load_swarm_config(
         where = f" {source}" if source else ""
         lines = "\n".join(f"  - {item}" for item in problems.items)
         raise SwarmConfigError(f"invalid swarm config{where}:\n{lines}", problems.items)
-    return SwarmConfig(peers=peers, run_dir=resolved_run_dir, exchange_url=exchange_url, source=source)
+    return SwarmConfig(
+        peers=peers,
+        run_dir=resolved_run_dir,
+        exchange_url=exchange_url,
+        source=source,
+        scheduler=scheduler,
+        redis=redis_job,
+    )
 
 
 def _validate_peer(
@@ -381,6 +440,8 @@ def _validate_peer(
     base_args: dict[str, Any],
     base_env: dict[str, str],
     problems: _Problems,
+    scheduler: str = "local",
+    top_slurm: Mapping[str, Any] | None = None,
 ) -> PeerConfig | None:
     if not isinstance(entry, Mapping):
         problems.add(f"peers[{index}]", f"each peer must be a mapping with at least `id`, got {type(entry).__name__}")
@@ -400,7 +461,14 @@ def _validate_peer(
         problems.add(where, f"invalid `id`: {problem}")
 
     launcher = entry.get("launcher", default_launcher)
-    if launcher not in LAUNCHERS:
+    if launcher == "slurm":
+        problems.add(
+            where,
+            "`launcher: slurm` is for the whole swarm: set it at the top level (or run with --slurm); a peer's "
+            "`launcher` says what runs inside its job (python or accelerate)",
+        )
+        launcher = default_launcher
+    elif launcher not in LAUNCHERS:
         problems.add(where, f"`launcher` must be one of {', '.join(LAUNCHERS)}, got {launcher!r}")
         launcher = default_launcher
 
@@ -463,6 +531,25 @@ def _validate_peer(
         else:
             gpu_share = float(gpu_share)
 
+    resources = None
+    if scheduler == "slurm":
+        if entry.get("gpus") is not None:
+            problems.add(
+                where,
+                "`gpus` picks devices on this machine; on SLURM ask for GPUs with `slurm.gpus` (GPUs per node), and "
+                "SLURM sets CUDA_VISIBLE_DEVICES in the job",
+            )
+        own_slurm = slurm_schema.validate_slurm_mapping(entry.get("slurm"), where, problems.add)
+        resources = slurm_schema.merge_resources(top_slurm or {}, own_slurm)
+        if resources.nodes > 1 and launcher != "accelerate":
+            problems.add(
+                where,
+                f"`slurm.nodes` is {resources.nodes}, but a {launcher!r} peer is one process on one node; use "
+                "`launcher: accelerate` (one `accelerate launch` per node) or nodes: 1",
+            )
+    elif "slurm" in entry:
+        problems.add(where, "`slurm` is only used on SLURM: add `launcher: slurm` at the top level (or --slurm)")
+
     if len(problems.items) != before or script is None:
         return None
     return PeerConfig(
@@ -477,6 +564,7 @@ def _validate_peer(
         num_processes=num_processes,
         gpus=gpus,
         gpu_share=gpu_share,
+        slurm=resources,
     )
 
 

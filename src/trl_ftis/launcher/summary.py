@@ -89,14 +89,17 @@ def _summary_rows(runs: list[_PeerRun]) -> list[dict]:
 
 
 def format_summary_table(rows: list[dict]) -> str:
-    """The end-of-run table: one line per peer, `-` for anything unknown, notes below."""
-    header = ["peer", "status", "exit", "wall", *SUMMARY_FIELDS]
+    """The end-of-run table: one line per peer, `-` for anything unknown, notes below. Rows with a `job_id` (the
+    SLURM launcher's) get a `job` column."""
+    jobs = any("job_id" in row for row in rows)
+    header = ["peer", "status", *(["job"] if jobs else []), "exit", "wall", *SUMMARY_FIELDS]
     table = [header]
     for row in rows:
         table.append(
             [
                 row["id"],
                 row["status"],
+                *([_format_field(row.get("job_id"))] if jobs else []),
                 _describe_code(row["exit_code"]),
                 _format_seconds(row["wall_time_s"]),
                 *(_format_field(row[key]) for key in SUMMARY_FIELDS),

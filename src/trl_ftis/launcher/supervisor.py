@@ -439,7 +439,14 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
     summary table to `<run_dir>/summary.json`. Signal handlers are installed only when called from the main thread.
 
     Raises `SwarmConfigError` before anything starts when a script or accelerate config file is missing.
+
+    A config with `launcher: slurm` (`config.scheduler == "slurm"`) runs through `launcher.slurm.run_slurm_swarm`
+    instead: one SLURM job per peer, the same exit codes, console lines and summary (docs/swarm-launcher.md).
     """
+    if config.scheduler == "slurm":  # one SLURM job per peer: launcher/slurm.py
+        from .slurm import run_slurm_swarm
+
+        return run_slurm_swarm(config, grace=grace, stream=stream)
     stream = sys.stdout if stream is None else stream
     if not (grace >= 0):
         raise ValueError(f"grace must be >= 0 seconds, got {grace}")

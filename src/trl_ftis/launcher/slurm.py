@@ -1,0 +1,988 @@
+"""`launcher: slurm`: every peer of a swarm is one SLURM job, submitted with submitit, supervised from here.
+
+`run_slurm_swarm(config)` (what `run_swarm` calls for a SLURM config):
+
+1. With a Redis job (`redis: {start: true}`, the default on SLURM): submits `slurm_jobs.RedisJob`, waits until the
+   server it starts answers from this machine, and hands every peer `--exchange_url redis://HOST:PORT/0` (and the
+   password through `FTIS_REDIS_PASSWORD`, read in the job from a file only the user can read; never printed).
+2. Submits one job per peer (`slurm_jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the local
+   launcher runs it) with the peer's `slurm` resources.
+3. Supervises: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
+   accounting work), prints each peer's log lines as they arrive in `<run_dir>/logs/<id>.log`, prefixed like the
+   local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit`.
+4. Stops: on a failing peer (non-zero exit, or its job ending FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ... before the
+   peer finished), on Ctrl-C / SIGTERM / SIGHUP, and after success, every job still in the queue is cancelled: running
+   peers get SIGTERM (`scancel --signal=TERM`) and `grace` seconds to exit, then everything left, the Redis job
+   included, is cancelled (`scancel`), and the launcher waits until SLURM lists none of them as active. Jobs whose
+   submission a signal interrupted are found by their unique job name. No job outlives the launcher, unless the
+   launcher itself is killed with SIGKILL (`scancel $(cut -d' ' -f1 <run_dir>/slurm/jobs.txt)` then cancels them).
+
+The summary table and `summary.json` are built as by the local launcher (`summary.py`), with each peer's job id and
+node added.
+"""
+
+from __future__ import annotations
+
+import getpass
+import importlib.util
+import json
+import os
+import queue
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..rules import REDIS_PASSWORD_ENV, exchange_scheme, redact_text
+from .commands import (
+    PeerCommand,
+    _is_secret_name,
+    _shell_line,
+    _write_cmd_file,
+    build_commands,
+    check_files,
+    redact_env,
+)
+from .schema import SwarmConfig, SwarmConfigError, exchange_dir
+from .slurm_jobs import PeerJob, RedisJob, answers_ping
+from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
+from .summary import _describe_code, _summary_rows, format_summary_table
+
+__all__ = ["SlurmSupervisor", "dry_run_slurm", "run_slurm_swarm", "slurm_problems"]
+
+INTERRUPTED_EXIT_CODE = 130
+SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol")
+SLURM_DIR = "slurm"  # <run_dir>/slurm: submitit's folders, exit files, the Redis job's files, jobs.txt
+REDIS_LOG = "redis.server.log"  # in <run_dir>/logs
+# States in which a job no longer runs (squeue -t all lists them for MinJobAge seconds, then forgets the job).
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "CANCELLED",
+        "FAILED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "REVOKED",
+        "SPECIAL_EXIT",
+    }
+)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Checks, names, parameters
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _uses_redis(config: SwarmConfig) -> bool:
+    return config.redis is not None or exchange_scheme(config.exchange_url) in ("redis", "rediss")
+
+
+def slurm_problems(config: SwarmConfig) -> list[str]:
+    """What this machine lacks to submit the swarm (submitit, the SLURM commands, the redis package)."""
+    problems = []
+    if importlib.util.find_spec("submitit") is None:
+        problems.append(
+            "launcher slurm submits its jobs with submitit, which is not installed: pip install 'trl-ftis[slurm]'"
+        )
+    missing = [name for name in SLURM_COMMANDS if shutil.which(name) is None]
+    if missing:
+        problems.append(
+            f"launcher slurm needs the SLURM commands {', '.join(missing)} on PATH (run trl-ftis on a SLURM login "
+            "node)"
+        )
+    if _uses_redis(config) and importlib.util.find_spec("redis") is None:
+        problems.append(
+            "the peers exchange through Redis, but the redis package is not installed: pip install 'trl-ftis[redis]'"
+        )
+    return problems
+
+
+def _job_name(config: SwarmConfig, token: str, what: str) -> str:
+    """`<swarm>.<token>.<peer id>` (the Redis job: `<swarm>.<token>:redis`): unique per launch, so that the
+    launcher can cancel by name a job whose submission a signal interrupted."""
+    swarm = re.sub(r"[^A-Za-z0-9_.-]", "_", config.run_dir.name)[:40] or "swarm"
+    return f"{swarm}.{token}{what}"
+
+
+def peer_job_name(config: SwarmConfig, token: str, peer_id: str) -> str:
+    return _job_name(config, token, f".{peer_id}")
+
+
+def redis_job_name(config: SwarmConfig, token: str) -> str:
+    return _job_name(config, token, ":redis")
+
+
+def _submitit_parameters(resources: SlurmResources, name: str) -> dict[str, Any]:
+    params = resources.submitit_parameters()
+    params["job_name"] = name
+    return params
+
+
+def _describe_resources(resources: SlurmResources) -> str:
+    parts = [f"{resources.nodes} node{'s' if resources.nodes != 1 else ''}"]
+    if resources.gpus:
+        parts.append(f"{resources.gpus} GPU{'s' if resources.gpus != 1 else ''}/node")
+    if resources.cpus:
+        parts.append(f"{resources.cpus} CPU{'s' if resources.cpus != 1 else ''}")
+    if resources.mem:
+        parts.append(f"mem {resources.mem}")
+    if resources.time:
+        parts.append(f"time {format_minutes(resources.time)}")
+    if resources.partition:
+        parts.append(f"partition {resources.partition}")
+    return ", ".join(parts)
+
+
+def _sbatch_script(resources: SlurmResources, name: str, folder: Path) -> str | None:
+    """The batch script submitit writes for these resources (None when submitit is not installed)."""
+    try:
+        from submitit.slurm.slurm import _make_sbatch_string  # the function submitit's executor calls
+    except ImportError:
+        return None
+    params = {k: v for k, v in _submitit_parameters(resources, name).items()}
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
+    try:
+        return _make_sbatch_string(command=command, folder=folder, **params)
+    except Exception as exc:  # noqa: BLE001 - another submitit version: the dry run still shows the options
+        return f"# (submitit could not render the script: {exc})"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# SLURM commands (run in their own session: a Ctrl-C in the terminal reaches only the launcher)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _run(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(
+            argv,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def squeue(job_ids: Iterable[str]) -> dict[str, tuple[str, str, str]] | None:
+    """{job id: (state, node list, reason)} for the jobs slurmctld still knows (finished ones for MinJobAge seconds);
+    a job missing from the result is gone. None when squeue failed (slurmctld unreachable, ...)."""
+    ids = [job_id for job_id in job_ids if job_id]
+    if not ids:
+        return {}
+    result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%N|%r"])
+    if result is None:
+        return None
+    if result.returncode != 0:
+        return {} if "Invalid job id" in result.stderr else None  # every one of them already forgotten
+    states = {}
+    for line in result.stdout.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) == 4:
+            states[fields[0]] = (fields[1], fields[2], fields[3])
+    return states
+
+
+def job_outcome(job_id: str) -> tuple[str | None, int | None, int | None]:
+    """(state, exit code, signal) of a job from `scontrol show job` (None where unknown)."""
+    result = _run(["scontrol", "show", "job", "-o", job_id])
+    if result is None or result.returncode != 0:
+        return None, None, None
+    state = re.search(r"\bJobState=(\S+)", result.stdout)
+    code = re.search(r"\bExitCode=(\d+):(\d+)", result.stdout)
+    return (
+        state.group(1) if state else None,
+        int(code.group(1)) if code else None,
+        int(code.group(2)) if code else None,
+    )
+
+
+def scancel(job_ids: Iterable[str], *, signal_name: str | None = None) -> None:
+    ids = [job_id for job_id in job_ids if job_id]
+    if ids:
+        _run(["scancel", "--quiet", *([f"--signal={signal_name}"] if signal_name else []), *ids])
+
+
+def scancel_names(names: Iterable[str]) -> None:
+    """Cancel this user's jobs named `names` (each name is unique to one launch)."""
+    user = getpass.getuser()
+    for name in names:
+        _run(["scancel", "--quiet", f"--user={user}", f"--name={name}"])
+
+
+@contextmanager
+def _signals_blocked():
+    """SIGINT/SIGTERM/SIGHUP held back (and blocked in the sbatch that submitit starts): a Ctrl-C in the terminal
+    must not kill sbatch halfway, leaving a job whose id the launcher never learned. Delivered right after."""
+    sigs = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
+    try:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Dry run
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _dir_exchange_note(config: SwarmConfig) -> str | None:
+    directory = exchange_dir(config.exchange_url)
+    if directory is None:
+        return None
+    return (
+        f"dir:// exchange on SLURM: {directory} must be a directory every node shares (a network filesystem); "
+        "redis:// (the default on SLURM: `redis: {start: true}`) needs no shared directory"
+    )
+
+
+def dry_run_slurm(config: SwarmConfig, stream: TextIO | None = None) -> int:
+    """Print the jobs `run_swarm` would submit (their sbatch options, setup lines, submitit's batch script and the
+    command each runs, secrets hidden); submit nothing, write nothing. Returns 0."""
+    stream = sys.stdout if stream is None else stream
+    token = secrets.token_hex(3)
+    root = config.run_dir / SLURM_DIR
+    commands = build_commands(config)
+    out = [f"# swarm: {len(commands)} peer(s) on SLURM, one job each; run_dir {config.run_dir}"]
+    if config.redis is not None:
+        redis = config.redis
+        out.append(f"# exchange: a Redis server job started first; peers get --exchange_url {REDIS_JOB_EXCHANGE}")
+    else:
+        out.append(f"# exchange: {redact_text(config.exchange_url)}")
+    out.append(f"# job names end in a new token at every launch (here {token}); submitit writes to {root}/<id>/")
+    note = _dir_exchange_note(config)
+    if note:
+        out.append(f"# note: {note}")
+    out.append("")
+    if config.redis is not None:
+        name = redis_job_name(config, token)
+        port = redis.port or "free on its node"
+        secret = f"${REDIS_PASSWORD_ENV} (set here)" if os.environ.get(REDIS_PASSWORD_ENV) else "a random one"
+        password = (
+            f"password: {secret}, handed to the peers as {REDIS_PASSWORD_ENV}" if redis.password else "no password"
+        )
+        out.append(f"# ---- job {name}: the exchange's Redis server ({_describe_resources(redis.resources)})")
+        out.append(f"#   runs: {redis.server} (port: {port}; {password}); log {config.run_dir / 'logs' / REDIS_LOG}")
+        out.extend(_script_lines(redis.resources, name, root / "redis-job"))
+        out.append("")
+    for command, peer in zip(commands, config.peers):
+        resources = peer.slurm or SlurmResources()
+        name = peer_job_name(config, token, peer.id)
+        out.append(f"# ---- job {name}: peer {peer.id} (launcher {peer.launcher}; {_describe_resources(resources)})")
+        if resources.nodes > 1:
+            out.append(
+                f"#   on each of its {resources.nodes} nodes: accelerate launch with --num_machines {resources.nodes} "
+                "--machine_rank <node> --main_process_ip <first node>"
+            )
+        env = redact_env(command.env)
+        out.append(f"#   runs: cd {shlex.quote(str(command.cwd))} && {_shell_line(command, env)}")
+        out.append(f"#   log {command.log_path}; exit status {root / (peer.id + '.exit')}")
+        out.extend(_script_lines(resources, name, root / peer.id))
+        out.append("")
+    passed = sorted(name for name in os.environ if _is_secret_name(name))
+    if passed:
+        out.append(
+            "# passed to the jobs from your environment (sbatch exports it; values hidden): " + " ".join(passed)
+        )
+    for problem in check_files(config) + slurm_problems(config):
+        out.append(f"# warning: {problem}")
+    stream.write("\n".join(out).rstrip("\n") + "\n")
+    stream.flush()
+    return 0
+
+
+def _script_lines(resources: SlurmResources, name: str, folder: Path) -> list[str]:
+    lines = ["#   sbatch options: " + " ".join(_option_text(k, v) for k, v in resources.sbatch_options().items())]
+    if resources.setup:
+        lines.append("#   setup: " + " ; ".join(resources.setup))
+    script = _sbatch_script(resources, name, folder)
+    if script is None:
+        lines.append("#   (install submitit, pip install 'trl-ftis[slurm]', to see the batch script it writes)")
+    else:
+        lines.append("#   batch script (written by submitit at submission):")
+        lines.extend("#   | " + line for line in script.rstrip("\n").splitlines())
+    return lines
+
+
+def _option_text(name: str, value: str | bool) -> str:
+    return f"--{name}" if value is True else f"--{name}={shlex.quote(str(value))}"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    """One submitted job: a peer's (`command` set) or the Redis job's."""
+
+    name: str
+    resources: SlurmResources
+    command: PeerCommand | None = None
+    job_id: str | None = None
+    state: str | None = None  # last state squeue showed
+    node: str | None = None
+    reason: str | None = None
+    submitted: float | None = None  # time.monotonic()
+    started: float = 0.0  # time.monotonic() when first seen RUNNING (summary: wall time)
+    started_at: float = 0.0  # time.time() at submission (summary: a peer summary file older than this is stale)
+    ended: float | None = None
+    ended_seen: float | None = None  # when its job was first seen ended without an exit file
+    returncode: int | None = None
+    status: str = "not submitted"
+    note: str | None = None
+    proc: None = None  # no local process (the summary's `pid` column)
+    gone: bool = False  # SLURM no longer runs it (terminal state, or forgotten)
+    attempted: bool = False  # sbatch was called for it (it may exist even if its id never came back)
+
+    @property
+    def active(self) -> bool:
+        return self.job_id is not None and not self.gone
+
+
+class _LogTail:
+    """New complete lines of a file that another machine appends to (re-opened at each poll: NFS close-to-open)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0
+        self.partial = b""
+
+    def read(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                if size < self.offset:  # truncated (a job requeued by hand): start again
+                    self.offset, self.partial = 0, b""
+                handle.seek(self.offset)
+                data = handle.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        *lines, self.partial = data.split(b"\n")
+        return [self._text(line) for line in lines]
+
+    def flush(self) -> list[str]:
+        lines = self.read()
+        if self.partial:
+            lines.append(self._text(self.partial))
+            self.partial = b""
+        return lines
+
+    @staticmethod
+    def _text(raw: bytes) -> str:
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        return text.rsplit("\r", 1)[-1] if "\r" in text else text  # progress bars: the last state
+
+
+class SlurmSupervisor:
+    """Runs one swarm on SLURM: `run()` (Redis job, peer jobs, supervision), then `stop()` and `finish()`, which
+    `run_slurm_swarm` always calls, whatever happened."""
+
+    POLL = 0.25  # seconds between log and exit-file checks
+    SQUEUE_EVERY = 1.0  # seconds between squeue calls
+    ENDED_GRACE = 5.0  # seconds to wait for a peer's exit file once its job has ended (shared filesystems lag)
+    QUEUE_WAIT = 120.0  # seconds to wait, after scancel, for SLURM to end the jobs
+
+    def __init__(self, config: SwarmConfig, grace: float, stream: TextIO):
+        self.config = config
+        self.grace = grace
+        self.stream = stream
+        self.token = secrets.token_hex(3)
+        self.root = config.run_dir / SLURM_DIR
+        self.commands = build_commands(config)
+        self.runs = [
+            _Job(peer_job_name(config, self.token, peer.id), peer.slurm or SlurmResources(), command)
+            for peer, command in zip(config.peers, self.commands)
+        ]
+        self.redis = (
+            _Job(redis_job_name(config, self.token), config.redis.resources) if config.redis is not None else None
+        )
+        self.exchange_url = config.exchange_url if config.redis is None else None
+        width = max(len(c.id) for c in self.commands)
+        self.prefixes = {c.id: f"[{c.id}]".ljust(width + 2) + " " for c in self.commands}
+        self.own_prefix = "[swarm]".ljust(max(width + 2, 7)) + " "
+        self.tails = {run.command.id: _LogTail(run.command.log_path) for run in self.runs}
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.signals: list[int] = []
+        self.stop_started: float | None = None
+        self.next_squeue = 0.0
+        self.squeue_warned = 0.0
+        self.secret: Path | None = None  # the Redis password file (mode 0600), when the Redis job has one
+
+    # ---- output ----------------------------------------------------------------------------------------------
+
+    def emit(self, line: str):
+        try:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass
+
+    def say(self, message: str):
+        self.emit(self.own_prefix + redact_text(message))
+
+    def _on_signal(self, signum, frame):
+        self.signals.append(signum)
+        self.events.put(signum)
+
+    def _sleep(self, seconds: float):
+        """Sleep, waking up at once on a signal."""
+        try:
+            self.events.get(timeout=seconds)
+        except queue.Empty:
+            pass
+
+    def _tail_logs(self, final: bool = False):
+        for run in self.runs:
+            if not run.attempted:
+                continue  # its log is still an earlier run's (emptied only when its job is submitted)
+            tail = self.tails[run.command.id]
+            for line in tail.flush() if final else tail.read():
+                self.emit(self.prefixes[run.command.id] + line)
+
+    # ---- files -----------------------------------------------------------------------------------------------
+
+    def _exit_path(self, peer_id: str) -> Path:
+        return self.root / f"{peer_id}.exit"
+
+    def _read_exit(self, peer_id: str) -> dict | None:
+        try:
+            data = json.loads(self._exit_path(peer_id).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+
+    def _failed_node(self, peer_id: str) -> tuple[int, int] | None:
+        """(node rank, exit code) of a non-first node of a multi-node peer that exited non-zero."""
+        for path in self.root.glob(f"{peer_id}.node*.exit"):
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+                rank = int(path.name[len(peer_id) + len(".node") : -len(".exit")])
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and data.get("exit_code") not in (0, None):
+                return rank, data["exit_code"]
+        return None
+
+    def _submitit_log_tail(self, job: _Job, folder: Path, lines: int = 12) -> list[str]:
+        out: list[str] = []
+        for suffix in ("out", "err"):
+            path = folder / f"{job.job_id}_0_log.{suffix}"
+            try:
+                text = path.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            out += [f"({path.name}) {line}" for line in text.splitlines()[-lines:]]
+        return out
+
+    def _prepare(self):
+        self.config.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.config.run_dir / "logs").mkdir(exist_ok=True)
+        self.root.mkdir(exist_ok=True)
+        try:
+            self.root.chmod(0o700)  # submitit's pickles hold the peers' environment additions
+        except OSError:
+            pass
+        (self.root / "jobs.txt").unlink(missing_ok=True)  # this launch's jobs only
+        directory = exchange_dir(self.config.exchange_url)
+        if directory is not None:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+
+    def _record_job(self, job: _Job, what: str):
+        with open(self.root / "jobs.txt", "a", encoding="utf-8") as handle:
+            handle.write(f"{job.job_id} {job.name} {what}\n")
+
+    def _submit(self, job: _Job, function, folder: Path):
+        import submitit
+
+        executor = submitit.SlurmExecutor(folder=folder)
+        executor.update_parameters(**_submitit_parameters(job.resources, job.name))
+        if not job.started_at:
+            job.started_at = time.time()
+        job.attempted = True
+        with _signals_blocked():
+            submitted = executor.submit(function)
+        job.job_id = str(submitted.job_id)
+        job.submitted = time.monotonic()
+        job.status = "pending"
+        self._record_job(job, "redis" if job.command is None else job.command.id)
+
+    # ---- the Redis job ---------------------------------------------------------------------------------------
+
+    def _secret_file(self) -> Path | None:
+        if self.config.redis is None or not self.config.redis.password:
+            return None
+        path = self.root / "redis.secret"
+        password = os.environ.get(REDIS_PASSWORD_ENV) or secrets.token_urlsafe(24)
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(password + "\n")
+        return path
+
+    def start_redis(self) -> tuple[int, str] | None:
+        """Submit the Redis job and wait until it answers; sets `self.exchange_url`. A failure: (code, reason)."""
+        redis, job = self.config.redis, self.redis
+        assert redis is not None and job is not None
+        address_path = self.root / "redis.json"
+        address_path.unlink(missing_ok=True)
+        log_path = self.config.run_dir / "logs" / REDIS_LOG
+        log_path.write_bytes(b"")
+        self.secret = self._secret_file()
+        function = RedisJob(
+            server=redis.server,
+            port=redis.port,
+            directory=str(self.root / "redis"),
+            log_path=str(log_path),
+            address_path=str(address_path),
+            secret_path=str(self.secret) if self.secret else None,
+            start_timeout=redis.start_timeout,
+        )
+        try:
+            self._submit(job, function, self.root / "redis-job")
+        except Exception as exc:  # noqa: BLE001 - sbatch refused it (submitit's error says why)
+            job.status = "failed to submit"
+            return 1, redact_text(f"could not submit the Redis job: {_short(exc)}")
+        self.say(f"submitted the Redis job {job.job_id} ({job.name}); waiting until it answers")
+        running_since = None
+        announced = None
+        while True:
+            if self.signals:
+                return INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(self.signals[0]).name}"
+            failure = self._poll_states(only_redis=True)
+            if failure is not None:
+                return failure
+            if job.state == "RUNNING" and running_since is None:
+                running_since = time.monotonic()
+            try:
+                address = json.loads(address_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                address = None
+            if isinstance(address, dict) and address.get("error"):
+                return 1, f"the Redis job {job.job_id} failed: {address['error']}"
+            if isinstance(address, dict) and address.get("port"):
+                candidates = [address.get("host"), address.get("fqdn"), *address.get("addresses", [])]
+                candidates = [c for i, c in enumerate(candidates) if c and c not in candidates[:i]]
+                if announced is None:
+                    announced = time.monotonic()
+                    self.say(f"Redis is up on {address.get('host')} port {address['port']}; checking it answers here")
+                for host in candidates:
+                    if answers_ping(host, int(address["port"])):
+                        self.exchange_url = f"redis://{host}:{int(address['port'])}/0"
+                        self.say(f"exchange {self.exchange_url} (Redis job {job.job_id} on {job.node or host})")
+                        return None
+                if time.monotonic() - announced > redis.start_timeout:
+                    return 1, (
+                        f"the Redis job {job.job_id} runs on {address.get('host')}, but none of its addresses "
+                        f"({', '.join(candidates)}) answers on port {address['port']} from this machine"
+                    )
+            elif running_since is not None and time.monotonic() - running_since > redis.start_timeout + 30:
+                return 1, f"the Redis job {job.job_id} runs, but wrote no address within {redis.start_timeout:g}s"
+            self._sleep(self.POLL)
+
+    # ---- the peers -------------------------------------------------------------------------------------------
+
+    def submit_peers(self) -> tuple[int, str] | None:
+        if self.exchange_url != self.config.exchange_url:
+            self.commands = build_commands(self.config, exchange_url=self.exchange_url)
+            for run, command in zip(self.runs, self.commands):
+                run.command = command
+        for run in self.runs:
+            if self.signals:
+                return INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(self.signals[0]).name}"
+            command = run.command
+            command.output_dir.mkdir(parents=True, exist_ok=True)
+            command.log_path.write_bytes(b"")  # the job appends; a log left by an earlier run must not show
+            # A peer summary file older than this is stale: the log's mtime comes from the clock of the filesystem
+            # the job writes to as well, so a skewed clock on this machine cannot make a fresh summary look stale.
+            run.started_at = command.log_path.stat().st_mtime
+            for stale in [self._exit_path(command.id), *self.root.glob(f"{command.id}.node*.exit")]:
+                stale.unlink(missing_ok=True)
+            function = PeerJob(
+                peer_id=command.id,
+                argv=list(command.argv),
+                env=dict(command.env),
+                cwd=str(command.cwd),
+                log_path=str(command.log_path),
+                exit_path=str(self._exit_path(command.id)),
+                secret_path=str(self.secret) if self.secret else None,
+                nodes=run.resources.nodes,
+            )
+            folder = self.root / command.id
+            _write_cmd_file(command)
+            self._append_job_to_cmd_file(run, folder)
+            try:
+                self._submit(run, function, folder)
+            except Exception as exc:  # noqa: BLE001 - sbatch refused it (submitit's error says why)
+                run.status = "failed to submit"
+                self.say(f"peer {command.id}: could not submit its job: {_short(exc)}")
+                return 1, redact_text(f"could not submit peer {command.id}: {_short(exc)}")
+            self.say(
+                f"submitted {command.id}: job {run.job_id} ({_describe_resources(run.resources)}); "
+                f"log {command.log_path}"
+            )
+        return None
+
+    def _append_job_to_cmd_file(self, run: _Job, folder: Path):
+        options = " ".join(_option_text(k, v) for k, v in run.resources.sbatch_options().items())
+        lines = [
+            "",
+            f"# SLURM job {run.name}: sbatch {options}",
+            *(f"# setup: {line}" for line in run.resources.setup),
+            f"# submitit folder (batch script, stdout/stderr of the job): {folder}",
+            f"# exit status: {self._exit_path(run.command.id)}",
+        ]
+        with open(run.command.cmd_path, "a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+
+    # ---- supervision -----------------------------------------------------------------------------------------
+
+    def _record_exit(self, run: _Job, code: int, when: float):
+        if run.returncode is not None:
+            return
+        run.returncode, run.ended = code, when
+        if not run.started:
+            run.started = run.submitted or when
+        if self.stop_started is not None and when >= self.stop_started:
+            run.status = "stopped"
+        else:
+            run.status = "ok" if code == 0 else "failed"
+
+    def _check_exit_files(self) -> tuple[int, str] | None:
+        for run in self.runs:
+            if run.job_id is None or run.returncode is not None:
+                continue
+            node_failure = self._failed_node(run.command.id) if run.resources.nodes > 1 else None
+            if node_failure is not None and self.stop_started is None:
+                rank, code = node_failure
+                run.note = f"node {rank} of its job exited with code {code}"
+                self.say(f"peer {run.command.id}: node {rank} exited with code {_describe_code(code)}; stopping")
+                return 1, f"peer {run.command.id} (node {rank}) exited with code {code}"
+            data = self._read_exit(run.command.id)
+            if data is None:
+                continue
+            code = data["exit_code"]
+            self._record_exit(run, code, time.monotonic())
+            if self.stop_started is not None:
+                continue
+            if code != 0:
+                state = job_outcome(run.job_id)[0]
+                why = ""
+                if state in ("TIMEOUT", "DEADLINE", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"):
+                    run.note = f"job {run.job_id} {state}"
+                    why = f", job {state}" + (
+                        ": it reached its time limit (`slurm.time`)" if state == "TIMEOUT" else ""
+                    )
+                self.say(
+                    f"peer {run.command.id} exited with code {_describe_code(code)} (job {run.job_id}{why}); "
+                    "cancelling the other jobs"
+                )
+                return 1, f"peer {run.command.id} exited with code {code}{why}"
+            self.say(f"peer {run.command.id} finished (exit code 0)")
+        return None
+
+    def _jobs(self) -> list[_Job]:
+        return [*self.runs, *([self.redis] if self.redis is not None else [])]
+
+    def _poll_states(self, only_redis: bool = False, force: bool = False) -> tuple[int, str] | None:
+        now = time.monotonic()
+        if now < self.next_squeue and not force:
+            return None
+        self.next_squeue = now + self.SQUEUE_EVERY
+        jobs = [job for job in ([self.redis] if only_redis else self._jobs()) if job is not None and job.active]
+        if not jobs:
+            return None
+        states = squeue(job.job_id for job in jobs)
+        if states is None:
+            if now - self.squeue_warned > 60:
+                self.squeue_warned = now
+                self.say("squeue failed (is slurmctld reachable?); retrying")
+            return None
+        for job in jobs:
+            state, node, reason = states.get(job.job_id, (None, None, None))
+            what = "the Redis job" if job.command is None else f"peer {job.command.id}"
+            if state is not None and (state, reason) != (job.state, job.reason) and state not in TERMINAL_STATES:
+                if state == "PENDING":
+                    why = f" ({reason})" if reason and reason != "None" else ""
+                    self.say(f"{what}: job {job.job_id} pending{why}")
+                elif state == "RUNNING" and job.state != "RUNNING":
+                    job.started = job.started or time.monotonic()
+                    job.node = node
+                    self.say(f"{what}: job {job.job_id} running on {node}")
+                elif state not in ("RUNNING", "COMPLETING"):
+                    self.say(f"{what}: job {job.job_id} {state} ({reason})")
+                if job.status in ("pending", "running"):
+                    job.status = "running" if state == "RUNNING" else "pending"
+            if state is not None:
+                job.state, job.reason = state, reason
+                job.node = node or job.node
+            if state is None or state in TERMINAL_STATES:
+                failure = self._job_ended(job, state)
+                if failure is not None:
+                    return failure
+        return None
+
+    def _job_ended(self, job: _Job, state: str | None) -> tuple[int, str] | None:
+        """A job SLURM no longer runs. For a peer whose exit file has not arrived, allow ENDED_GRACE seconds (a
+        shared filesystem may show it late), then count it as failed."""
+        now = time.monotonic()
+        if job.command is not None:
+            if job.returncode is not None:
+                job.gone = True
+                return None
+            if self._read_exit(job.command.id) is not None:
+                return None  # _check_exit_files records it
+            if job.ended_seen is None:
+                job.ended_seen = now
+            # While stopping, a missing exit status changes nothing (the peer counts as stopped): no need to wait.
+            if now - job.ended_seen < self.ENDED_GRACE and self.stop_started is None:
+                return None
+        job.gone = True
+        final, code, sig = job_outcome(job.job_id)
+        final = final or state or "gone from the queue"
+        job.state = final
+        if job.ended is None:
+            job.ended = now
+            job.started = job.started or job.submitted or now
+        if job.returncode is None and code is not None:
+            job.returncode = -sig if sig else code
+        if self.stop_started is not None:
+            job.status = "stopped"
+            return None
+        job.status = "failed"
+        folder = self.root / ("redis-job" if job.command is None else job.command.id)
+        if job.command is None:
+            self.say(f"the Redis job {job.job_id} ended ({final}); see {self.config.run_dir / 'logs' / REDIS_LOG}")
+            for line in self._submitit_log_tail(job, folder):
+                self.say(line)
+            return 1, f"the Redis job {job.job_id} ended ({final})"
+        job.note = f"job {job.job_id} ended {final} before the peer reported an exit code"
+        self.say(
+            f"peer {job.command.id}: job {job.job_id} ended {final} before the peer finished; cancelling the rest"
+        )
+        for line in self._submitit_log_tail(job, folder):
+            self.emit(self.prefixes[job.command.id] + line)
+        return 1, f"peer {job.command.id}: job {job.job_id} ended {final}"
+
+    def supervise(self) -> tuple[int, str]:
+        while True:
+            if self.signals:
+                return INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(self.signals[0]).name}"
+            self._tail_logs()
+            failure = self._check_exit_files()
+            if failure is not None:
+                self._tail_logs()
+                return failure
+            if all(run.returncode == 0 for run in self.runs):
+                return 0, "all peers finished"
+            failure = self._poll_states()
+            if failure is not None:
+                self._tail_logs()
+                return failure
+            self._sleep(self.POLL)
+
+    def run(self) -> tuple[int, str]:
+        self._prepare()
+        self.say(
+            f"run_dir {self.config.run_dir}; {len(self.runs)} peer job(s) on SLURM; "
+            f"job names {self.config.run_dir.name}.{self.token}.*"
+        )
+        note = _dir_exchange_note(self.config)
+        if note:
+            self.say(f"note: {note}")
+        if self.redis is not None:
+            failure = self.start_redis()
+            if failure is not None:
+                return failure
+        else:
+            self.say(f"exchange {redact_text(self.exchange_url)}")
+        failure = self.submit_peers()
+        if failure is not None:
+            return failure
+        return self.supervise()
+
+    # ---- stopping --------------------------------------------------------------------------------------------
+
+    def _refresh(self):
+        """Exit files and job states now (no failure handling: the swarm is stopping)."""
+        self._check_exit_files()
+        self._poll_states(force=True)
+
+    def stop(self):
+        """Cancel every job still in the queue: SIGTERM to running peers and `grace` seconds to exit, then
+        `scancel` for everything left (the Redis job too), then wait until SLURM lists none of them as active."""
+        self.stop_started = time.monotonic()
+        self._refresh()
+        unfinished = [run for run in self.runs if run.active and run.returncode is None]
+        running = [run for run in unfinished if run.state == "RUNNING"]
+        waiting = [run for run in unfinished if run not in running]
+        # Peers that exited: their jobs end by themselves within a moment (cancelling them would record CANCELLED).
+        ending = [run for run in self.runs if run.active and run.returncode is not None]
+        if waiting:
+            self.say(f"cancelling queued jobs: {', '.join(f'{r.command.id} ({r.job_id})' for r in waiting)}")
+            scancel(run.job_id for run in waiting)
+        signals_before = len(self.signals)
+        if running:
+            names = ", ".join(f"{r.command.id} ({r.job_id})" for r in running)
+            self.say(f"stopping peers {names}: SIGTERM, then scancel after {self.grace:g}s")
+            scancel((run.job_id for run in running), signal_name="TERM")
+        if running or ending:
+            deadline = time.monotonic() + self.grace
+            while time.monotonic() < deadline and len(self.signals) == signals_before:
+                self._tail_logs()
+                self._refresh()
+                if not any(run.active for run in running + ending):
+                    break
+                self._sleep(self.POLL)
+            if len(self.signals) != signals_before:
+                self.say("second signal: cancelling the jobs now")
+        stubborn = [run for run in running if run.active and run.returncode is None]
+        if stubborn:  # SIGKILL now, as the local launcher does, rather than after the cluster's KillWait
+            self.say(f"still running after {self.grace:g}s: {', '.join(r.command.id for r in stubborn)}; SIGKILL")
+            scancel((run.job_id for run in stubborn), signal_name="KILL")
+            deadline = time.monotonic() + 5.0  # their jobs end by themselves once the step's processes are gone
+            while any(run.active for run in stubborn) and time.monotonic() < deadline:
+                self._sleep(self.POLL)
+                self._refresh()
+        left = [job for job in self._jobs() if job.active]
+        if left:
+            what = ", ".join(f"{'the Redis job' if j.command is None else j.command.id} ({j.job_id})" for j in left)
+            self.say(f"cancelling {what}")
+            scancel(job.job_id for job in left)
+        unknown = [job.name for job in self._jobs() if job.job_id is None and job.attempted]
+        if unknown:
+            scancel_names(unknown)  # a submission that failed or was cut short: its job, if any, has this unique name
+        self._wait_gone()
+
+    def _wait_gone(self):
+        deadline = time.monotonic() + self.QUEUE_WAIT
+        signals_before = len(self.signals)
+        next_note = time.monotonic() + 10
+        while True:
+            self._tail_logs()
+            self._refresh()
+            left = [job for job in self._jobs() if job.active]
+            if not left:
+                return
+            if time.monotonic() > deadline or len(self.signals) != signals_before:
+                ids = " ".join(job.job_id for job in left)
+                self.say(
+                    f"WARNING: jobs {ids} are cancelled but SLURM still lists them ({', '.join(j.state or '?' for j in left)}); "
+                    f"check with `squeue -j {ids.replace(' ', ',')}`"
+                )
+                return
+            if time.monotonic() > next_note:
+                self.say(f"waiting for SLURM to end jobs {' '.join(job.job_id for job in left)}")
+                next_note = time.monotonic() + 10
+            self._sleep(self.POLL * 2)
+
+    def finish(self):
+        """The last log lines; the final status of every peer."""
+        self._tail_logs(final=True)
+        for run in self.runs:
+            if run.returncode is None:
+                data = self._read_exit(run.command.id)
+                if data is not None:
+                    self._record_exit(run, data["exit_code"], run.ended or time.monotonic())
+            if run.status in ("pending", "running"):
+                run.status = "stopped"
+                run.ended = run.ended or time.monotonic()
+                run.started = run.started or run.submitted or run.ended
+
+    def rows(self) -> list[dict]:
+        rows = _summary_rows(self.runs)
+        for row, run in zip(rows, self.runs):
+            row["job_id"] = run.job_id
+            row["node"] = run.node
+            row["slurm_state"] = run.state
+            row["slurm_folder"] = str(self.root / run.command.id)
+            if run.note:
+                row["note"] = run.note if not row.get("note") else f"{run.note}; {row['note']}"
+        return rows
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+def run_slurm_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None = None) -> int:
+    """`run_swarm` for a SLURM config: same exit codes (0, 1, 130), summary table and files, plus `<run_dir>/slurm`.
+
+    Raises `SwarmConfigError` before anything is submitted when a script is missing, or submitit, the SLURM commands
+    or (for a Redis exchange) the redis package are not installed here."""
+    from .supervisor import _install_handlers
+
+    stream = sys.stdout if stream is None else stream
+    if not (grace >= 0):
+        raise ValueError(f"grace must be >= 0 seconds, got {grace}")
+    problems = check_files(config) + slurm_problems(config)
+    if problems:
+        raise SwarmConfigError("cannot submit the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
+    supervisor = SlurmSupervisor(config, grace, stream)
+    previous = _install_handlers(supervisor._on_signal)
+    code, reason = 1, "launcher error"
+    try:
+        try:
+            code, reason = supervisor.run()
+        except Exception as exc:  # noqa: BLE001 - a bug or an odd SLURM answer: still cancel every job below
+            code, reason = 1, redact_text(f"launcher error: {type(exc).__name__}: {_short(exc)}")
+            supervisor.say(reason)
+        finally:
+            supervisor.stop()
+            supervisor.finish()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    rows = supervisor.rows()
+    redis = supervisor.redis
+    summary = {
+        "exit_code": code,
+        "reason": reason,
+        "run_dir": str(config.run_dir),
+        "exchange_url": redact_text(supervisor.exchange_url or config.exchange_url),
+        "config": os.path.abspath(config.source) if config.source else None,
+        "scheduler": "slurm",
+        "redis_job": None
+        if redis is None
+        else {
+            "job_id": redis.job_id,
+            "node": redis.node,
+            "state": redis.state,
+            "log": str(config.run_dir / "logs" / REDIS_LOG),
+        },
+        "peers": rows,
+    }
+    try:
+        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        supervisor.say(f"could not write {config.run_dir / 'summary.json'}: {exc}")
+    supervisor.emit("")
+    supervisor.emit(format_summary_table(rows))
+    supervisor.say(f"{reason}; exit code {code}; summary in {config.run_dir / 'summary.json'}")
+    return code

@@ -1,0 +1,280 @@
+"""What runs inside the SLURM jobs `launcher/slurm.py` submits: the callables submitit pickles and its worker calls.
+
+* `PeerJob`: runs one peer's command (the one `commands.build_commands` builds, as the local launcher runs it) with
+  its output in `<run_dir>/logs/<id>.log`, then writes the exit code to `<run_dir>/slurm/<id>.exit` (JSON) and, if it
+  is not 0, raises, so that the job ends FAILED. With `slurm.nodes > 1` (accelerate peers only) it runs on every node
+  of the job with accelerate's `--num_machines/--machine_rank/--main_process_ip` added; nodes other than the first
+  write `<id>.node<K>.log` and `<id>.node<K>.exit`.
+* `RedisJob`: starts `redis-server` (config file mode 0600: the password never appears on a command line), waits until
+  it answers, writes its address to `<run_dir>/slurm/redis.json` for the launcher, then serves until the launcher
+  cancels the job.
+
+The launcher reads these files, never submitit's result pickles (without SLURM accounting, submitit cannot tell a
+cancelled job from a running one). Standard library only (submitit is only imported inside a job, where it runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REDIS_PASSWORD_ENV = "FTIS_REDIS_PASSWORD"  # trl_ftis.rules.REDIS_PASSWORD_ENV (the transport reads it)
+
+__all__ = ["PeerJob", "RedisJob", "ipv4_addresses", "write_json_atomic"]
+
+
+def write_json_atomic(path: str | os.PathLike, data: dict) -> None:
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _node_layout() -> tuple[int, int, list[str], str]:
+    """(node rank, number of nodes, host names, job id) of this task of the job."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return env.node, env.num_nodes, list(env.hostnames), str(env.job_id)
+    except Exception:  # noqa: BLE001 - not under submitit (the job called by hand): SLURM's variables
+        return (
+            int(os.environ.get("SLURM_NODEID", "0")),
+            int(os.environ.get("SLURM_JOB_NUM_NODES", "1")),
+            [socket.gethostname()],
+            os.environ.get("SLURM_JOB_ID", "?"),
+        )
+
+
+def _set_handler(signum: int, handler):
+    """`signal.signal` where possible (the main thread; a test may call a job from another): the previous handler."""
+    try:
+        return signal.signal(signum, handler)
+    except ValueError:
+        return None
+
+
+def _read_secret(path: str | None) -> str | None:
+    if not path:
+        return None
+    return Path(path).read_text(encoding="utf-8").strip() or None
+
+
+class PeerFailedError(RuntimeError):
+    """The peer's command exited non-zero (raised so that SLURM records the job as FAILED)."""
+
+
+@dataclass
+class PeerJob:
+    """One peer's job. Pickled by submitit into `<run_dir>/slurm/<id>/` (a directory only its owner can read)."""
+
+    peer_id: str
+    argv: list[str]
+    env: dict[str, str]  # additions to the job's environment (sbatch exports the launcher's own environment)
+    cwd: str
+    log_path: str
+    exit_path: str
+    secret_path: str | None = None  # the Redis password file (the launcher's Redis job), read here, never pickled
+    nodes: int = 1
+
+    def _per_node(self, path: str, rank: int, suffix: str) -> str:
+        if rank == 0:
+            return path
+        return f"{path.removesuffix(suffix)}.node{rank}{suffix}"
+
+    def command(self, rank: int, num_nodes: int, hosts: list[str]) -> list[str]:
+        """The argv for node `rank`: accelerate peers on several nodes get accelerate's multi-machine options."""
+        argv = list(self.argv)
+        if num_nodes > 1 and "accelerate.commands.launch" in argv:
+            at = argv.index("accelerate.commands.launch") + 1
+            argv[at:at] = [
+                "--num_machines", str(num_nodes),
+                "--machine_rank", str(rank),
+                "--main_process_ip", hosts[0],
+            ]  # fmt: skip
+        return argv
+
+    def __call__(self) -> int:
+        rank, num_nodes, hosts, job_id = _node_layout()
+        log_path = self._per_node(self.log_path, rank, ".log")
+        exit_path = self._per_node(self.exit_path, rank, ".exit")
+        env = dict(os.environ)
+        env.update(self.env)
+        secret = _read_secret(self.secret_path)
+        if secret is not None:
+            env[REDIS_PASSWORD_ENV] = secret
+        argv = self.command(rank, num_nodes, hosts)
+        started = time.time()
+        # Appended, never truncated: the launcher emptied the log before submitting, and a requeued job keeps it.
+        with open(log_path, "ab", buffering=0) as log:
+            # SLURM sends SIGUSR2 to the job's processes 90 s before its time limit (submitit's --signal); Python's
+            # default would kill the peer then. The peer ignores it (inherited across exec) and runs to the limit.
+            previous = _set_handler(signal.SIGUSR2, signal.SIG_IGN)
+            try:
+                proc = subprocess.Popen(
+                    argv, cwd=self.cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+                )
+            except OSError as exc:
+                log.write(f"[trl-ftis slurm job {job_id}] could not start {argv[0]}: {exc}\n".encode())
+                write_json_atomic(exit_path, {"exit_code": 127, "error": str(exc), "job_id": job_id, "rank": rank})
+                raise PeerFailedError(f"peer {self.peer_id}: could not start: {exc}") from exc
+            finally:
+                _set_handler(signal.SIGUSR2, previous if previous is not None else signal.SIG_DFL)
+
+            def forward(signum, frame):  # scancel signals every process of the step; forward in case it did not
+                if proc.poll() is None:
+                    proc.send_signal(signum)
+
+            def time_limit(signum, frame):  # replaces submitit's requeue handler (a peer is not checkpointable)
+                log.write(f"[trl-ftis] SLURM job {job_id} reaches its time limit in about 90 s\n".encode())
+
+            _set_handler(signal.SIGTERM, forward)
+            _set_handler(signal.SIGUSR2, time_limit)
+            code = proc.wait()
+        write_json_atomic(
+            exit_path,
+            {
+                "exit_code": code,
+                "job_id": job_id,
+                "rank": rank,
+                "host": socket.gethostname(),
+                "wall_time_s": round(time.time() - started, 3),
+            },
+        )
+        if code != 0:
+            raise PeerFailedError(f"peer {self.peer_id} exited with code {code}")
+        return code
+
+
+def ipv4_addresses() -> list[str]:
+    """This host's IPv4 addresses other than loopback (Linux: every interface; elsewhere: what its name resolves to)."""
+    found: list[str] = []
+    try:
+        import fcntl
+        import struct
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for _, name in socket.if_nameindex():
+                try:
+                    packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+                except OSError:
+                    continue
+                found.append(socket.inet_ntoa(packed[20:24]))
+    except (ImportError, OSError, AttributeError):
+        pass
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+            found.append(info[4][0])
+    except OSError:
+        pass
+    unique = []
+    for address in found:
+        if not address.startswith("127.") and address not in unique:
+            unique.append(address)
+    return unique
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def answers_ping(host: str, port: int, timeout: float = 1.0) -> bool:
+    """A raw RESP PING (no redis-py needed); `-NOAUTH` counts: the server is up, it wants the password."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.sendall(b"PING\r\n")
+            return sock.recv(64).startswith((b"+PONG", b"-NOAUTH"))
+    except OSError:
+        return False
+
+
+@dataclass
+class RedisJob:
+    """The exchange's Redis server, one job. Its address goes to `address_path` once it answers PING."""
+
+    server: str
+    port: int
+    directory: str  # config file and working directory (<run_dir>/slurm/redis)
+    log_path: str
+    address_path: str
+    secret_path: str | None = None
+    start_timeout: float = 120.0
+    extra_config: list[str] = field(default_factory=list)
+
+    def __call__(self) -> int:
+        _, _, _, job_id = _node_layout()
+        host = socket.gethostname()
+        directory = Path(self.directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        port = self.port or _free_port()
+        password = _read_secret(self.secret_path)
+        lines = [
+            f"port {port}",
+            "bind 0.0.0.0",  # peers on other nodes connect to this node's address
+            # Without a password a server bound to every interface would refuse them all: the config asked for none.
+            "protected-mode no",
+            'save ""',
+            "appendonly no",
+            f"dir {directory}",
+            "daemonize no",
+            *self.extra_config,
+        ]
+        if password is not None:
+            quoted = password.replace("\\", "\\\\").replace('"', '\\"')
+            lines.append(f'requirepass "{quoted}"')
+        conf = directory / "redis.conf"
+        fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+        os.chmod(conf, 0o600)
+
+        def fail(message: str) -> None:
+            write_json_atomic(self.address_path, {"error": message, "job_id": job_id, "host": host})
+            raise RuntimeError(message)
+
+        with open(self.log_path, "ab", buffering=0) as log:
+            argv = [*shlex.split(self.server), str(conf)]
+            try:
+                proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            except OSError as exc:
+                fail(
+                    f"cannot run {self.server!r} on {host}: {exc.strerror or exc} (install Redis on the nodes, or set "
+                    "`redis.server` to its path, or load it with `redis.setup`)"
+                )
+            _set_handler(signal.SIGTERM, lambda signum, frame: proc.terminate())
+            deadline = time.monotonic() + self.start_timeout
+            while not answers_ping("127.0.0.1", port):
+                if proc.poll() is not None:
+                    fail(f"{self.server} exited with code {proc.returncode} on {host}; see {self.log_path}")
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    fail(f"{self.server} did not answer on port {port} within {self.start_timeout:g}s on {host}")
+                time.sleep(0.1)
+            try:
+                fqdn = socket.getfqdn()
+            except OSError:
+                fqdn = host
+            write_json_atomic(
+                self.address_path,
+                {
+                    "host": host,
+                    "fqdn": fqdn,
+                    "addresses": ipv4_addresses(),
+                    "port": port,
+                    "job_id": job_id,
+                    "password": password is not None,
+                },
+            )
+            code = proc.wait()
+        if code not in (0, -signal.SIGTERM):
+            raise RuntimeError(f"{self.server} exited with code {code}")
+        return 0
