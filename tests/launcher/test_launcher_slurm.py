@@ -602,24 +602,30 @@ def test_slurm_failing_peer_cancels_every_other_job(tmp_path, slurm_cluster, how
     _assert_no_job_left(slurm_cluster, run_dir)
 
 
-@pytest.mark.slurm
-def test_slurm_sigint_cancels_every_job(tmp_path, slurm_cluster):
-    """Ctrl-C (SIGINT) to the launcher: the running peers get SIGTERM, b ignores it and is cancelled after the grace
-    period, the Redis job is cancelled, nothing of the swarm is left in the queue; exit code 130."""
-    config = _stand_in_config(slurm_cluster)
-    config["peers"][1]["args"] = {"ignore_sigterm": True}
+def _start_launcher(tmp_path, config, *extra):
+    """Start `trl-ftis swarm` on `config` in the background; `(run_dir, output file, process)`."""
     run_dir = tmp_path / "run"
     path = tmp_path / "swarm.yaml"
     path.write_text(yaml.safe_dump(config))
     out_path = tmp_path / "launcher.out"
     with open(out_path, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "trl_ftis.cli", "swarm", str(path), "--run-dir", str(run_dir), "--grace", "2"],
+            [sys.executable, "-m", "trl_ftis.cli", "swarm", str(path), "--run-dir", str(run_dir), *extra],
             cwd=ROOT,
             env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"},
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    return run_dir, out_path, proc
+
+
+@pytest.mark.slurm
+def test_slurm_sigint_cancels_every_job(tmp_path, slurm_cluster):
+    """Ctrl-C (SIGINT) to the launcher: the running peers get SIGTERM, b ignores it and is cancelled after the grace
+    period, the Redis job is cancelled, nothing of the swarm is left in the queue; exit code 130."""
+    config = _stand_in_config(slurm_cluster)
+    config["peers"][1]["args"] = {"ignore_sigterm": True}
+    run_dir, out_path, proc = _start_launcher(tmp_path, config, "--grace", "2")
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -676,17 +682,7 @@ def test_slurm_sigint_while_jobs_wait_in_the_queue(tmp_path, slurm_cluster, wait
         config["exchange_url"] = f"dir://{tmp_path}/exchange"
         config["slurm"]["extra"] = later
         marker = "peer b: job"
-    run_dir = tmp_path / "run"
-    path = tmp_path / "swarm.yaml"
-    path.write_text(yaml.safe_dump(config))
-    out_path = tmp_path / "launcher.out"
-    with open(out_path, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "trl_ftis.cli", "swarm", str(path), "--run-dir", str(run_dir)],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    run_dir, out_path, proc = _start_launcher(tmp_path, config)
     try:
         deadline = time.monotonic() + 60
         while marker not in out_path.read_text() and time.monotonic() < deadline:

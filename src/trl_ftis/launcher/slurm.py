@@ -55,7 +55,7 @@ from .commands import (
 from .schema import SwarmConfig, SwarmConfigError, exchange_dir
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
-from .summary import _describe_code, _summary_rows, format_summary_table
+from .summary import _describe_code, _summary_rows, report_summary
 
 __all__ = ["SlurmSupervisor", "dry_run_slurm", "run_slurm_swarm", "slurm_problems"]
 
@@ -978,11 +978,5 @@ def run_slurm_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO 
         },
         "peers": rows,
     }
-    try:
-        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        supervisor.say(f"could not write {config.run_dir / 'summary.json'}: {exc}")
-    supervisor.emit("")
-    supervisor.emit(format_summary_table(rows))
-    supervisor.say(f"{reason}; exit code {code}; summary in {config.run_dir / 'summary.json'}")
+    report_summary(config.run_dir, summary, say=supervisor.say, emit=supervisor.emit)
     return code

@@ -114,3 +114,17 @@ def format_summary_table(rows: list[dict]) -> str:
             lines.append("  ".join("-" * w for w in widths))
     notes = [f"note: {row['id']}: {row['note']}" for row in rows if row.get("note")]
     return "\n".join(lines + notes)
+
+
+def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
+    """Write `summary` (its `peers` are the table's rows) to `run_dir/summary.json`, then print the summary table and
+    the swarm's last line (`say`: the launcher's own lines, `emit`: plain output). A summary that cannot be written
+    is said, not raised: the peers' exit codes decide the launcher's."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    except OSError as exc:
+        say(f"could not write {path}: {exc}")
+    emit("")
+    emit(format_summary_table(summary["peers"]))
+    say(f"{summary['reason']}; exit code {summary['exit_code']}; summary in {path}")

@@ -11,7 +11,6 @@ outlives the launcher; `_die_with_parent` makes the peers' main processes follow
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import signal
@@ -26,7 +25,7 @@ from typing import TextIO
 from ..rules import redact_text
 from .commands import PeerCommand, _write_cmd_file, build_commands, check_files
 from .schema import SwarmConfig, SwarmConfigError, exchange_dir
-from .summary import _describe_code, _summary_rows, format_summary_table
+from .summary import _describe_code, _summary_rows, report_summary
 
 __all__ = ["INTERRUPTED_EXIT_CODE", "Supervisor", "run_swarm"]
 
@@ -480,11 +479,5 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
         "config": os.path.abspath(config.source) if config.source else None,
         "peers": rows,
     }
-    try:
-        (config.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        supervisor.say(f"could not write {config.run_dir / 'summary.json'}: {exc}")
-    supervisor.emit("")
-    supervisor.emit(format_summary_table(rows))
-    supervisor.say(f"{reason}; exit code {code}; summary in {config.run_dir / 'summary.json'}")
+    report_summary(config.run_dir, summary, say=supervisor.say, emit=supervisor.emit)
     return code
