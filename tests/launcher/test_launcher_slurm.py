@@ -529,7 +529,6 @@ def _stand_in_config(cluster, **args) -> dict:
 
 
 @pytest.mark.slurm
-@pytest.mark.slow
 def test_slurm_two_tiny_peers_train_through_the_launchers_redis_job(tmp_path, slurm_cluster):
     """A real swarm on SLURM: a Redis job, then two tiny peers (examples/tiny_peer.py) as two jobs that exchange their
     completions through it (with a password the launcher made and never showed), logs and summaries gathered."""
