@@ -53,7 +53,8 @@ trl-suite: install
 	@test -x "$(TRL_SUITE)/run.sh" || { echo "no trl-suite harness at $(TRL_SUITE): set TRL_SUITE"; exit 2; }
 	test -x "$(TRL_SUITE_HOME)/venv/bin/python" || TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_BASE_VENV="$(CURDIR)/$(VENV)" "$(TRL_SUITE)/setup_venv.sh"
 	rm -rf "$(TRL_SUITE_HOME)/runs/ftis"
-	TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_OUT="$(TRL_SUITE_HOME)/runs/ftis" PYTHONPATH="$(CURDIR)/src" \
+	# TRL's own tests fail 7 times for stock GRPOTrainer too: the comparison below is the result, not pytest's status.
+	-TRL_SUITE_HOME="$(TRL_SUITE_HOME)" TRL_SUITE_OUT="$(TRL_SUITE_HOME)/runs/ftis" PYTHONPATH="$(CURDIR)/src" \
 		"$(TRL_SUITE)/run.sh" "$(TRL_GIT)" trl_ftis:FTISTrainer trl_ftis:FTISConfig $(if $(TRL_SUITE_ARGS),-- $(TRL_SUITE_ARGS))
 	cd "$(TRL_SUITE)" && PYTHONPATH=. "$(TRL_SUITE_HOME)/venv/bin/python" -m trlsuite.summarize \
 		"$(TRL_SUITE_HOME)/runs/ftis" baseline.txt
