@@ -277,6 +277,26 @@ def report(kind: str, peers: int, pairs: list[tuple[dict, dict]], skip: int) -> 
     return [blocking, wall]
 
 
+def run_all(kind, peer_counts, repeats, steps, skip, tmp, setup, base_url) -> list[str]:
+    """Every sync/async pair for every P; the report lines."""
+    lines = []
+    for peers in peer_counts:
+        pairs = []
+        for repeat in range(repeats):
+            order = ("sync", "async") if repeat % 2 == 0 else ("async", "sync")  # alternate who goes first
+            results = {mode: run(kind, mode, peers, steps, repeat, tmp, setup, base_url) for mode in order}
+            pairs.append((results["sync"], results["async"]))
+            print(
+                f"# {kind} P={peers} pair {repeat}: step median sync "
+                f"{statistics.median(results['sync']['step_seconds'][skip:]) * 1000:.1f} ms, async "
+                f"{statistics.median(results['async']['step_seconds'][skip:]) * 1000:.1f} ms",
+                flush=True,
+            )
+        lines += report(kind, peers, pairs, skip)
+        print("\n".join(lines[-2:]), flush=True)
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 pairs of 12 steps per P")
@@ -300,7 +320,6 @@ def main(argv=None) -> int:
     started = time.time()
     setup = realistic_setup(steps + 2) if options.realistic else tiny_setup(peer_counts, steps + 2)
     kind = "smollm2" if options.realistic else "tiny"
-    lines = []
     with tempfile.TemporaryDirectory() as tmp:
         base_url, stop_redis = "dir://", None
         if options.transport == "redis":
@@ -309,22 +328,11 @@ def main(argv=None) -> int:
                 print(f"redis-server unavailable ({stop_redis}): use --transport dir")
                 return 1
         print(f"# transport {options.transport}", flush=True)
-        for peers in peer_counts:
-            pairs = []
-            for repeat in range(repeats):
-                order = ("sync", "async") if repeat % 2 == 0 else ("async", "sync")  # alternate who goes first
-                results = {mode: run(kind, mode, peers, steps, repeat, tmp, setup, base_url) for mode in order}
-                pairs.append((results["sync"], results["async"]))
-                print(
-                    f"# {kind} P={peers} pair {repeat}: step median sync "
-                    f"{statistics.median(results['sync']['step_seconds'][options.skip :]) * 1000:.1f} ms, async "
-                    f"{statistics.median(results['async']['step_seconds'][options.skip :]) * 1000:.1f} ms",
-                    flush=True,
-                )
-            lines += report(kind, peers, pairs, options.skip)
-            print("\n".join(lines[-2:]), flush=True)
-        if stop_redis is not None:
-            stop_redis()
+        try:
+            lines = run_all(kind, peer_counts, repeats, steps, options.skip, tmp, setup, base_url)
+        finally:  # also on Ctrl-C: no redis-server outlives the benchmark
+            if stop_redis is not None:
+                stop_redis()
     print()
     print(
         f"# {repeats} pair(s) of {steps} steps per P (first {options.skip} left out); total {time.time() - started:.0f} s"
