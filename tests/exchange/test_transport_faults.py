@@ -486,3 +486,25 @@ def test_redis_stream_flooded_with_huge_entries_is_read_in_bounded_polls(redis_s
     assert reader.wait(1.0) is True
     assert [e.data for e in reader.poll()] == [b"honest"]
     reader.close()
+
+
+def test_a_directory_wait_looks_again_quickly_then_backs_off_to_poll_interval(tmp_path, monkeypatch):
+    """Lock-step peers publish within milliseconds: the first looks come after 5, 10, 20, 40 ms, then every
+    `poll_interval` (50 ms), so a long wait lists the directory no more often than a fixed 50 ms poll would."""
+    t = DirTransport(f"dir://{tmp_path / 'ex'}")
+    slept = []
+    clock = [0.0]
+
+    def fake_sleep(seconds):
+        slept.append(round(seconds, 4))
+        clock[0] += seconds
+
+    monkeypatch.setattr(directory_module.time, "sleep", fake_sleep)
+    monkeypatch.setattr(directory_module.time, "monotonic", lambda: clock[0])
+    assert t.wait(0.3) is False
+    assert slept[:6] == [0.005, 0.01, 0.02, 0.04, 0.05, 0.05]
+    assert abs(sum(slept) - 0.3) < 1e-9  # never past the timeout
+    slept.clear()
+    fast = DirTransport(f"dir://{tmp_path / 'ex'}", poll_interval=0.002)
+    fast.wait(0.01)
+    assert set(slept) <= {0.002}  # a shorter poll_interval caps the first looks too

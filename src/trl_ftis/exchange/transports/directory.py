@@ -62,6 +62,7 @@ _MAGIC = b"FTIS"
 _PREAMBLE = struct.Struct("<4sHHIQ")
 
 _JUNK_MEMORY = 256  # names of non-messages remembered (each reported once); beyond that, ignored unreported
+_FIRST_POLL_DELAY = 0.005  # seconds before `wait` lists the directory again the first time (then doubling)
 _JUNK_REPORTS_PER_POLL = 32  # so one poll's "unrecognised" reports (and the receiver's log lines) stay few
 
 _OPEN_FLAGS_COMMON = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -128,8 +129,8 @@ class DirTransport(Transport):
     Readers list the directory, skip anything that is not a regular file (symbolic links are never followed),
     report files over `max_message_bytes` without reading them, report names that are not messages once as
     "unrecognised" without opening them, and wait for files written non-atomically until they are complete (see
-    the module docstring for the bounds). `wait` re-lists the directory every `poll_interval` seconds (no server to
-    notify us).
+    the module docstring for the bounds). `wait` re-lists the directory after 5 ms, then at doubling intervals up to
+    every `poll_interval` seconds (no server to notify us).
 
     Options: `max_batch` (1000): messages returned and files opened per poll, and incomplete files tracked;
     `max_poll_bytes` (4 x `max_message_bytes`): message bytes read per poll, at least one message;
@@ -443,13 +444,17 @@ class DirTransport(Transport):
     def wait(self, timeout: float) -> bool:
         self._check_open()
         deadline = time.monotonic() + max(0.0, float(timeout))
+        # The first looks come quickly (a peer in lock-step publishes within milliseconds), later ones every
+        # `poll_interval`: 5, 10, 20, 40 ms, then 50 ms (the default), so a long wait lists no more often than before.
+        delay = min(_FIRST_POLL_DELAY, self.poll_interval)
         while True:
             if self._has_new():
                 return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            time.sleep(min(self.poll_interval, remaining))
+            time.sleep(min(delay, remaining))
+            delay = min(2 * delay, self.poll_interval)
 
     def prune(self, *, sender: str, keep_rounds: int, current_round: int) -> None:
         self._check_open()
