@@ -165,7 +165,7 @@ class PeerRowAdmission:
         rows = list(rows)
         if not rows:
             return rows
-        if getattr(self.args, "text_level_peer_rows", False):  # measuring the approximation: every text is foreign
+        if self.args.text_level_peer_rows:  # measuring the approximation: every text is foreign
             for row in rows:
                 if row.completion_text is not None:
                     row.foreign_tokenizer = True
@@ -203,8 +203,10 @@ class PeerRowAdmission:
         tokenizer maps to an unknown token, normalisation) or holds this tokenizer's special tokens
         (`text_special_tokens`: a peer must not smuggle a chat-template marker into the completion).
         """
-        tokenizer = self._tokenizer
         foreign = [row for row in rows if row.foreign_tokenizer]
+        if not self.args.cross_tokenizer:  # nothing to tokenise: every such row is dropped
+            return self._sift(rows, ["foreign_tokenizer" if row.foreign_tokenizer else None for row in rows])
+        tokenizer = self._tokenizer
         texts = [row.completion_text if isinstance(row.completion_text, str) else "" for row in foreign]
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         decoded = tokenizer.batch_decode(encoded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -215,9 +217,7 @@ class PeerRowAdmission:
         problems: dict[int, str] = {}
         for row, ids, text in zip(foreign, encoded, decoded, strict=True):
             problem = None
-            if not getattr(self.args, "cross_tokenizer", False):
-                problem = "foreign_tokenizer"
-            elif (
+            if (
                 not isinstance(row.completion_text, str)
                 or not (ids or row.ends_with_eos)
                 or (row.ends_with_eos and eos is None)

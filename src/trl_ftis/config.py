@@ -34,6 +34,7 @@ from .rules import (
 logger = logging.getLogger(__name__)
 
 COLLABORATION_MODES = ("vertical", "horizontal")
+EXCHANGE_MODES = ("sync", "async")  # the round inside the step, or in a background worker (swarm_round.py)
 
 
 @dataclass
@@ -350,7 +351,7 @@ class FTISConfig(GRPOConfig):
         metadata={
             "help": "'sync': the swarm round runs inside the training step. 'async': a background worker publishes, "
             "collects and admits while the step computes; the rows join the next step (one round of lag).",
-            "choices": ["sync", "async"],
+            "choices": list(EXCHANGE_MODES),
         },
     )
     cross_tokenizer: bool = field(
@@ -491,7 +492,7 @@ class FTISConfig(GRPOConfig):
             raise ValueError(
                 f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
             )
-        if self.exchange_mode not in ("sync", "async"):
+        if self.exchange_mode not in EXCHANGE_MODES:
             raise ValueError(f"exchange_mode must be 'sync' or 'async', got {self.exchange_mode!r}.")
         if self.exchange_mode == "async" and self.collaboration_mode == "horizontal":
             raise ValueError(

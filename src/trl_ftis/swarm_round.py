@@ -28,9 +28,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trl_ftis.trainer")  # the trainer's logger: one place to configure
 
 
-EXCHANGE_MODES = ("sync", "async")
-"""`sync`: the round runs inside the training step. `async`: a background worker runs it while the step computes."""
-
 _WORKER_THREAD = "ftis-exchange"
 
 
@@ -47,11 +44,6 @@ class ExchangeWorker:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER_THREAD)
         self._interrupt = interrupt  # stops a round's wait for peers (Swarm.interrupt)
         self._future: Future | None = None
-
-    @property
-    def busy(self) -> bool:
-        """Whether a round was submitted and its result not taken yet."""
-        return self._future is not None
 
     def submit(self, function, *args) -> None:
         if self._future is not None:
