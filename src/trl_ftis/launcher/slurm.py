@@ -52,7 +52,7 @@ from .commands import (
     check_files,
     redact_env,
 )
-from .schema import SwarmConfig, SwarmConfigError, exchange_dir
+from .schema import SwarmConfig, exchange_dir
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
 from .summary import _describe_code, _summary_rows, report_summary
@@ -935,14 +935,10 @@ def run_slurm_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO 
 
     Raises `SwarmConfigError` before anything is submitted when a script is missing, or submitit, the SLURM commands
     or (for a Redis exchange) the redis package are not installed here."""
-    from .supervisor import _install_handlers
+    from .supervisor import _install_handlers, _refuse_to_start
 
     stream = sys.stdout if stream is None else stream
-    if not (grace >= 0):
-        raise ValueError(f"grace must be >= 0 seconds, got {grace}")
-    problems = check_files(config) + slurm_problems(config)
-    if problems:
-        raise SwarmConfigError("cannot submit the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
+    _refuse_to_start(grace, check_files(config) + slurm_problems(config), "submit")
     supervisor = SlurmSupervisor(config, grace, stream)
     previous = _install_handlers(supervisor._on_signal)
     code, reason = 1, "launcher error"

@@ -411,6 +411,15 @@ class Supervisor:
                 run.reader.join(max(deadline - time.monotonic(), 0.1))
 
 
+def _refuse_to_start(grace: float, problems: list[str], verb: str) -> None:
+    """`ValueError` for a negative `grace`, `SwarmConfigError` listing `problems` ("cannot <verb> the swarm"), before
+    anything is started or submitted."""
+    if not (grace >= 0):
+        raise ValueError(f"grace must be >= 0 seconds, got {grace}")
+    if problems:
+        raise SwarmConfigError(f"cannot {verb} the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
+
+
 def _install_handlers(handler) -> dict:
     """Route SIGINT/SIGTERM/SIGHUP to `handler` (main thread only; elsewhere Python cannot install handlers)."""
     if threading.current_thread() is not threading.main_thread():
@@ -447,11 +456,7 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
 
         return run_slurm_swarm(config, grace=grace, stream=stream)
     stream = sys.stdout if stream is None else stream
-    if not (grace >= 0):
-        raise ValueError(f"grace must be >= 0 seconds, got {grace}")
-    problems = check_files(config)
-    if problems:
-        raise SwarmConfigError("cannot start the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
+    _refuse_to_start(grace, check_files(config), "start")
 
     supervisor = Supervisor(config, grace, stream)
     previous = _install_handlers(supervisor._on_signal)
