@@ -144,6 +144,27 @@ def test_texts_this_tokenizer_cannot_carry_are_dropped_and_counted(tokenizer, bp
     assert "re-tokenisation" in caplog.text and "bpe-peer" in caplog.text
 
 
+def test_hostile_texts_are_dropped_not_trained_on(tokenizer, bpe, make_args):
+    """A text far longer than max_completion_length once re-tokenised, a text that is not a string, an empty text
+    without end of sequence, a flood of them: each row dropped and counted, none raises."""
+    trainer = tiny_trainer(tokenizer, make_args(cross_tokenizer=True))  # max_completion_length 6
+    long = bpe_row(bpe, "71", completion_text="7" * 5000)
+    not_text = bpe_row(bpe, "71", completion_text=12345)
+    negative_ids = bpe_row(bpe, "71")
+    negative_ids.completion_ids = [-3, 9]
+    flood = [bpe_row(bpe, "71", completion_text="1" * 40) for _ in range(200)]
+    assert trainer.add_peer_rows([long, not_text, negative_ids, *flood]) == 0
+    assert dict(trainer._dropped) == {"too_long": 201, "no_text": 1, "bad_ids": 1}
+    assert trainer.summary()["rows_retokenised"] == 201  # re-tokenised, then too long for this trainer
+
+
+def test_admission_drops_foreign_rows_when_cross_tokenizer_is_off(tokenizer, bpe, make_args):
+    trainer = tiny_trainer(tokenizer, make_args())
+    own = PeerRow("23+48=", [11, 5, 2], [-0.1, -0.1, -0.1], 1.0, "g", sender="same")
+    assert trainer._admit([bpe_row(bpe), own]) == [own]  # add_peer_rows raises first; the admission drops
+    assert dict(trainer._dropped) == {"foreign_tokenizer": 1}
+
+
 def test_foreign_rows_need_cross_tokenizer_and_text_level_cannot_be_forged(tokenizer, bpe, make_args):
     trainer = tiny_trainer(tokenizer, make_args())
     with pytest.raises(ValueError, match="cross_tokenizer"):
