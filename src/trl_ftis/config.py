@@ -8,6 +8,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from trl import GRPOConfig
 
@@ -35,6 +36,17 @@ logger = logging.getLogger(__name__)
 
 COLLABORATION_MODES = ("vertical", "horizontal")
 EXCHANGE_MODES = ("sync", "async")  # the round inside the step, or in a background worker (swarm_round.py)
+
+
+class SwarmCredentials(NamedTuple):
+    """What a peer signs and verifies messages with ([`FTISConfig.swarm_credentials`])."""
+
+    secret: str | None
+    """The swarm secret (HMAC: membership), or `None`."""
+    private_key: Any
+    """This peer's Ed25519 private key, or `None`."""
+    public_keys: dict[str, Any] | None
+    """Peer id -> Ed25519 public key, or `None`."""
 
 
 @dataclass
@@ -354,6 +366,14 @@ class FTISConfig(GRPOConfig):
             "choices": list(EXCHANGE_MODES),
         },
     )
+    gpu_memory_fraction: float | None = field(
+        default=None,
+        metadata={
+            "help": "The share of its GPU's memory this peer may use, in (0, 1]: PyTorch's allocator is capped to it "
+            "when the trainer starts, so that peers sharing a GPU cannot starve each other (the launcher's "
+            "`gpu_share` sets it). None: no cap."
+        },
+    )
     cross_tokenizer: bool = field(
         default=False,
         metadata={
@@ -500,53 +520,59 @@ class FTISConfig(GRPOConfig):
                 "normalises this step's own rows together with the same round's peer rows, which async mode only "
                 "has one step later. Use exchange_mode='sync', or the vertical mode."
             )
+        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:  # also rejects NaN
+            raise ValueError(f"gpu_memory_fraction must be a fraction in (0, 1], got {self.gpu_memory_fraction}.")
         if self.text_level_peer_rows and not self.cross_tokenizer:
             raise ValueError("text_level_peer_rows=True needs cross_tokenizer=True (it treats peer rows as text).")
-        if self.swarm_secret is None:
-            self.swarm_secret = os.environ.get(SWARM_SECRET_ENV) or None
-        self._validate_keys()
-
-    def _validate_keys(self):
-        """Load the key files once, so that a wrong path or a malformed file fails here, naming the file, and not
-        after the model is loaded (the trainer loads them again: keys are never stored in the config)."""
-        for name in ("private_key_file", "peer_keys_file"):
+        for name in ("private_key_file", "peer_keys_file"):  # paths only: the files are read by swarm_credentials()
             value = getattr(self, name)
             if value is not None:
-                path = os.path.expanduser(os.fspath(value))
-                if not os.path.isfile(path):
-                    raise ValueError(
-                        f"{name}: {path!r} does not exist or is not a file (`trl-ftis keygen` writes one)."
-                    )
-                setattr(self, name, path)
+                setattr(self, name, os.path.expanduser(os.fspath(value)))
+
+    def swarm_credentials(self) -> SwarmCredentials:
+        """
+        What this peer signs and verifies with, read now: the swarm secret (`swarm_secret`, else the environment
+        variable `FTIS_SWARM_SECRET`), this peer's private key (`private_key_file`) and the swarm's public keys
+        (`peer_keys_file`), loaded and checked against each other.
+
+        [`FTISTrainer`] calls it once, before it loads the model, so that a wrong path or a malformed key file fails
+        at once, naming the file; the config itself never reads the environment or a file. Raises `ValueError` (a
+        missing, unreadable or malformed file, a key file that registers another key for this peer); warns when only
+        one of the two key files is set, or when the public keys have no entry for this peer.
+        """
+        secret = self.swarm_secret or os.environ.get(SWARM_SECRET_ENV) or None
         if self.private_key_file is None and self.peer_keys_file is None:
-            return
-        from .exchange.keys import KeyFileError, load_private_key, load_public_keys, public_key_text
+            return SwarmCredentials(secret, None, None)
+        for name in ("private_key_file", "peer_keys_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ValueError(f"{name}: {path!r} does not exist or is not a file (`trl-ftis keygen` writes one).")
+        from .exchange.keys import KeyFileError, check_key_pair, load_private_key, load_public_keys
 
         try:
             private = load_private_key(self.private_key_file) if self.private_key_file else None
             public = load_public_keys(self.peer_keys_file) if self.peer_keys_file else None
         except KeyFileError as error:
             raise ValueError(str(error)) from None
-        if public is None:
-            return
-        mine = public.get(self.peer_id)
-        if private is not None and mine is not None and public_key_text(mine) != public_key_text(private):
-            raise ValueError(
-                f"peer_keys_file {self.peer_keys_file!r} registers another key for peer {self.peer_id!r} than "
-                f"private_key_file {self.private_key_file!r} holds: peers would refuse its messages (signature)."
-            )
-        if private is None:
+        check_key_pair(
+            private,
+            public,
+            self.peer_id,
+            where=f"of peer_keys_file {self.peer_keys_file!r} (private_key_file {self.private_key_file!r})",
+        )
+        if public is not None and private is None:
             logger.warning(
                 "peer_keys_file is set but private_key_file is not: this peer verifies the others' signatures, but "
                 "its own messages carry none, and peers that require keys refuse them (unsigned)."
             )
-        elif mine is None:
+        elif public is not None and self.peer_id not in public:
             logger.warning(
                 "peer_keys_file %r has no key for this peer (%r): peers using the same file refuse its messages "
                 "(unknown_peer). Add the line `trl-ftis keygen` printed for it.",
                 self.peer_keys_file,
                 self.peer_id,
             )
+        return SwarmCredentials(secret, private, public)
 
     # Secrets. Only what is shown or saved is redacted: `to_dict()` / `to_json_string()` (logs, trackers, the model
     # card), `str()` / `repr()`, and the trainer's `training_args.bin` (written from `redacted_copy()`). Copies and

@@ -8,12 +8,17 @@ would be a peer that silently never publishes). Standard library only: importing
 * Exchange URLs: [`EXCHANGE_SCHEMES`], [`exchange_scheme`] (schemes are case-insensitive).
 * Secrets in text: [`redact_url`], [`redact_text`], one placeholder [`REDACTED`].
 * Names shared between processes: the environment variables `*_ENV` and [`SUMMARY_FILE`].
+* Exchange URLs of a shared directory: [`dir_exchange_url`] and [`exchange_directory`].
 * Numbers: [`MAX_LOGP`], the rounding slack above 0 a generator log-prob may have; [`MIN_TEMPERATURE`] and
-  [`MAX_TEMPERATURE`], the sampling temperatures a config accepts and a message may carry.
+  [`MAX_TEMPERATURE`], the sampling temperatures a config accepts and a message may carry ([`check_temperature`]).
+* The round window's defaults and checks: [`DEFAULT_PEER_TIMEOUT`], [`DEFAULT_MAX_STALENESS`],
+  [`DEFAULT_MAX_ROUNDS_AHEAD`], [`check_round_window`].
+* The exit code of a run stopped by Ctrl-C or SIGTERM: [`INTERRUPTED_EXIT_CODE`].
 """
 
 from __future__ import annotations
 
+import os
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -83,6 +88,21 @@ def normalise_exchange_url(url: str) -> str:
     """`url` with its scheme lower-cased (after checking it with [`exchange_scheme`])."""
     scheme = exchange_scheme(url)
     return scheme + url[len(scheme) :]
+
+
+DIR_PREFIX = "dir://"
+"""The shared-directory exchange's URL prefix (lower-case: [`normalise_exchange_url`] makes it so)."""
+
+
+def dir_exchange_url(path: str | os.PathLike) -> str:
+    """The `dir://` exchange URL of the directory `path` (`dir:///abs/path` for an absolute one)."""
+    return f"{DIR_PREFIX}{os.fspath(path)}"
+
+
+def exchange_directory(url: str) -> str | None:
+    """The directory of a `dir://` exchange URL (already normalised: lower-case scheme), as written, `""` when it
+    names none; `None` for any other scheme."""
+    return url[len(DIR_PREFIX) :] if url.startswith(DIR_PREFIX) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -157,3 +177,48 @@ generator log-probs explode (a softmax at logits / 0.01 over logits within +-100
 MAX_TEMPERATURE = 1e2
 """Highest sampling temperature `FTISConfig` and the wire format accept: above it sampling is uniform in all but
 name."""
+
+
+def check_temperature(value: object, what: str = "temperature") -> float:
+    """`value` as a float when it is a sampling temperature in [`MIN_TEMPERATURE`, `MAX_TEMPERATURE`]; else
+    `ValueError` naming `what` (NaN and non-numbers are refused too). Log-probs are compared at this temperature and
+    the wire format carries no other."""
+    try:
+        temperature = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        temperature = float("nan")
+    if not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:  # also rejects NaN
+        raise ValueError(
+            f"{what} must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (log-probs are compared at it, and the wire "
+            f"format carries no other), got {value!r}."
+        )
+    return temperature
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The round window
+
+DEFAULT_PEER_TIMEOUT = 60.0
+"""Seconds a round waits for the expected peers (`FTISConfig.peer_timeout`, `Swarm(peer_timeout=...)`)."""
+DEFAULT_MAX_STALENESS = 2
+"""Messages from rounds older than `round - max_staleness` are dropped as `stale`."""
+DEFAULT_MAX_ROUNDS_AHEAD = 4
+"""Messages from rounds later than `round + max_rounds_ahead` are refused as `ahead`."""
+
+
+def check_round_window(max_staleness: object, max_rounds_ahead: object) -> tuple[int, int]:
+    """`(max_staleness, max_rounds_ahead)` as ints when both are whole numbers of rounds >= 0; else `ValueError`
+    naming the field."""
+    window = []
+    for name, value in (("max_staleness", max_staleness), ("max_rounds_ahead", max_rounds_ahead)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a whole number of rounds >= 0, got {value!r}.")
+        window.append(int(value))
+    return window[0], window[1]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Processes
+
+INTERRUPTED_EXIT_CODE = 130
+"""Exit code of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT), for the launcher and every peer it starts."""

@@ -38,6 +38,7 @@ __all__ = [
     "PUBLIC_KEY_SIZE",
     "SIGNATURE_SIZE",
     "KeyFileError",
+    "check_key_pair",
     "generate_keypair",
     "load_private_key",
     "load_public_keys",
@@ -115,6 +116,21 @@ def public_key_from_text(text: str, what: str = "public key") -> Ed25519PublicKe
         return _ed25519().Ed25519PublicKey.from_public_bytes(raw)
     except ValueError as error:
         raise ValueError(f"{what}: not a valid Ed25519 public key ({error})") from None
+
+
+def check_key_pair(
+    private_key: Ed25519PrivateKey | None, public_keys: Mapping[str, Any] | None, peer_id: str, *, where: str = ""
+) -> None:
+    """`ValueError` when `public_keys` registers another key for `peer_id` than `private_key`'s public half: peers
+    would refuse every message of this peer (`signature`). `where` names the files in the message."""
+    if private_key is None or public_keys is None:
+        return
+    mine = public_keys.get(peer_id)
+    if mine is not None and public_key_text(mine) != public_key_text(private_key):
+        raise ValueError(
+            f"The public keys{' ' + where if where else ''} register another key for this peer ({peer_id!r}) than "
+            "its private key: peers would refuse its messages (signature). Use the pair `trl-ftis keygen` wrote."
+        )
 
 
 def save_private_key(path: str | os.PathLike, key: Ed25519PrivateKey, *, overwrite: bool = False) -> Path:
