@@ -5,17 +5,9 @@ supervised loop ([`.supervised`]) that warms up the tiny models and heals the de
 The core (`trl_ftis.objective`, `config`, `trainer`, `peer_rows`, `swarm`, `exchange`) never imports this package.
 """
 
+from .quiet import quiet_dependency_warnings
 
-_DEPENDENCIES = r"(transformers|trl|peft|accelerate|torch|datasets|huggingface_hub)(\.|$)"
-
-
-def quiet_dependency_warnings() -> None:
-    """Hide the deprecation notices that dependencies issue and a demo user cannot act on (`FutureWarning`,
-    `DeprecationWarning` raised inside transformers, TRL, PEFT, accelerate, torch, datasets); ours still show."""
-    import warnings
-
-    for category in (FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category, module=_DEPENDENCIES)
+__all__ = ["main", "quiet_dependency_warnings"]
 
 
 def main(argv=None):

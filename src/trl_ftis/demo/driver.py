@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)
-    from . import quiet_dependency_warnings
+    from .quiet import quiet_dependency_warnings
 
     quiet_dependency_warnings()
     settings = dict(QUICK if options.quick else FULL)
