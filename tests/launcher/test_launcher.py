@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from trl_ftis import cli, launcher, rules
-from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, render_args, run_swarm, supervisor
-from trl_ftis.launcher.summary import _read_peer_summary
+from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, local, render_args, run_swarm
+from trl_ftis.launcher.summary import read_peer_summary
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -101,12 +101,12 @@ def _config(tmp_path, peers, **top):
             {"script": "p.py", "peers": [{"id": "a", "env": {"FOO": {"x": 1}}}]},
             ["peers[0] (id 'a')", "env.FOO", "dict"],
         ),
-        ({"script": "p.py", "peers": [{"id": "a", "env": {"FOO": [1, 2]}}]}, ["env.FOO must be a string or a number"]),
+        ({"script": "p.py", "peers": [{"id": "a", "env": {"FOO": [1, 2]}}]}, ["peers[0] (id 'a'): `env.FOO` must be a string or a number, got list [1, 2]"]),
         ({"script": "p.py", "peers": [{"id": "a", "env": {"FOO": True}}]}, ["env.FOO", "quote it"]),
         ({"script": "p.py", "env": {"FOO": None}, "peers": [{"id": "a"}]}, ["top level", "env.FOO", "NoneType"]),
         (
             {"script": "p.py", "peers": [{"id": "a", "env": {"FTIS_PEER_ID": "x"}}]},
-            ["env.FTIS_PEER_ID is set by the launcher"],
+            ["peers[0] (id 'a'): `env.FTIS_PEER_ID` is set by the launcher"],
         ),
         (
             {"script": "p.py", "launcher": "torchrun", "peers": [{"id": "a"}]},
@@ -114,9 +114,9 @@ def _config(tmp_path, peers, **top):
         ),
         (
             {"script": "p.py", "peers": [{"id": "a", "args": {"output_dir": "x"}}]},
-            ["args.output_dir is set by the launcher"],
+            ["peers[0] (id 'a'): `args.output_dir` is set by the launcher"],
         ),
-        ({"script": "p.py", "args": {"lr": {"a": 1}}, "peers": [{"id": "a"}]}, ["args.lr must be"]),
+        ({"script": "p.py", "args": {"lr": {"a": 1}}, "peers": [{"id": "a"}]}, ["top level: `args.lr` must be a string, number, boolean, null or a list of those, got dict"]),
         ({"script": "p.py", "args": {"--lr": 1}, "peers": [{"id": "a"}]}, ["not a valid argument name"]),
         (
             {"script": "p.py", "peers": [{"id": "a", "model": "m", "args": {"model_name_or_path": "n"}}]},
@@ -272,12 +272,16 @@ def test_python_command(tmp_path):
         "FTIS_PEER_ID": "big", "PYTHONUNBUFFERED": "1", "A": "1", "CUDA_VISIBLE_DEVICES": "7", "WANDB_RUN_GROUP": "run",
     }  # fmt: skip
     assert small.argv[1] == os.path.abspath("other.py")
-    assert small.argv[-8:] == ["--max_steps", "20", "--seed", "0", "--drop", "x", "--project", "run"]
+    # gpu_share is sugar for args.gpu_memory_fraction (FTISConfig caps the peer's GPU memory to it), after the args.
+    assert small.argv[-10:] == [
+        "--max_steps", "20", "--seed", "0", "--drop", "x", "--gpu_memory_fraction", "0.45", "--project", "run",
+    ]  # fmt: skip
     # gpus wins over a top-level CUDA_VISIBLE_DEVICES; a peer's env wins over the top-level env.
     assert small.env["CUDA_VISIBLE_DEVICES"] == "1,2"
-    assert small.env["FTIS_GPU_MEMORY_FRACTION"] == "0.45"
     assert small.env["FTIS_PEER_ID"] == "small" and small.env["A"] == "2"
-    assert "FTIS_GPU_MEMORY_FRACTION" not in big.env
+    assert config.peers[1].args["gpu_memory_fraction"] == 0.45 and "gpu_memory_fraction" not in config.peers[0].args
+    assert "--gpu_memory_fraction" not in big.argv
+    assert not any(rules.GPU_MEMORY_FRACTION_ENV in command.env for command in (big, small))  # a flag, not the env
     assert (big.log_path, big.cmd_path, big.main_process_port) == (run / "logs/big.log", run / "logs/big.cmd", None)
 
 
@@ -349,16 +353,16 @@ def test_missing_script_is_refused_before_anything_starts(tmp_path):
 
 def test_peer_summary_reading_never_raises(tmp_path):
     path = tmp_path / "ftis_summary.json"
-    assert _read_peer_summary(path, None) == (None, None)
+    assert read_peer_summary(path, None) == (None, None)
     path.write_text("[1, 2]")
-    assert "not hold a JSON object" in _read_peer_summary(path, None)[1]
+    assert "not hold a JSON object" in read_peer_summary(path, None)[1]
     path.write_text(json.dumps({"steps": 3}))
-    assert "older than this run" in _read_peer_summary(path, time.time() + 60)[1]
-    fields, note = _read_peer_summary(path, time.time())
+    assert "older than this run" in read_peer_summary(path, time.time() + 60)[1]
+    fields, note = read_peer_summary(path, time.time())
     assert fields["steps"] == 3 and fields["reward"] is None and note is None
     path.unlink()
     path.mkdir()  # unreadable as a file
-    assert "could not read" in _read_peer_summary(path, None)[1]
+    assert "could not read" in read_peer_summary(path, None)[1]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -467,7 +471,7 @@ def test_peer_that_cannot_start_stops_the_started_ones(tmp_path, pid_dir, monkey
             raise PermissionError(13, "Permission denied", argv[0])
         return real_popen(argv, **kwargs)
 
-    monkeypatch.setattr(supervisor.subprocess, "Popen", popen)
+    monkeypatch.setattr(local.subprocess, "Popen", popen)
     peers = [{"id": "a"}, {"id": "b"}, {"id": "c"}]
     config = load_swarm_config(_config(tmp_path, peers, args={"hold": 60, "pid_dir": str(pid_dir)}))
     out = io.StringIO()

@@ -26,7 +26,7 @@ import yaml
 
 from trl_ftis import cli
 from trl_ftis.launcher import SwarmConfigError, build_commands, dry_run, load_swarm_config, run_swarm
-from trl_ftis.launcher.slurm import TERMINAL_STATES, _LogTail, squeue
+from trl_ftis.launcher.slurm import TERMINAL_STATES, LogTail, squeue
 from trl_ftis.launcher.slurm_jobs import PeerJob, RedisJob, answers_ping
 from trl_ftis.launcher.slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, parse_slurm_time
 from trl_ftis.launcher.summary import format_summary_table
@@ -81,6 +81,14 @@ def _slurm(peers, **top):
             ["`slurm.extra[0]` --output is set by the launcher"],
         ),
         (_slurm([{"id": "a"}], slurm={"extra": ["--qos=a", "--qos b"]}), ["`slurm.extra[1]` --qos is given twice"]),
+        (  # every bad item at once, not only the first
+            _slurm([{"id": "a"}], slurm={"extra": ["--nodes=2", "qos", "--exclusive", "--exclusive"]}),
+            [
+                "`slurm.extra[0]` --nodes: use the key `slurm.nodes`",
+                "`[1]`: write the long form",
+                "`[3]`: --exclusive is given twice",
+            ],
+        ),
         (_slurm([{"id": "a"}], slurm={"extra": ["--qos="]}), ["`slurm.extra[0]`", "has no value"]),
         (_slurm([{"id": "a"}], slurm={"extra": {"qos": "high"}}), ["`slurm.extra` must be a list of sbatch options"]),
         (_slurm([{"id": "a"}], slurm={"setup": 5}), ["top level", "`slurm.setup` must be shell lines"]),
@@ -364,7 +372,7 @@ def test_summary_table_has_a_job_column_for_slurm_rows():
 
 def test_log_tail_yields_complete_lines_and_survives_truncation(tmp_path):
     path = tmp_path / "a.log"
-    tail = _LogTail(path)
+    tail = LogTail(path)
     assert tail.read() == []  # not there yet
     path.write_bytes(b"one\ntw")
     assert tail.read() == ["one"]

@@ -1,44 +1,54 @@
-"""`trl-ftis swarm`: start every peer of a swarm on this machine (or one SLURM job each) and supervise them.
+"""`trl-ftis swarm`: start every peer of a swarm (on this machine, or one SLURM job each) and supervise them.
 
 A swarm is several independent training jobs ("peers") that exchange samples through one shared URL
 (`dir:///shared/path` or `redis://...`). Each peer is its own job with its own process group and, with
 `launcher: accelerate`, its own `main_process_port`: peers never share a torch process group, so one crashing peer
 cannot hang the others in a collective.
 
-The package, one concern per module (each step can be used and tested alone):
+The package, one concern per module (each step can be used and tested alone), imported bottom to top without a cycle:
 
-* `schema`: the YAML schema (documented in `docs/swarm-launcher.md`) and its validation. `load_swarm_config`
-  returns a `SwarmConfig`; every problem is reported at once, naming the peer and the key, before anything starts.
-* `commands`: `build_commands(config)` turns it into one `PeerCommand` (argv + environment additions) per peer;
-  nothing starts. Also `check_files`, `dry_run` and the redaction of secrets for display (`redact_env`,
+* `validation`, `schema`, `slurm_schema`: the YAML schema (documented in `docs/swarm-launcher.md`), declared with
+  pydantic. `load_swarm_config` returns a `SwarmConfig`; every problem is reported at once, naming the peer and the
+  key (a did-you-mean for unknown keys), before anything starts. `slurm_schema` is the SLURM section (`slurm:`
+  resources, the `redis:` job).
+* `commands`: `build_commands(config)` turns it into one `PeerCommand` (argv + environment additions) per peer,
+  whatever the backend; nothing starts. Also `check_files` and the redaction of secrets for display (`redact_env`,
   `redact_argv`).
-* `supervisor`: `run_swarm(config)` starts the peers, streams their output, stops all of them when one fails or on
-  Ctrl-C (the `Supervisor` class, its process tracking, signals and die-with-parent), and prints a summary table.
+* `backend`: the backend protocol (`Backend`: start the peers, watch them, stop them, gather their logs and results)
+  and what the driver hands a backend (`Console`, `Signals`, `Outcome`, `PeerState`).
+* `driver`: the one driver every backend shares, `run_swarm(config)` / `dry_run(config)`: the pre-start check,
+  signals, prefixed output, the watch loop, the stop that always runs, the summary and the exit code. `BACKENDS` maps
+  each scheduler to its backend.
+* `local` (`LocalBackend`, with `processes`: every process the peers started, found with psutil, and die-with-parent)
+  and `slurm` (`SlurmBackend`: a Redis job, one submitit job per peer, `squeue`/`scontrol`/`scancel`, their logs and
+  exit files; `slurm_jobs` is what runs inside those jobs): the two backends.
 * `summary`: each peer's summary file, the summary rows and `format_summary_table`.
-* `slurm_schema`, `slurm`, `slurm_jobs`: `launcher: slurm` (or `--slurm`). The `slurm:` resources and the `redis:` job
-  in the config (`SlurmResources`, `RedisJobConfig`); `run_swarm` then submits one job per peer with submitit
-  (`slurm.run_slurm_swarm`), after a Redis server job whose address it hands to the peers, follows their logs and
-  exit files, and cancels every job on a failure or Ctrl-C; `slurm_jobs` is what runs inside those jobs.
+
+A new backend (Ray, Kubernetes, ...) is one module with a class that follows `backend.Backend`, its line in
+`driver.BACKENDS` (and `schema.SCHEDULERS`), and, for keys of its own, its schema section.
 
 The rules shared with the rest of trl-ftis (peer ids, exchange URL schemes, redaction, environment variable and file
-names) come from `trl_ftis.rules`. Only the standard library and PyYAML are imported here (submitit only when jobs are
-submitted), so `trl-ftis swarm --dry-run` stays fast. `__all__` is the package's API, re-exported from the modules (`redact_text`
-from `trl_ftis.rules`); the `X as X` imports keep the constants that the package exported before it was split.
+names, the interrupted exit code) come from `trl_ftis.rules`. Only the standard library, PyYAML, pydantic and psutil
+are imported here (submitit only when jobs are submitted), so `trl-ftis swarm --dry-run` stays fast. `__all__` is the
+package's API, re-exported from the modules (`redact_text` from `trl_ftis.rules`); the `X as X` imports keep the
+constants that the package exported before.
 """
 
 from __future__ import annotations
 
+from ..rules import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
 from ..rules import redact_text
+from .backend import Backend, Outcome
 from .commands import (
     PeerCommand,
     build_commands,
     check_files,
     describe_commands,
-    dry_run,
     redact_argv,
     redact_env,
     render_args,
 )
+from .driver import BACKENDS, dry_run, run_swarm
 from .schema import LAUNCHERS as LAUNCHERS
 from .schema import PEER_KEYS as PEER_KEYS
 from .schema import RESERVED_ARGS as RESERVED_ARGS
@@ -46,11 +56,12 @@ from .schema import TOP_LEVEL_KEYS as TOP_LEVEL_KEYS
 from .schema import PeerConfig, SwarmConfig, SwarmConfigError, load_swarm_config
 from .slurm_schema import RedisJobConfig, SlurmResources
 from .summary import SUMMARY_FIELDS, format_summary_table
-from .supervisor import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
-from .supervisor import run_swarm
 
 __all__ = [
+    "BACKENDS",
     "SUMMARY_FIELDS",
+    "Backend",
+    "Outcome",
     "PeerCommand",
     "PeerConfig",
     "RedisJobConfig",

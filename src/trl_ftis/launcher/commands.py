@@ -1,9 +1,10 @@
-"""Peer commands: what each peer of a validated `SwarmConfig` runs, and how it is shown without its secrets.
+"""Peer commands: what each peer of a validated `SwarmConfig` runs, whatever the backend, and how it is shown without
+its secrets.
 
 `build_commands(config)` returns one `PeerCommand` (argv + environment additions) per peer and starts nothing;
-`check_files` lists what is missing on this machine; `dry_run` prints the commands, and `_write_cmd_file` writes one
-peer's command next to its log, both with secrets redacted (`redact_env`, `redact_argv`; passwords in URLs through
-`trl_ftis.rules.redact_text`).
+`check_files` lists what is missing on this machine; `describe_commands` (the dry runs) and `write_cmd_file` (one
+peer's command next to its log) show them with secrets redacted (`redact_env`, `redact_argv`, `is_secret_name`;
+passwords in URLs through `trl_ftis.rules.redact_text`). `free_port` picks the accelerate ports (and the Redis job's).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from ..rules import GPU_MEMORY_FRACTION_ENV, PEER_ID_ENV, REDACTED, redact_text
+from ..rules import PEER_ID_ENV, REDACTED, redact_text
 from .schema import SwarmConfig
 
 __all__ = [
@@ -28,10 +29,13 @@ __all__ = [
     "build_commands",
     "check_files",
     "describe_commands",
-    "dry_run",
+    "free_port",
+    "is_secret_name",
     "redact_argv",
     "redact_env",
     "render_args",
+    "shell_line",
+    "write_cmd_file",
 ]
 
 # Environment names whose values are never printed or written by the launcher (case-insensitive, anywhere in the
@@ -88,12 +92,13 @@ def render_args(args: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _free_port(taken: set[int]) -> int:
-    """A TCP port nobody listens on right now, not already given to another peer of this swarm.
+def free_port(taken: set[int] | None = None) -> int:
+    """A TCP port nobody listens on right now on any interface, not in `taken` (which gets it).
 
     The OS picks it (bind to port 0); another program could still take it before the peer binds it, which is
     unlikely within the second between here and the peer's start.
     """
+    taken = set() if taken is None else taken
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind(("", 0))  # all interfaces, as torch binds its store
@@ -101,7 +106,7 @@ def _free_port(taken: set[int]) -> int:
         if port not in taken:
             taken.add(port)
             return port
-    raise RuntimeError("could not find a free TCP port for accelerate's main_process_port")
+    raise RuntimeError("could not find a free TCP port")
 
 
 def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> list[PeerCommand]:
@@ -128,7 +133,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
                 argv += ["--config_file", str(peer.accelerate_config)]
             if peer.num_processes is not None:
                 argv += ["--num_processes", str(peer.num_processes)]
-            port = _free_port(ports)
+            port = free_port(ports)
             argv += ["--main_process_port", str(port)]
         else:
             argv = [sys.executable]
@@ -147,8 +152,6 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
             env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs
         if peer.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = peer.gpus
-        if peer.gpu_share is not None:
-            env[GPU_MEMORY_FRACTION_ENV] = repr(peer.gpu_share)
         commands.append(
             PeerCommand(
                 id=peer.id,
@@ -185,13 +188,14 @@ def check_files(config: SwarmConfig) -> list[str]:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _is_secret_name(name: str) -> bool:
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable or option named `name` holds a secret (SECRET, TOKEN, PASSWORD, ...)."""
     return _SECRET_NAME_RE.search(name) is not None
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` with the value of every variable named like a secret (SECRET, TOKEN, PASSWORD, ...) replaced."""
-    return {k: (REDACTED if _is_secret_name(k) else redact_text(v)) for k, v in env.items()}
+    return {k: (REDACTED if is_secret_name(k) else redact_text(v)) for k, v in env.items()}
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -208,18 +212,19 @@ def redact_argv(argv: list[str]) -> list[str]:
     for item in argv:
         if item.startswith("--"):
             name, equals, _ = item[2:].partition("=")
-            hide_values = not equals and _is_secret_name(name)  # `--flag=value` holds its value: nothing follows
-            out.append(f"--{name}={REDACTED}" if equals and _is_secret_name(name) else redact_text(item))
+            hide_values = not equals and is_secret_name(name)  # `--flag=value` holds its value: nothing follows
+            out.append(f"--{name}={REDACTED}" if equals and is_secret_name(name) else redact_text(item))
         elif hide_values:
             out.append(REDACTED)
-        elif _ASSIGNMENT_RE.match(item) and _is_secret_name(item.partition("=")[0]):
+        elif _ASSIGNMENT_RE.match(item) and is_secret_name(item.partition("=")[0]):
             out.append(item.partition("=")[0] + "=" + REDACTED)
         else:
             out.append(redact_text(item))
     return out
 
 
-def _shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
+def shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
+    """`env K=V ... <argv>`, shell-quoted, secrets in `argv` redacted (`env` is shown as given: redact it first)."""
     parts = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
     return " ".join(["env", *parts, *(shlex.quote(a) for a in redact_argv(command.argv))])
 
@@ -227,13 +232,13 @@ def _shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
 def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | None = None) -> str:
     """Human-readable commands for `--dry-run`: secrets redacted, the rest copy-pasteable."""
     environ = os.environ if environ is None else environ
-    passed = sorted(k for k in environ if _is_secret_name(k) and k not in (c for cmd in commands for c in cmd.env))
+    passed = sorted(k for k in environ if is_secret_name(k) and k not in (c for cmd in commands for c in cmd.env))
     lines = []
     for command in commands:
         port = f", main_process_port {command.main_process_port}" if command.main_process_port else ""
         lines.append(f"# peer {command.id} (launcher {command.launcher}{port}; log {command.log_path})")
         lines.append("# env additions: " + " ".join(f"{k}={v}" for k, v in redact_env(command.env).items()))
-        lines.append(f"cd {shlex.quote(str(command.cwd))} && {_shell_line(command, redact_env(command.env))}")
+        lines.append(f"cd {shlex.quote(str(command.cwd))} && {shell_line(command, redact_env(command.env))}")
         lines.append("")
     if passed:
         lines.append(
@@ -242,35 +247,13 @@ def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | 
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
-    """Print what `run_swarm` would start (for SLURM: the jobs it would submit); start nothing, write nothing.
-    Returns 0."""
-    if config.scheduler == "slurm":
-        from .slurm import dry_run_slurm
-
-        return dry_run_slurm(config, stream)
-    stream = sys.stdout if stream is None else stream
-    commands = build_commands(config)
-    stream.write(
-        f"# swarm: {len(commands)} peer(s), run_dir {config.run_dir}, exchange {redact_text(config.exchange_url)}\n"
-    )
-    stream.write(
-        "# accelerate ports are picked again at launch\n" if any(c.main_process_port for c in commands) else ""
-    )
-    stream.write(describe_commands(commands))
-    for problem in check_files(config):
-        stream.write(f"# warning: {problem}\n")
-    stream.flush()
-    return 0
-
-
-def _write_cmd_file(command: PeerCommand):
+def write_cmd_file(command: PeerCommand):
     """The exact command (secrets redacted) and environment of a peer, to reproduce or debug it by hand."""
     inherited = redact_env({k: v for k, v in os.environ.items() if k not in command.env})
     lines = [
         f"# peer {command.id}: started by `trl-ftis swarm` at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         f"# argv (JSON): {json.dumps(redact_argv(command.argv))}",
-        f"cd {shlex.quote(str(command.cwd))} && {_shell_line(command, redact_env(command.env))}",
+        f"cd {shlex.quote(str(command.cwd))} && {shell_line(command, redact_env(command.env))}",
         "",
         "# environment added by the launcher:",
         *(f"#   {k}={v}" for k, v in redact_env(command.env).items()),

@@ -1,24 +1,25 @@
-"""`launcher: slurm`: every peer of a swarm is one SLURM job, submitted with submitit, supervised from here.
+"""The SLURM backend (`launcher: slurm`): every peer of a swarm is one SLURM job, submitted with submitit, followed
+from here. `SlurmBackend` follows `backend.Backend`; the driver runs it (signals, console, summary, exit code).
 
-`run_slurm_swarm(config)` (what `run_swarm` calls for a SLURM config):
+What it does in the driver's steps:
 
-1. With a Redis job (`redis: {start: true}`, the default on SLURM): submits `slurm_jobs.RedisJob`, waits until the
+1. `start`: with a Redis job (`redis: {start: true}`, the default on SLURM): submits `slurm_jobs.RedisJob`, waits until the
    server it starts answers from this machine, and hands every peer `--exchange_url redis://HOST:PORT/0` (and the
    password through `FTIS_REDIS_PASSWORD`, read in the job from a file only the user can read; never printed).
-2. Submits one job per peer (`slurm_jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the local
+   Then it submits one job per peer (`slurm_jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the local
    launcher runs it) with the peer's `slurm` resources.
-3. Supervises: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
+2. `poll`: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
    accounting work), prints each peer's log lines as they arrive in `<run_dir>/logs/<id>.log`, prefixed like the
    local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit`.
-4. Stops: on a failing peer (non-zero exit, or its job ending FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ... before the
+3. `stop`: on a failing peer (non-zero exit, or its job ending FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ... before the
    peer finished), on Ctrl-C / SIGTERM / SIGHUP, and after success, every job still in the queue is cancelled: running
    peers get SIGTERM (`scancel --signal=TERM`) and `grace` seconds to exit, then everything left, the Redis job
    included, is cancelled (`scancel`), and the launcher waits until SLURM lists none of them as active. Jobs whose
    submission a signal interrupted are found by their unique job name. No job outlives the launcher, unless the
    launcher itself is killed with SIGKILL (`scancel $(cut -d' ' -f1 <run_dir>/slurm/jobs.txt)` then cancels them).
 
-The summary table and `summary.json` are built as by the local launcher (`summary.py`), with each peer's job id and
-node added.
+The summary table and `summary.json` are the driver's, with each peer's job id, node and state added
+(`summary_row`) and the Redis job (`summary_fields`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import getpass
 import importlib.util
 import json
 import os
-import queue
 import re
 import secrets
 import shlex
@@ -38,28 +38,20 @@ import sys
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..rules import REDIS_PASSWORD_ENV, exchange_scheme, redact_text
-from .commands import (
-    PeerCommand,
-    _is_secret_name,
-    _shell_line,
-    _write_cmd_file,
-    build_commands,
-    check_files,
-    redact_env,
-)
-from .schema import SwarmConfig, exchange_dir
+from ..rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
+from .backend import Console, Outcome, PeerState, Signals, short_error
+from .commands import build_commands, check_files, is_secret_name, redact_env, shell_line, write_cmd_file
+from .schema import SwarmConfig
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
-from .summary import _describe_code, _summary_rows, report_summary
+from .summary import describe_code
 
-__all__ = ["SlurmSupervisor", "dry_run_slurm", "run_slurm_swarm", "slurm_problems"]
+__all__ = ["TERMINAL_STATES", "LogTail", "SlurmBackend", "job_outcome", "scancel", "slurm_problems", "squeue"]
 
-INTERRUPTED_EXIT_CODE = 130
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol")
 SLURM_DIR = "slurm"  # <run_dir>/slurm: submitit's folders, exit files, the Redis job's files, jobs.txt
 REDIS_LOG = "redis.server.log"  # in <run_dir>/logs
@@ -248,7 +240,7 @@ def _signals_blocked():
 
 
 def _dir_exchange_note(config: SwarmConfig) -> str | None:
-    directory = exchange_dir(config.exchange_url)
+    directory = exchange_directory(config.exchange_url)
     if directory is None:
         return None
     return (
@@ -257,11 +249,9 @@ def _dir_exchange_note(config: SwarmConfig) -> str | None:
     )
 
 
-def dry_run_slurm(config: SwarmConfig, stream: TextIO | None = None) -> int:
-    """Print the jobs `run_swarm` would submit (their sbatch options, setup lines, submitit's batch script and the
-    command each runs, secrets hidden); submit nothing, write nothing. Returns 0."""
-    stream = sys.stdout if stream is None else stream
-    token = secrets.token_hex(3)
+def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
+    """Print the jobs the backend would submit (their sbatch options, setup lines, submitit's batch script and the
+    command each runs, secrets hidden); submit nothing, write nothing."""
     root = config.run_dir / SLURM_DIR
     commands = build_commands(config)
     out = [f"# swarm: {len(commands)} peer(s) on SLURM, one job each; run_dir {config.run_dir}"]
@@ -296,11 +286,11 @@ def dry_run_slurm(config: SwarmConfig, stream: TextIO | None = None) -> int:
                 "--machine_rank <node> --main_process_ip <first node>"
             )
         env = redact_env(command.env)
-        out.append(f"#   runs: cd {shlex.quote(str(command.cwd))} && {_shell_line(command, env)}")
+        out.append(f"#   runs: cd {shlex.quote(str(command.cwd))} && {shell_line(command, env)}")
         out.append(f"#   log {command.log_path}; exit status {root / (peer.id + '.exit')}")
         out.extend(_script_lines(resources, name, root / peer.id))
         out.append("")
-    passed = sorted(name for name in os.environ if _is_secret_name(name))
+    passed = sorted(name for name in os.environ if is_secret_name(name))
     if passed:
         out.append(
             "# passed to the jobs from your environment (sbatch exports it; values hidden): " + " ".join(passed)
@@ -308,8 +298,6 @@ def dry_run_slurm(config: SwarmConfig, stream: TextIO | None = None) -> int:
     for problem in check_files(config) + slurm_problems(config):
         out.append(f"# warning: {problem}")
     stream.write("\n".join(out).rstrip("\n") + "\n")
-    stream.flush()
-    return 0
 
 
 def _script_lines(resources: SlurmResources, name: str, folder: Path) -> list[str]:
@@ -335,25 +323,20 @@ def _option_text(name: str, value: str | bool) -> str:
 
 
 @dataclass
-class _Job:
-    """One submitted job: a peer's (`command` set) or the Redis job's."""
+class _Job(PeerState):
+    """One submitted job: a peer's (`command` set) or the Redis job's (`command` None)."""
 
-    name: str
-    resources: SlurmResources
-    command: PeerCommand | None = None
+    name: str = ""
+    resources: SlurmResources = field(default_factory=SlurmResources)
+    status: str = "not submitted"
     job_id: str | None = None
     state: str | None = None  # last state squeue showed
     node: str | None = None
     reason: str | None = None
     submitted: float | None = None  # time.monotonic()
-    started: float = 0.0  # time.monotonic() when first seen RUNNING (summary: wall time)
-    started_at: float = 0.0  # time.time() at submission (summary: a peer summary file older than this is stale)
-    ended: float | None = None
+    # `started`: time.monotonic() when first seen RUNNING (summary: wall time); `started_at`: the log's mtime at
+    # submission (summary: a peer summary file older than this is stale); `pid` stays None (no local process).
     ended_seen: float | None = None  # when its job was first seen ended without an exit file
-    returncode: int | None = None
-    status: str = "not submitted"
-    note: str | None = None
-    proc: None = None  # no local process (the summary's `pid` column)
     gone: bool = False  # SLURM no longer runs it (terminal state, or forgotten)
     attempted: bool = False  # sbatch was called for it (it may exist even if its id never came back)
 
@@ -362,7 +345,7 @@ class _Job:
         return self.job_id is not None and not self.gone
 
 
-class _LogTail:
+class LogTail:
     """New complete lines of a file that another machine appends to (re-opened at each poll: NFS close-to-open)."""
 
     def __init__(self, path: Path):
@@ -398,63 +381,64 @@ class _LogTail:
         return text.rsplit("\r", 1)[-1] if "\r" in text else text  # progress bars: the last state
 
 
-class SlurmSupervisor:
-    """Runs one swarm on SLURM: `run()` (Redis job, peer jobs, supervision), then `stop()` and `finish()`, which
-    `run_slurm_swarm` always calls, whatever happened."""
+class SlurmBackend:
+    """Runs one swarm on SLURM: `start` (the Redis job, the peer jobs), `poll` (logs, exit files, job states), then
+    `stop` and `finish`, which the driver always calls, whatever happened."""
 
+    verb = "submit"
     POLL = 0.25  # seconds between log and exit-file checks
+    poll_interval = POLL
     SQUEUE_EVERY = 1.0  # seconds between squeue calls
     ENDED_GRACE = 5.0  # seconds to wait for a peer's exit file once its job has ended (shared filesystems lag)
     QUEUE_WAIT = 120.0  # seconds to wait, after scancel, for SLURM to end the jobs
 
-    def __init__(self, config: SwarmConfig, grace: float, stream: TextIO):
+    def __init__(self, config: SwarmConfig):
         self.config = config
-        self.grace = grace
-        self.stream = stream
+        self.grace = 10.0
         self.token = secrets.token_hex(3)
         self.root = config.run_dir / SLURM_DIR
         self.commands = build_commands(config)
         self.runs = [
-            _Job(peer_job_name(config, self.token, peer.id), peer.slurm or SlurmResources(), command)
+            _Job(
+                command=command,
+                name=peer_job_name(config, self.token, peer.id),
+                resources=peer.slurm or SlurmResources(),
+            )
             for peer, command in zip(config.peers, self.commands)
         ]
         self.redis = (
-            _Job(redis_job_name(config, self.token), config.redis.resources) if config.redis is not None else None
+            _Job(command=None, name=redis_job_name(config, self.token), resources=config.redis.resources)
+            if config.redis is not None
+            else None
         )
         self.exchange_url = config.exchange_url if config.redis is None else None
-        width = max(len(c.id) for c in self.commands)
-        self.prefixes = {c.id: f"[{c.id}]".ljust(width + 2) + " " for c in self.commands}
-        self.own_prefix = "[swarm]".ljust(max(width + 2, 7)) + " "
-        self.tails = {run.command.id: _LogTail(run.command.log_path) for run in self.runs}
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
-        self.signals: list[int] = []
+        self.tails = {run.command.id: LogTail(run.command.log_path) for run in self.runs}
+        self.console: Console | None = None
+        self.signals: Signals | None = None
         self.stop_started: float | None = None
         self.next_squeue = 0.0
         self.squeue_warned = 0.0
         self.secret: Path | None = None  # the Redis password file (mode 0600), when the Redis job has one
 
+    # ---- before submitting -----------------------------------------------------------------------------------
+
+    def problems(self) -> list[str]:
+        return check_files(self.config) + slurm_problems(self.config)
+
+    def dry_run(self, stream: TextIO) -> None:
+        _dry_run(self.config, self.token, stream)
+
     # ---- output ----------------------------------------------------------------------------------------------
 
-    def emit(self, line: str):
-        try:
-            self.stream.write(line + "\n")
-            self.stream.flush()
-        except (OSError, ValueError):
-            pass
-
     def say(self, message: str):
-        self.emit(self.own_prefix + redact_text(message))
+        self.console.say(message)
 
-    def _on_signal(self, signum, frame):
-        self.signals.append(signum)
-        self.events.put(signum)
+    def emit(self, line: str):
+        self.console.emit(line)
 
     def _sleep(self, seconds: float):
         """Sleep, waking up at once on a signal."""
-        try:
-            self.events.get(timeout=seconds)
-        except queue.Empty:
-            pass
+        self.signals.wait(seconds)
 
     def _tail_logs(self, final: bool = False):
         for run in self.runs:
@@ -462,7 +446,7 @@ class SlurmSupervisor:
                 continue  # its log is still an earlier run's (emptied only when its job is submitted)
             tail = self.tails[run.command.id]
             for line in tail.flush() if final else tail.read():
-                self.emit(self.prefixes[run.command.id] + line)
+                self.console.peer(run.command.id, line)
 
     # ---- files -----------------------------------------------------------------------------------------------
 
@@ -508,7 +492,7 @@ class SlurmSupervisor:
         except OSError:
             pass
         (self.root / "jobs.txt").unlink(missing_ok=True)  # this launch's jobs only
-        directory = exchange_dir(self.config.exchange_url)
+        directory = exchange_directory(self.config.exchange_url)
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
 
@@ -544,7 +528,7 @@ class SlurmSupervisor:
             handle.write(password + "\n")
         return path
 
-    def start_redis(self) -> tuple[int, str] | None:
+    def start_redis(self) -> Outcome | None:
         """Submit the Redis job and wait until it answers; sets `self.exchange_url`. A failure: (code, reason)."""
         redis, job = self.config.redis, self.redis
         assert redis is not None and job is not None
@@ -566,13 +550,13 @@ class SlurmSupervisor:
             self._submit(job, function, self.root / "redis-job")
         except Exception as exc:  # noqa: BLE001 - sbatch refused it (submitit's error says why)
             job.status = "failed to submit"
-            return 1, redact_text(f"could not submit the Redis job: {_short(exc)}")
+            return Outcome(1, redact_text(f"could not submit the Redis job: {short_error(exc)}"))
         self.say(f"submitted the Redis job {job.job_id} ({job.name}); waiting until it answers")
         running_since = None
         announced = None
         while True:
-            if self.signals:
-                return INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(self.signals[0]).name}"
+            if self.signals.received:
+                return self.signals.outcome()
             failure = self._poll_states(only_redis=True)
             if failure is not None:
                 return failure
@@ -583,7 +567,7 @@ class SlurmSupervisor:
             except (OSError, ValueError):
                 address = None
             if isinstance(address, dict) and address.get("error"):
-                return 1, f"the Redis job {job.job_id} failed: {address['error']}"
+                return Outcome(1, f"the Redis job {job.job_id} failed: {address['error']}")
             if isinstance(address, dict) and address.get("port"):
                 candidates = [address.get("host"), address.get("fqdn"), *address.get("addresses", [])]
                 candidates = [c for i, c in enumerate(candidates) if c and c not in candidates[:i]]
@@ -596,24 +580,27 @@ class SlurmSupervisor:
                         self.say(f"exchange {self.exchange_url} (Redis job {job.job_id} on {job.node or host})")
                         return None
                 if time.monotonic() - announced > redis.start_timeout:
-                    return 1, (
+                    return Outcome(
+                        1,
                         f"the Redis job {job.job_id} runs on {address.get('host')}, but none of its addresses "
-                        f"({', '.join(candidates)}) answers on port {address['port']} from this machine"
+                        f"({', '.join(candidates)}) answers on port {address['port']} from this machine",
                     )
             elif running_since is not None and time.monotonic() - running_since > redis.start_timeout + 30:
-                return 1, f"the Redis job {job.job_id} runs, but wrote no address within {redis.start_timeout:g}s"
+                return Outcome(
+                    1, f"the Redis job {job.job_id} runs, but wrote no address within {redis.start_timeout:g}s"
+                )
             self._sleep(self.POLL)
 
     # ---- the peers -------------------------------------------------------------------------------------------
 
-    def submit_peers(self) -> tuple[int, str] | None:
+    def submit_peers(self) -> Outcome | None:
         if self.exchange_url != self.config.exchange_url:
             self.commands = build_commands(self.config, exchange_url=self.exchange_url)
             for run, command in zip(self.runs, self.commands):
                 run.command = command
         for run in self.runs:
-            if self.signals:
-                return INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(self.signals[0]).name}"
+            if self.signals.received:
+                return self.signals.outcome()
             command = run.command
             command.output_dir.mkdir(parents=True, exist_ok=True)
             command.log_path.write_bytes(b"")  # the job appends; a log left by an earlier run must not show
@@ -633,14 +620,14 @@ class SlurmSupervisor:
                 nodes=run.resources.nodes,
             )
             folder = self.root / command.id
-            _write_cmd_file(command)
+            write_cmd_file(command)
             self._append_job_to_cmd_file(run, folder)
             try:
                 self._submit(run, function, folder)
             except Exception as exc:  # noqa: BLE001 - sbatch refused it (submitit's error says why)
                 run.status = "failed to submit"
-                self.say(f"peer {command.id}: could not submit its job: {_short(exc)}")
-                return 1, redact_text(f"could not submit peer {command.id}: {_short(exc)}")
+                self.say(f"peer {command.id}: could not submit its job: {short_error(exc)}")
+                return Outcome(1, redact_text(f"could not submit peer {command.id}: {short_error(exc)}"))
             self.say(
                 f"submitted {command.id}: job {run.job_id} ({_describe_resources(run.resources)}); "
                 f"log {command.log_path}"
@@ -672,7 +659,7 @@ class SlurmSupervisor:
         else:
             run.status = "ok" if code == 0 else "failed"
 
-    def _check_exit_files(self) -> tuple[int, str] | None:
+    def _check_exit_files(self) -> Outcome | None:
         for run in self.runs:
             if run.job_id is None or run.returncode is not None:
                 continue
@@ -680,8 +667,8 @@ class SlurmSupervisor:
             if node_failure is not None and self.stop_started is None:
                 rank, code = node_failure
                 run.note = f"node {rank} of its job exited with code {code}"
-                self.say(f"peer {run.command.id}: node {rank} exited with code {_describe_code(code)}; stopping")
-                return 1, f"peer {run.command.id} (node {rank}) exited with code {code}"
+                self.say(f"peer {run.command.id}: node {rank} exited with code {describe_code(code)}; stopping")
+                return Outcome(1, f"peer {run.command.id} (node {rank}) exited with code {code}")
             data = self._read_exit(run.command.id)
             if data is None:
                 continue
@@ -698,17 +685,17 @@ class SlurmSupervisor:
                         ": it reached its time limit (`slurm.time`)" if state == "TIMEOUT" else ""
                     )
                 self.say(
-                    f"peer {run.command.id} exited with code {_describe_code(code)} (job {run.job_id}{why}); "
+                    f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); "
                     "cancelling the other jobs"
                 )
-                return 1, f"peer {run.command.id} exited with code {code}{why}"
+                return Outcome(1, f"peer {run.command.id} exited with code {code}{why}")
             self.say(f"peer {run.command.id} finished (exit code 0)")
         return None
 
     def _jobs(self) -> list[_Job]:
         return [*self.runs, *([self.redis] if self.redis is not None else [])]
 
-    def _poll_states(self, only_redis: bool = False, force: bool = False) -> tuple[int, str] | None:
+    def _poll_states(self, only_redis: bool = False, force: bool = False) -> Outcome | None:
         now = time.monotonic()
         if now < self.next_squeue and not force:
             return None
@@ -746,7 +733,7 @@ class SlurmSupervisor:
                     return failure
         return None
 
-    def _job_ended(self, job: _Job, state: str | None) -> tuple[int, str] | None:
+    def _job_ended(self, job: _Job, state: str | None) -> Outcome | None:
         """A job SLURM no longer runs. For a peer whose exit file has not arrived, allow ENDED_GRACE seconds (a
         shared filesystem may show it late), then count it as failed."""
         now = time.monotonic()
@@ -779,33 +766,32 @@ class SlurmSupervisor:
             self.say(f"the Redis job {job.job_id} ended ({final}); see {self.config.run_dir / 'logs' / REDIS_LOG}")
             for line in self._submitit_log_tail(job, folder):
                 self.say(line)
-            return 1, f"the Redis job {job.job_id} ended ({final})"
+            return Outcome(1, f"the Redis job {job.job_id} ended ({final})")
         job.note = f"job {job.job_id} ended {final} before the peer reported an exit code"
         self.say(
             f"peer {job.command.id}: job {job.job_id} ended {final} before the peer finished; cancelling the rest"
         )
         for line in self._submitit_log_tail(job, folder):
-            self.emit(self.prefixes[job.command.id] + line)
-        return 1, f"peer {job.command.id}: job {job.job_id} ended {final}"
+            self.console.peer(job.command.id, line)
+        return Outcome(1, f"peer {job.command.id}: job {job.job_id} ended {final}")
 
-    def supervise(self) -> tuple[int, str]:
-        while True:
-            if self.signals:
-                return INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(self.signals[0]).name}"
+    def poll(self) -> Outcome | None:
+        self._tail_logs()
+        failure = self._check_exit_files()
+        if failure is not None:
             self._tail_logs()
-            failure = self._check_exit_files()
-            if failure is not None:
-                self._tail_logs()
-                return failure
-            if all(run.returncode == 0 for run in self.runs):
-                return 0, "all peers finished"
-            failure = self._poll_states()
-            if failure is not None:
-                self._tail_logs()
-                return failure
-            self._sleep(self.POLL)
+            return failure
+        if all(run.returncode == 0 for run in self.runs):
+            return Outcome(0, "all peers finished")
+        failure = self._poll_states()
+        if failure is not None:
+            self._tail_logs()
+            return failure
+        return None
 
-    def run(self) -> tuple[int, str]:
+    def start(self, console: Console, signals: Signals) -> Outcome | None:
+        """The Redis job (and its address), then every peer's job. None once they are all submitted."""
+        self.console, self.signals = console, signals
         self._prepare()
         self.say(
             f"run_dir {self.config.run_dir}; {len(self.runs)} peer job(s) on SLURM; "
@@ -820,10 +806,7 @@ class SlurmSupervisor:
                 return failure
         else:
             self.say(f"exchange {redact_text(self.exchange_url)}")
-        failure = self.submit_peers()
-        if failure is not None:
-            return failure
-        return self.supervise()
+        return self.submit_peers()
 
     # ---- stopping --------------------------------------------------------------------------------------------
 
@@ -832,9 +815,10 @@ class SlurmSupervisor:
         self._check_exit_files()
         self._poll_states(force=True)
 
-    def stop(self):
+    def stop(self, grace: float) -> None:
         """Cancel every job still in the queue: SIGTERM to running peers and `grace` seconds to exit, then
         `scancel` for everything left (the Redis job too), then wait until SLURM lists none of them as active."""
+        self.grace = grace
         self.stop_started = time.monotonic()
         self._refresh()
         unfinished = [run for run in self.runs if run.active and run.returncode is None]
@@ -845,20 +829,20 @@ class SlurmSupervisor:
         if waiting:
             self.say(f"cancelling queued jobs: {', '.join(f'{r.command.id} ({r.job_id})' for r in waiting)}")
             scancel(run.job_id for run in waiting)
-        signals_before = len(self.signals)
+        signals_before = self.signals.count
         if running:
             names = ", ".join(f"{r.command.id} ({r.job_id})" for r in running)
             self.say(f"stopping peers {names}: SIGTERM, then scancel after {self.grace:g}s")
             scancel((run.job_id for run in running), signal_name="TERM")
         if running or ending:
             deadline = time.monotonic() + self.grace
-            while time.monotonic() < deadline and len(self.signals) == signals_before:
+            while time.monotonic() < deadline and self.signals.count == signals_before:
                 self._tail_logs()
                 self._refresh()
                 if not any(run.active for run in running + ending):
                     break
                 self._sleep(self.POLL)
-            if len(self.signals) != signals_before:
+            if self.signals.count != signals_before:
                 self.say("second signal: cancelling the jobs now")
         stubborn = [run for run in running if run.active and run.returncode is None]
         if stubborn:  # SIGKILL now, as the local launcher does, rather than after the cluster's KillWait
@@ -880,7 +864,7 @@ class SlurmSupervisor:
 
     def _wait_gone(self):
         deadline = time.monotonic() + self.QUEUE_WAIT
-        signals_before = len(self.signals)
+        signals_before = self.signals.count
         next_note = time.monotonic() + 10
         while True:
             self._tail_logs()
@@ -888,7 +872,7 @@ class SlurmSupervisor:
             left = [job for job in self._jobs() if job.active]
             if not left:
                 return
-            if time.monotonic() > deadline or len(self.signals) != signals_before:
+            if time.monotonic() > deadline or self.signals.count != signals_before:
                 ids = " ".join(job.job_id for job in left)
                 self.say(
                     f"WARNING: jobs {ids} are cancelled but SLURM still lists them ({', '.join(j.state or '?' for j in left)}); "
@@ -913,66 +897,29 @@ class SlurmSupervisor:
                 run.ended = run.ended or time.monotonic()
                 run.started = run.started or run.submitted or run.ended
 
-    def rows(self) -> list[dict]:
-        rows = _summary_rows(self.runs)
-        for row, run in zip(rows, self.runs):
-            row["job_id"] = run.job_id
-            row["node"] = run.node
-            row["slurm_state"] = run.state
-            row["slurm_folder"] = str(self.root / run.command.id)
-            if run.note:
-                row["note"] = run.note if not row.get("note") else f"{run.note}; {row['note']}"
-        return rows
+    # ---- results ---------------------------------------------------------------------------------------------
 
+    def states(self) -> list[PeerState]:
+        return list(self.runs)
 
-def _short(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 400 else text[:397] + "..."
+    def summary_row(self, state: PeerState, row: dict) -> dict:
+        assert isinstance(state, _Job)
+        row["job_id"] = state.job_id
+        row["node"] = state.node
+        row["slurm_state"] = state.state
+        row["slurm_folder"] = str(self.root / state.command.id)
+        return row
 
-
-def run_slurm_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None = None) -> int:
-    """`run_swarm` for a SLURM config: same exit codes (0, 1, 130), summary table and files, plus `<run_dir>/slurm`.
-
-    Raises `SwarmConfigError` before anything is submitted when a script is missing, or submitit, the SLURM commands
-    or (for a Redis exchange) the redis package are not installed here."""
-    from .supervisor import _install_handlers, _refuse_to_start
-
-    stream = sys.stdout if stream is None else stream
-    _refuse_to_start(grace, check_files(config) + slurm_problems(config), "submit")
-    supervisor = SlurmSupervisor(config, grace, stream)
-    previous = _install_handlers(supervisor._on_signal)
-    code, reason = 1, "launcher error"
-    try:
-        try:
-            code, reason = supervisor.run()
-        except Exception as exc:  # noqa: BLE001 - a bug or an odd SLURM answer: still cancel every job below
-            code, reason = 1, redact_text(f"launcher error: {type(exc).__name__}: {_short(exc)}")
-            supervisor.say(reason)
-        finally:
-            supervisor.stop()
-            supervisor.finish()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-    rows = supervisor.rows()
-    redis = supervisor.redis
-    summary = {
-        "exit_code": code,
-        "reason": reason,
-        "run_dir": str(config.run_dir),
-        "exchange_url": redact_text(supervisor.exchange_url or config.exchange_url),
-        "config": os.path.abspath(config.source) if config.source else None,
-        "scheduler": "slurm",
-        "redis_job": None
-        if redis is None
-        else {
-            "job_id": redis.job_id,
-            "node": redis.node,
-            "state": redis.state,
-            "log": str(config.run_dir / "logs" / REDIS_LOG),
-        },
-        "peers": rows,
-    }
-    report_summary(config.run_dir, summary, say=supervisor.say, emit=supervisor.emit)
-    return code
+    def summary_fields(self) -> dict:
+        redis = self.redis
+        return {
+            "scheduler": "slurm",
+            "redis_job": None
+            if redis is None
+            else {
+                "job_id": redis.job_id,
+                "node": redis.node,
+                "state": redis.state,
+                "log": str(self.config.run_dir / "logs" / REDIS_LOG),
+            },
+        }

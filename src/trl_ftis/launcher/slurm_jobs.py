@@ -10,12 +10,13 @@
   cancels the job.
 
 The launcher reads these files, never submitit's result pickles (without SLURM accounting, submitit cannot tell a
-cancelled job from a running one). Standard library only (submitit is only imported inside a job, where it runs).
+cancelled job from a running one). submitit is only imported inside a job, where it runs. What this module imports
+from trl_ftis (`files`, `rules`, `commands.free_port`) adds nothing that unpickling a job does not load already: that
+imports the `trl_ftis` package (torch, through `trl_ftis.objective`) and the `trl_ftis.launcher` package first.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -25,16 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REDIS_PASSWORD_ENV = "FTIS_REDIS_PASSWORD"  # trl_ftis.rules.REDIS_PASSWORD_ENV (the transport reads it)
+from ..files import write_json_atomic
+from ..rules import REDIS_PASSWORD_ENV
+from .commands import free_port
 
-__all__ = ["PeerJob", "RedisJob", "ipv4_addresses", "write_json_atomic"]
-
-
-def write_json_atomic(path: str | os.PathLike, data: dict) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+__all__ = ["PeerFailedError", "PeerJob", "RedisJob", "answers_ping", "ipv4_addresses"]
 
 
 def _node_layout() -> tuple[int, int, list[str], str]:
@@ -181,12 +177,6 @@ def ipv4_addresses() -> list[str]:
     return unique
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 def answers_ping(host: str, port: int, timeout: float = 1.0) -> bool:
     """A raw RESP PING (no redis-py needed); `-NOAUTH` counts: the server is up, it wants the password."""
     try:
@@ -215,7 +205,7 @@ class RedisJob:
         host = socket.gethostname()
         directory = Path(self.directory)
         directory.mkdir(parents=True, exist_ok=True)
-        port = self.port or _free_port()
+        port = self.port or free_port()
         password = _read_secret(self.secret_path)
         lines = [
             f"port {port}",

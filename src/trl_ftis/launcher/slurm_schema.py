@@ -1,37 +1,38 @@
-"""The SLURM part of the swarm config: `launcher: slurm`, the `slurm:` resources (top level and per peer) and the
-`redis:` job, validated like the rest of the schema (every problem at once, each naming the peer and the key).
+"""The SLURM section of the swarm config: the `slurm:` resources (top level and per peer) and the `redis:` job, as
+pydantic models of the schema (`validation.Spec`): every problem at once, each naming the peer and the key.
 
-`schema.load_swarm_config` calls the `validate_*` functions below; they report problems through an `add(where,
-message)` callback and return plain values, so this module imports nothing from the rest of the launcher. Standard
-library only (submitit is needed only to submit, see `launcher/slurm.py`).
+`SlurmResources` is both the schema of one `slurm:` mapping and the value the launcher submits with: a peer's
+resources are the top-level mapping overridden key by key by its own (`merge_resources`, through the keys each one
+set). `RedisSpec` is the `redis:` mapping; `schema.load_swarm_config` turns it into the `RedisJobConfig` of the job
+the launcher starts. Standard library and pydantic only (submitit is needed only to submit, see `launcher/slurm.py`).
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BeforeValidator, Field
+
+from .validation import Spec, bad
 
 __all__ = [
     "REDIS_JOB_EXCHANGE",
     "REDIS_KEYS",
     "SLURM_KEYS",
+    "ColonInt",
     "RedisJobConfig",
+    "RedisSpec",
     "SlurmResources",
+    "format_minutes",
+    "merge_resources",
     "parse_slurm_time",
 ]
 
-Add = Callable[[str, str], None]
-
-SLURM_KEYS = ("nodes", "gpus", "cpus", "mem", "time", "partition", "account", "extra", "setup")
-# The Redis job: what it runs, plus the SLURM keys that make sense for one small CPU job.
-REDIS_KEYS = ("start", "port", "password", "server", "start_timeout", "cpus", "mem", "time", "partition", "account")
-REDIS_KEYS = (*REDIS_KEYS, "extra", "setup")
 # What `SwarmConfig.exchange_url` holds while the address of the Redis job the launcher starts is not known yet
-# (`--dry-run` shows it; `run_swarm` replaces it with redis://HOST:PORT/0 once the job answers).
+# (`--dry-run` shows it; the SLURM backend replaces it with redis://HOST:PORT/0 once the job answers).
 REDIS_JOB_EXCHANGE = "redis://<redis-job-host>:<port>/0"
 
 # sbatch options the launcher writes itself: `extra` may not set them (the value would silently disagree).
@@ -121,88 +122,59 @@ def format_minutes(minutes: int) -> str:
     return f"{days}-{hours:02d}:{mins:02d}:00" if days else f"{hours}:{mins:02d}:00"
 
 
-@dataclass(frozen=True)
-class SlurmResources:
-    """What one SLURM job asks for. `None` leaves a value to the cluster's defaults (no such `#SBATCH` line).
-
-    `extra` holds sbatch options as `(name, value)`, value `True` for a flag (`--exclusive`); `setup` shell lines run
-    in the batch script before the job's command."""
-
-    nodes: int = 1
-    gpus: int | None = None  # per node
-    cpus: int | None = None  # per task (one task per node)
-    mem: str | None = None  # per node, SLURM's --mem syntax (MB without a unit)
-    time: int | None = None  # minutes
-    partition: str | None = None
-    account: str | None = None
-    extra: tuple[tuple[str, str | bool], ...] = ()
-    setup: tuple[str, ...] = ()
-
-    def sbatch_options(self) -> dict[str, str | bool]:
-        """The `#SBATCH` options these resources write (name without `--` -> value, `True` for a flag)."""
-        options: dict[str, str | bool] = {"nodes": str(self.nodes), "ntasks-per-node": "1"}
-        for name, value in (
-            ("gpus-per-node", self.gpus),
-            ("cpus-per-task", self.cpus),
-            ("mem", self.mem),
-            ("time", self.time),
-            ("partition", self.partition),
-            ("account", self.account),
-        ):
-            if value is not None:
-                options[name] = str(value)
-        options.update(self.extra)
-        return options
-
-    def submitit_parameters(self) -> dict[str, Any]:
-        """Keyword arguments for `submitit.SlurmExecutor.update_parameters` (job name and folder excluded)."""
-        params: dict[str, Any] = {
-            "nodes": self.nodes,
-            "ntasks_per_node": 1,
-            "cpus_per_task": self.cpus,
-            "gpus_per_node": self.gpus,
-            "mem": self.mem,
-            "time": self.time,  # None: no --time line, the partition's default applies
-            "partition": self.partition,
-            "account": self.account,
-            "setup": list(self.setup) or None,
-            "wckey": None,  # submitit's default "submitit" would be refused where wckeys are enforced
-            "additional_parameters": {name: value for name, value in self.extra} or None,
-        }
-        return params
-
-
-@dataclass(frozen=True)
-class RedisJobConfig:
-    """The Redis server job the launcher submits before the peers (top-level `redis:` with `start: true`)."""
-
-    port: int = 0  # 0: a free port on the node the job lands on
-    password: bool = True  # a password for the server (generated, or $FTIS_REDIS_PASSWORD); never printed
-    server: str = "redis-server"
-    start_timeout: float = 120.0  # seconds from the job running to the server answering
-    resources: SlurmResources = field(default_factory=lambda: SlurmResources(cpus=1))
-
-
 # --------------------------------------------------------------------------------------------------------------------
-# Validation
+# The validators of the resource keys (shared by `slurm:` and `redis:`)
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def unknown_key(key: Any, allowed: tuple[str, ...], prefix: str) -> str:
-    hint = difflib.get_close_matches(str(key), allowed, n=1)
-    did_you_mean = f"; did you mean `{prefix}{hint[0]}`?" if hint else ""
-    return f"unknown key `{prefix}{key}` (allowed: {', '.join(allowed)}){did_you_mean}"
+def _count(minimum: int, meaning: str, default: int | None = None):
+    def check(value: Any) -> int | None:
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise bad(f"must be an integer >= {minimum} ({meaning}), got {value!r}")
+        return int(value)
+
+    return check
 
 
-def _positive_int(value: Any, minimum: int) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+def _mem(value: Any) -> str | None:
+    if value is None:
         return None
-    return int(value)
+    text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(text, str) or not _MEM_RE.match(text.strip()):
+        raise bad(f"must be a memory size per node such as 64G, 500M or 32000 (MB), got {value!r}")
+    return text.strip().upper()
+
+
+def _time(value: Any) -> int | None:
+    if value is None:
+        return None
+    minutes = parse_slurm_time(value)
+    if minutes is None:
+        raise bad(
+            'must be minutes (an integer >= 1) or a SLURM time such as "04:00:00" or "1-12:00:00" (quote it in YAML), '
+            f"got {getattr(value, 'text', value)!r}"
+        )
+    return minutes
+
+
+def _word(what: str):
+    def check(value: Any) -> str | None:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _NAME_RE.match(value.strip()):
+            raise bad(f"must be a {what} name (one word), got {value!r}")
+        return value.strip()
+
+    return check
 
 
 def _parse_extra_item(item: Any) -> tuple[str, str | bool] | str:
     """`"--qos=high"` / `"--qos high"` / `"#SBATCH --qos=high"` -> `("qos", "high")`; `"--exclusive"` ->
-    `("exclusive", True)`; a problem string otherwise."""
+    `("exclusive", True)`; a problem string otherwise. An already parsed `(name, value)` pair is kept."""
+    if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+        return item
     if not isinstance(item, str) or not item.strip():
         return f"must be an sbatch option string such as '--qos=high', got {item!r}"
     text = item.strip()
@@ -224,155 +196,213 @@ def _parse_extra_item(item: Any) -> tuple[str, str | bool] | str:
     return (name, value if sep else True)
 
 
-def validate_slurm_mapping(raw: Any, where: str, add: Add, *, prefix: str = "slurm.") -> dict[str, Any]:
-    """The keys set in one `slurm:` mapping (top level or a peer's), validated; `None` values are kept (they drop a
-    top-level default in a peer)."""
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        add(where, f"`{prefix.rstrip('.')}` must be a mapping of SLURM resources ({', '.join(SLURM_KEYS)})")
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key not in SLURM_KEYS:
-            add(where, unknown_key(key, SLURM_KEYS, prefix))
-            continue
-        checked = _check_slurm_value(key, value, where, add, prefix)
-        if checked is not _INVALID:
-            out[key] = checked
-    return out
-
-
-_INVALID = object()
-
-
-def _check_slurm_value(key: str, value: Any, where: str, add: Add, prefix: str) -> Any:
-    name = f"`{prefix}{key}`"
+def _extra(value: Any) -> tuple[tuple[str, str | bool], ...]:
     if value is None:
-        return None
-    if key in ("nodes", "cpus", "gpus"):
-        number = _positive_int(value, 0 if key == "gpus" else 1)
-        if number is None:
-            floor = "0" if key == "gpus" else "1"
-            meaning = {"nodes": "nodes", "cpus": "CPUs per task", "gpus": "GPUs per node"}[key]
-            add(where, f"{name} must be an integer >= {floor} ({meaning}), got {value!r}")
-            return _INVALID
-        return number
-    if key == "mem":
-        text = str(value) if isinstance(value, int) and not isinstance(value, bool) else value
-        if not isinstance(text, str) or not _MEM_RE.match(text.strip()):
-            add(where, f"{name} must be a memory size per node such as 64G, 500M or 32000 (MB), got {value!r}")
-            return _INVALID
-        return text.strip().upper()
-    if key == "time":
-        minutes = parse_slurm_time(value)
-        if minutes is None:
-            add(
-                where,
-                f'{name} must be minutes (an integer >= 1) or a SLURM time such as "04:00:00" or "1-12:00:00" '
-                f"(quote it in YAML), got {getattr(value, 'text', value)!r}",
-            )
-            return _INVALID
-        return minutes
-    if key in ("partition", "account"):
-        if not isinstance(value, str) or not _NAME_RE.match(value.strip()):
-            add(where, f"{name} must be a {key} name (one word), got {value!r}")
-            return _INVALID
-        return value.strip()
-    if key == "extra":
-        items = [value] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            add(where, f"{name} must be a list of sbatch options such as ['--qos=high'], got {type(value).__name__}")
-            return _INVALID
-        out, seen, ok = [], set(), True
-        for index, item in enumerate(items):
-            parsed = _parse_extra_item(item)
-            if isinstance(parsed, str):
-                add(where, f"`{prefix}extra[{index}]` {parsed}")
-                ok = False
-                continue
-            option = parsed[0]
-            if option in _SBATCH_SET_BY_KEY:
-                add(where, f"`{prefix}extra[{index}]` --{option}: use the key `{_SBATCH_SET_BY_KEY[option]}`")
-                ok = False
-            elif option in _SBATCH_SET_BY_LAUNCHER:
-                add(where, f"`{prefix}extra[{index}]` --{option} is set by the launcher")
-                ok = False
-            elif option in seen:
-                add(where, f"`{prefix}extra[{index}]` --{option} is given twice")
-                ok = False
-            seen.add(option)
-            out.append(parsed)
-        return tuple(out) if ok else _INVALID
-    if key == "setup":
-        lines = value.splitlines() if isinstance(value, str) else value
-        if not isinstance(lines, (list, tuple)) or not all(isinstance(line, str) for line in lines):
-            add(where, f"{name} must be shell lines (a string or a list of strings), got {value!r}")
-            return _INVALID
-        if any("\x00" in line for line in lines):
-            add(where, f"{name} must not contain NUL characters")
-            return _INVALID
-        return tuple(line for line in lines if line.strip())
-    raise AssertionError(key)
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise bad(f"must be a list of sbatch options such as ['--qos=high'], got {type(value).__name__}")
+    out, seen, found = [], set(), []
+    for index, item in enumerate(items):
+        parsed = _parse_extra_item(item)
+        if isinstance(parsed, str):
+            found.append((index, parsed))
+            continue
+        option = parsed[0]
+        if option in _SBATCH_SET_BY_KEY:
+            found.append((index, f"--{option}: use the key `{_SBATCH_SET_BY_KEY[option]}`"))
+        elif option in _SBATCH_SET_BY_LAUNCHER:
+            found.append((index, f"--{option} is set by the launcher"))
+        elif option in seen:
+            found.append((index, f"--{option} is given twice"))
+        seen.add(option)
+        out.append(parsed)
+    if found:  # every bad item at once: the first after the key's path, the others after it
+        index, message = found[0]
+        others = "".join(f"; `[{other}]`: {text}" for other, text in found[1:])
+        raise bad(message + others, suffix=f"[{index}]")
+    return tuple(out)
 
 
-def merge_resources(*layers: Mapping[str, Any], base: SlurmResources | None = None) -> SlurmResources:
-    """`base` (default: all cluster defaults) overridden by each layer in turn, key by key; a `None` value drops the
-    key back to its default."""
+def _setup(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    lines = value.splitlines() if isinstance(value, str) else value
+    if not isinstance(lines, (list, tuple)) or not all(isinstance(line, str) for line in lines):
+        raise bad(f"must be shell lines (a string or a list of strings), got {value!r}")
+    if any("\x00" in line for line in lines):
+        raise bad("must not contain NUL characters")
+    return tuple(line for line in lines if line.strip())
+
+
+Nodes = Annotated[int, BeforeValidator(_count(1, "nodes", default=1))]
+Gpus = Annotated[int | None, BeforeValidator(_count(0, "GPUs per node"))]
+Cpus = Annotated[int | None, BeforeValidator(_count(1, "CPUs per task"))]
+Mem = Annotated[str | None, BeforeValidator(_mem)]
+Minutes = Annotated[int | None, BeforeValidator(_time)]
+Partition = Annotated[str | None, BeforeValidator(_word("partition"))]
+Account = Annotated[str | None, BeforeValidator(_word("account"))]
+Extra = Annotated[tuple[tuple[str, str | bool], ...], BeforeValidator(_extra)]
+Setup = Annotated[tuple[str, ...], BeforeValidator(_setup)]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The sections
+# --------------------------------------------------------------------------------------------------------------------
+
+
+class SlurmResources(Spec):
+    """What one SLURM job asks for (one `slurm:` mapping). `None` leaves a value to the cluster's defaults (no such
+    `#SBATCH` line); `null` in a peer's mapping drops the top-level value back to that default.
+
+    `extra` holds sbatch options as `(name, value)`, value `True` for a flag (`--exclusive`); `setup` shell lines run
+    in the batch script before the job's command."""
+
+    MAPPING_HINT: ClassVar[str] = " of SLURM resources (nodes, gpus, cpus, mem, time, partition, account, extra, setup)"
+    # (sbatch's `gpus-per-node`, `cpus_per_task`, ... are found by the did-you-mean's own prefix rule.)
+    ALIASES: ClassVar[dict[str, str]] = {
+        "memory": "mem",
+        "time_limit": "time",
+        "qos": "extra",
+        "constraint": "extra",
+    }
+
+    nodes: Nodes = Field(1, description="nodes of the job")
+    gpus: Gpus = Field(None, description="GPUs per node")
+    cpus: Cpus = Field(None, description="CPUs per task (one task per node)")
+    mem: Mem = Field(None, description="memory per node, SLURM's --mem syntax (MB without a unit)")
+    time: Minutes = Field(None, description="the time limit, in minutes")
+    partition: Partition = None
+    account: Account = None
+    extra: Extra = Field((), description="other sbatch options")
+    setup: Setup = Field((), description="shell lines run before the job's command")
+
+    def sbatch_options(self) -> dict[str, str | bool]:
+        """The `#SBATCH` options these resources write (name without `--` -> value, `True` for a flag)."""
+        options: dict[str, str | bool] = {"nodes": str(self.nodes), "ntasks-per-node": "1"}
+        for name, value in (
+            ("gpus-per-node", self.gpus),
+            ("cpus-per-task", self.cpus),
+            ("mem", self.mem),
+            ("time", self.time),
+            ("partition", self.partition),
+            ("account", self.account),
+        ):
+            if value is not None:
+                options[name] = str(value)
+        options.update(self.extra)
+        return options
+
+    def submitit_parameters(self) -> dict[str, Any]:
+        """Keyword arguments for `submitit.SlurmExecutor.update_parameters` (job name and folder excluded)."""
+        return {
+            "nodes": self.nodes,
+            "ntasks_per_node": 1,
+            "cpus_per_task": self.cpus,
+            "gpus_per_node": self.gpus,
+            "mem": self.mem,
+            "time": self.time,  # None: no --time line, the partition's default applies
+            "partition": self.partition,
+            "account": self.account,
+            "setup": list(self.setup) or None,
+            "wckey": None,  # submitit's default "submitit" would be refused where wckeys are enforced
+            "additional_parameters": {name: value for name, value in self.extra} or None,
+        }
+
+
+def merge_resources(*layers: SlurmResources, base: SlurmResources | None = None) -> SlurmResources:
+    """`base` (default: all cluster defaults) overridden by each layer in turn, by the keys that layer set (a key set
+    to `null` is back at its default)."""
     resources = base or SlurmResources()
-    defaults = SlurmResources()
     for layer in layers:
-        changes = {key: (getattr(defaults, key) if value is None else value) for key, value in layer.items()}
-        resources = replace(resources, **changes)
+        resources = resources.model_copy(update={key: getattr(layer, key) for key in layer.model_fields_set})
     return resources
 
 
-def validate_redis(raw: Any, top_slurm: Mapping[str, Any], add: Add) -> tuple[RedisJobConfig | None, bool | None]:
-    """The top-level `redis:` mapping -> (the Redis job or None, `start` as written or None when absent). The job
-    inherits the top-level `slurm` partition, account, time, extra and setup unless it sets its own; it never
-    inherits nodes, GPUs, CPUs or memory (it is one small CPU job: 1 CPU unless `redis.cpus`)."""
-    where = "top level"
-    if raw is None:
-        return None, None
-    if not isinstance(raw, Mapping):
-        add(where, f"`redis` must be a mapping such as {{start: true}}, got {type(raw).__name__}")
-        return None, None
-    ok = True
-    for key in raw:
-        if key not in REDIS_KEYS:
-            hint = " (the Redis job is one CPU job on one node)" if key in ("nodes", "gpus") else ""
-            add(where, unknown_key(key, REDIS_KEYS, "redis.") + hint)
-            ok = False
-    start = raw.get("start", True)
-    if not isinstance(start, bool):
-        add(where, f"`redis.start` must be true or false, got {start!r}")
-        ok, start = False, None
-    port = raw.get("port", 0)
-    if _positive_int(port, 0) is None or port > 65535:
-        add(where, f"`redis.port` must be a TCP port (1-65535), or 0 for a free port on the job's node, got {port!r}")
-        ok = False
-    password = raw.get("password", True)
-    if not isinstance(password, bool):
-        add(
-            where,
-            "`redis.password` must be true or false: with true the launcher uses $FTIS_REDIS_PASSWORD or makes a "
-            "random password and hands it to the server and the peers (never write a password in the config)",
+def _flag(what: str):
+    def check(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise bad(f"must be true or false, got {value!r}" if what is None else what)
+        return value
+
+    return check
+
+
+def _port(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise bad(f"must be a TCP port (1-65535), or 0 for a free port on the job's node, got {value!r}")
+    return int(value)
+
+
+def _server(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or any(ch in value for ch in "\n\x00"):
+        raise bad(f"must be the redis-server program (a name on PATH or a path), got {value!r}")
+    return value.strip()
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise bad(f"must be a number of seconds > 0, got {value!r}")
+    return float(value)
+
+
+class RedisSpec(Spec):
+    """The top-level `redis:` mapping: the Redis server job the launcher starts for the exchange. It takes the
+    resource keys of one small CPU job; the ones it does not set come from the top-level `slurm` (partition, account,
+    time, extra, setup), never nodes, GPUs, CPUs or memory."""
+
+    UNKNOWN_KEY_HINTS: ClassVar[dict[str, str]] = {
+        "nodes": " (the Redis job is one CPU job on one node)",
+        "gpus": " (the Redis job is one CPU job on one node)",
+    }
+    MAPPING_HINT: ClassVar[str] = " such as {start: true}"
+    INHERITED: ClassVar[tuple[str, ...]] = ("partition", "account", "time", "extra", "setup")
+
+    start: Annotated[bool, BeforeValidator(_flag(None))] = True
+    port: Annotated[int, BeforeValidator(_port)] = 0
+    password: Annotated[
+        bool,
+        BeforeValidator(
+            _flag(
+                "must be true or false: with true the launcher uses $FTIS_REDIS_PASSWORD or makes a random password "
+                "and hands it to the server and the peers (never write a password in the config)"
+            )
+        ),
+    ] = True
+    server: Annotated[str, BeforeValidator(_server)] = "redis-server"
+    start_timeout: Annotated[float, BeforeValidator(_seconds)] = 120.0
+    cpus: Cpus = None
+    mem: Mem = None
+    time: Minutes = None
+    partition: Partition = None
+    account: Account = None
+    extra: Extra = ()
+    setup: Setup = ()
+
+    def job(self, top: SlurmResources | None) -> RedisJobConfig:
+        """The job: its own resource keys over the inherited top-level ones, 1 CPU unless `cpus` says otherwise."""
+        inherited = {key: getattr(top, key) for key in self.INHERITED if top is not None and key in top.model_fields_set}
+        own = {key: getattr(self, key) for key in self.model_fields_set if key in SlurmResources.model_fields}
+        resources = SlurmResources(cpus=1).model_copy(update={**inherited, **own})
+        return RedisJobConfig(
+            port=self.port,
+            password=self.password,
+            server=self.server,
+            start_timeout=self.start_timeout,
+            resources=resources,
         )
-        ok = False
-    server = raw.get("server", "redis-server")
-    if not isinstance(server, str) or not server.strip() or any(ch in server for ch in "\n\x00"):
-        add(where, f"`redis.server` must be the redis-server program (a name on PATH or a path), got {server!r}")
-        ok = False
-    timeout = raw.get("start_timeout", 120)
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout < math.inf):
-        add(where, f"`redis.start_timeout` must be a number of seconds > 0, got {timeout!r}")
-        ok = False
-    own = validate_slurm_mapping({k: v for k, v in raw.items() if k in SLURM_KEYS}, where, add, prefix="redis.")
-    if not ok or start is None:
-        return None, start
-    inherited = {k: v for k, v in top_slurm.items() if k in ("partition", "account", "time", "extra", "setup")}
-    resources = merge_resources(inherited, own, base=SlurmResources(cpus=1))
-    job = RedisJobConfig(
-        port=int(port), password=password, server=server.strip(), start_timeout=float(timeout), resources=resources
-    )
-    return job, start
+
+
+@dataclass(frozen=True)
+class RedisJobConfig:
+    """The Redis server job the launcher submits before the peers (top-level `redis:` with `start: true`)."""
+
+    port: int = 0  # 0: a free port on the node the job lands on
+    password: bool = True  # a password for the server (generated, or $FTIS_REDIS_PASSWORD); never printed
+    server: str = "redis-server"
+    start_timeout: float = 120.0  # seconds from the job running to the server answering
+    resources: SlurmResources = field(default_factory=lambda: SlurmResources(cpus=1))
+
+
+SLURM_KEYS = tuple(SlurmResources.model_fields)
+REDIS_KEYS = tuple(RedisSpec.model_fields)

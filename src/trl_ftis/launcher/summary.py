@@ -1,5 +1,6 @@
-"""The end-of-run summary: each peer's own summary file (`trl_ftis.rules.SUMMARY_FILE`, written by the trainer into
-its output directory), one row per peer, and the table `run_swarm` prints.
+"""The end-of-run summary every backend shares: each peer's own summary file (`trl_ftis.rules.SUMMARY_FILE`, written
+by the trainer into its output directory), one row per peer (`summary_rows`, from each backend's `PeerState`s), the
+table the driver prints (`format_summary_table`) and `summary.json` (`report_summary`).
 
 Reading a peer's file never raises: a missing, unreadable, malformed or stale file shows `-` with a note.
 """
@@ -9,19 +10,25 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .. import rules
+from .backend import PeerState
 
-if TYPE_CHECKING:
-    from .supervisor import _PeerRun
-
-__all__ = ["SUMMARY_FIELDS", "format_summary_table"]
+__all__ = [
+    "SUMMARY_FIELDS",
+    "describe_code",
+    "format_summary_table",
+    "read_peer_summary",
+    "report_summary",
+    "summary_rows",
+]
 
 SUMMARY_FIELDS = ("steps", "rows_sent", "rows_received", "rows_accepted", "rows_filtered", "reward")
 
 
-def _describe_code(code: int | None) -> str:
+def describe_code(code: int | None) -> str:
+    """An exit code for people: `-15 (SIGTERM)` for a signal, `-` when unknown."""
     if code is None:
         return "-"
     if code < 0:
@@ -53,7 +60,7 @@ def _format_field(value: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def _read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None, str | None]:
+def read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None, str | None]:
     """(fields, note): the peer's own summary file, or a note saying why it is not shown. Never raises."""
     try:
         if not path.exists():
@@ -68,21 +75,25 @@ def _read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | Non
     return {key: data.get(key) for key in SUMMARY_FIELDS}, None
 
 
-def _summary_rows(runs: list[_PeerRun]) -> list[dict]:
+def summary_rows(states: list[PeerState]) -> list[dict]:
+    """One row per peer: its status, exit code, wall time, pid and log, the `SUMMARY_FIELDS` of its own summary file,
+    and a note (why that file is not shown, or the backend's own note before it)."""
     rows = []
-    for run in runs:
-        wall = (run.ended - run.started) if run.ended is not None and run.started else None
-        fields, note = _read_peer_summary(run.command.output_dir / rules.SUMMARY_FILE, run.started_at or None)
+    for state in states:
+        wall = (state.ended - state.started) if state.ended is not None and state.started else None
+        fields, note = read_peer_summary(state.command.output_dir / rules.SUMMARY_FILE, state.started_at or None)
         row = {
-            "id": run.command.id,
-            "status": run.status,
-            "exit_code": run.returncode,
+            "id": state.command.id,
+            "status": state.status,
+            "exit_code": state.returncode,
             "wall_time_s": None if wall is None else round(wall, 3),
-            "pid": run.proc.pid if run.proc is not None else None,
-            "log": str(run.command.log_path),
+            "pid": state.pid,
+            "log": str(state.command.log_path),
         }
         for key in SUMMARY_FIELDS:
             row[key] = fields.get(key) if fields else None
+        if state.note:
+            note = state.note if not note else f"{state.note}; {note}"
         row["note"] = note
         rows.append(row)
     return rows
@@ -100,7 +111,7 @@ def format_summary_table(rows: list[dict]) -> str:
                 row["id"],
                 row["status"],
                 *([_format_field(row.get("job_id"))] if jobs else []),
-                _describe_code(row["exit_code"]),
+                describe_code(row["exit_code"]),
                 _format_seconds(row["wall_time_s"]),
                 *(_format_field(row[key]) for key in SUMMARY_FIELDS),
             ]
@@ -122,6 +133,7 @@ def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
     is said, not raised: the peers' exit codes decide the launcher's."""
     path = Path(run_dir) / "summary.json"
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         say(f"could not write {path}: {exc}")

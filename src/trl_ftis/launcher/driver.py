@@ -1,0 +1,125 @@
+"""The one driver every backend shares: `run_swarm(config)` and `dry_run(config)` pick the backend of the config's
+scheduler (`BACKENDS`), and `drive(backend, ...)` runs it.
+
+`drive` does, for every backend alike: the pre-start check (a negative `grace`, the backend's `problems()`: raised
+as `SwarmConfigError` before anything starts), the SIGINT/SIGTERM/SIGHUP handlers (main thread only; restored when
+it returns), the prefixed console, the loop that watches the peers (`poll`, signals), the stop that always runs
+(`stop`, `finish`, even after an exception), the summary table and `summary.json`, and the exit code:
+
+* 0: every peer exited 0;
+* 1: a peer failed (or could not start, or the launcher hit an error); every other peer was stopped;
+* 130 (`trl_ftis.rules.INTERRUPTED_EXIT_CODE`): SIGINT (Ctrl-C), SIGTERM or SIGHUP reached the launcher; every peer
+  was stopped. A second signal skips the rest of the grace period.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import TextIO
+
+from ..rules import redact_text
+from .backend import Backend, Console, Outcome, Signals, short_error
+from .local import LocalBackend
+from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
+from .slurm import SlurmBackend
+from .summary import report_summary, summary_rows
+
+__all__ = ["BACKENDS", "backend_for", "drive", "dry_run", "run_swarm"]
+
+# One backend per scheduler (`SwarmConfig.scheduler`, see `schema.SCHEDULERS`): a class taking the config.
+BACKENDS: dict[str, Callable[[SwarmConfig], Backend]] = {"local": LocalBackend, "slurm": SlurmBackend}
+assert set(BACKENDS) == set(SCHEDULERS), "every scheduler of the schema needs a backend"
+
+
+def backend_for(config: SwarmConfig) -> Backend:
+    """The backend that runs `config` (its `scheduler`)."""
+    return BACKENDS[config.scheduler](config)
+
+
+def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
+    """Print what `run_swarm` would start (for SLURM: the jobs it would submit), secrets hidden; start nothing, write
+    nothing. Returns 0."""
+    stream = sys.stdout if stream is None else stream
+    backend_for(config).dry_run(stream)
+    stream.flush()
+    return 0
+
+
+def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None = None) -> int:
+    """Start every peer with the config's backend, supervise them, print a summary table; returns the exit code for
+    the command line (0, 1 or 130, see the module docstring).
+
+    Console lines are written to `stream` (default: sys.stdout) prefixed with `[<id>]`; each peer's raw output goes
+    to `<run_dir>/logs/<id>.log`, its command and environment (secrets redacted) to `<id>.cmd`, and the summary table
+    to `<run_dir>/summary.json`. Stopping means a polite stop (SIGTERM), `grace` seconds to exit, then a forced one
+    (SIGKILL); the same clean-up runs when all peers succeeded, so nothing the swarm started outlives this call.
+
+    Raises `SwarmConfigError` before anything starts when a file or a prerequisite of the backend is missing."""
+    return drive(backend_for(config), config, grace=grace, stream=stream)
+
+
+def _install_handlers(handler) -> dict:
+    """Route SIGINT/SIGTERM/SIGHUP to `handler` (main thread only; elsewhere Python cannot install handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            previous[sig] = signal.signal(sig, handler)
+    return previous
+
+
+def _watch(backend: Backend, signals: Signals) -> Outcome:
+    while True:
+        interrupted = signals.outcome()
+        if interrupted is not None:
+            return interrupted
+        outcome = backend.poll()
+        if outcome is not None:
+            return outcome
+        signals.wait(backend.poll_interval)
+
+
+def drive(backend: Backend, config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None = None) -> int:
+    """Run one swarm on `backend` from start to summary; returns the exit code. See the module docstring."""
+    if not (grace >= 0):
+        raise ValueError(f"grace must be >= 0 seconds, got {grace}")
+    problems = backend.problems()
+    if problems:
+        raise SwarmConfigError(
+            f"cannot {backend.verb} the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems
+        )
+    console = Console(sys.stdout if stream is None else stream, [peer.id for peer in config.peers])
+    signals = Signals()
+    previous = _install_handlers(signals.handler)
+    outcome = Outcome(1, "launcher error")
+    try:
+        try:
+            outcome = backend.start(console, signals) or _watch(backend, signals)
+        except Exception as exc:  # noqa: BLE001 - a bug or an odd answer from the scheduler: still stop everything
+            outcome = Outcome(1, redact_text(f"launcher error: {type(exc).__name__}: {short_error(exc)}"))
+            console.say(outcome.reason)
+        finally:
+            # Runs on success, failure, signal and on any bug above: nothing may outlive the launcher.
+            backend.stop(grace)
+            backend.finish()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    rows = [backend.summary_row(state, row) for state, row in zip(backend.states(), summary_rows(backend.states()))]
+    summary = {
+        "exit_code": outcome.code,
+        "reason": outcome.reason,
+        "run_dir": str(config.run_dir),
+        "exchange_url": redact_text(backend.exchange_url or config.exchange_url),
+        "config": os.path.abspath(config.source) if config.source else None,
+        **backend.summary_fields(),
+        "peers": rows,
+    }
+    report_summary(config.run_dir, summary, say=console.say, emit=console.emit)
+    return outcome.code
