@@ -281,7 +281,7 @@ def test_an_endless_flood_costs_a_round_at_most_its_time_budget(tokenizer, memor
     class Endless(MemoryTransport):
         polls = 0
 
-        def poll(self):
+        def _poll(self):
             Endless.polls += 1
             return [Envelope(b"FTIS" + bytes(60), f"{self.polls}.{k}", f"x{k}", 0, 64) for k in range(100)]
 
@@ -466,10 +466,19 @@ def test_a_private_key_without_the_public_keys_only_signs(tokenizer, memory_url,
 
 def test_mismatched_keys_fail_when_the_swarm_is_built(tokenizer, memory_url, keyring):
     paths, public = keyring
-    with pytest.raises(ValueError, match="another key"):
+    with pytest.raises(ValueError, match="another key for this peer .'a'. than its private key"):
         make_swarm(memory_url, "a", tokenizer, private_key=paths["b"], public_keys=public)
+    with pytest.raises(ValueError, match="another key for this peer .'a'. than its private key"):
+        make_swarm(memory_url, "a", tokenizer, private_key=paths["b"], public_keys=load_public_keys(public))
     with pytest.raises(TypeError):
         make_swarm(memory_url, "a", tokenizer, private_key=b"not a key")
+    with pytest.raises(TypeError, match=r"public_keys\['b'\] must be an Ed25519"):
+        make_swarm(memory_url, "a", tokenizer, public_keys={"b": b"not a key"})
+    # A private key in the mapping stands for its public half.
+    private_b = load_private_key(paths["b"])
+    swarm = make_swarm(memory_url, "a2", tokenizer, public_keys={"b": private_b})
+    assert public_key_text(swarm.public_keys["b"]) == public_key_text(private_b)
+    assert not isinstance(swarm.public_keys["b"], type(private_b))
     with pytest.raises(ValueError, match="temperature"):
         make_swarm(memory_url, "a", tokenizer, temperature=MAX_TEMPERATURE * 2)
 
@@ -510,22 +519,27 @@ def test_keygen_round_trip(tokenizer, tmp_path, capsys, memory_url):
 # --------------------------------------------------------------------------------------------------------------------
 # 7. The config: new fields, key files, the temperature range
 # --------------------------------------------------------------------------------------------------------------------
-def test_config_checks_the_key_files_when_it_is_built(make_args, keyring, tmp_path, caplog):
+def test_the_config_holds_the_key_paths_and_swarm_credentials_checks_the_files(make_args, keyring, tmp_path, caplog):
     paths, public = keyring
     args = make_args(peer_id="a", private_key_file=str(paths["a"]), peer_keys_file=str(public))
     assert args.max_rounds_ahead == DEFAULT_MAX_ROUNDS_AHEAD == 4 and args.max_round_bytes == RoundBudget().max_bytes
     assert "private_key_file" not in args._redacted()  # a path, not a secret
-    missing = tmp_path / "nowhere.key"
+    credentials = args.swarm_credentials()
+    assert public_key_text(credentials.private_key) == public_key_text(load_private_key(paths["a"]))
+    assert set(credentials.public_keys) == set(load_public_keys(public))
+    # Building the config reads no file: a wrong path fails when the credentials are read (the trainer, at start).
+    missing = make_args(peer_id="a", private_key_file=str(tmp_path / "nowhere.key"))
     with pytest.raises(ValueError, match="nowhere.key"):
-        make_args(peer_id="a", private_key_file=str(missing))
+        missing.swarm_credentials()
     broken = tmp_path / "broken.yaml"
     broken.write_text("a: not-base64!\n")
     with pytest.raises(ValueError, match="broken.yaml"):
-        make_args(peer_id="a", peer_keys_file=str(broken))
-    with pytest.raises(ValueError, match="another key"):
-        make_args(peer_id="a", private_key_file=str(paths["b"]), peer_keys_file=str(public))
+        make_args(peer_id="a", peer_keys_file=str(broken)).swarm_credentials()
+    # The config and the swarm refuse a mismatched pair with the one check (keys.check_key_pair).
+    with pytest.raises(ValueError, match="another key for this peer .'a'. than its private key"):
+        make_args(peer_id="a", private_key_file=str(paths["b"]), peer_keys_file=str(public)).swarm_credentials()
     with caplog.at_level(logging.WARNING, logger="trl_ftis"):
-        make_args(peer_id="d", private_key_file=str(paths["d"]), peer_keys_file=str(public))
+        make_args(peer_id="d", private_key_file=str(paths["d"]), peer_keys_file=str(public)).swarm_credentials()
     assert "has no key for this peer ('d')" in caplog.text
     with pytest.raises(ValueError, match="max_rounds_ahead"):
         make_args(max_rounds_ahead=-1)

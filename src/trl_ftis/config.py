@@ -22,11 +22,15 @@ from .objective import (
     parse_variant,
 )
 from .rules import (
-    MAX_TEMPERATURE,
-    MIN_TEMPERATURE,
+    DEFAULT_MAX_ROUNDS_AHEAD,
+    DEFAULT_MAX_STALENESS,
+    DEFAULT_PEER_TIMEOUT,
     REDACTED,
     SWARM_SECRET_ENV,
+    check_expected_peers,
     check_peer_id,
+    check_round_window,
+    check_temperature,
     is_peer_id,
     normalise_exchange_url,
     redact_url,
@@ -93,9 +97,11 @@ class FTISConfig(GRPOConfig):
             phase). Logged as `ftis/kl_threshold`.
         filter_target_fraction (`float`, *optional*, defaults to `0.1`):
             With `kl_threshold_mode="quantile"`: the share of peer negative-advantage rows to filter, in (0, 1).
+            No effect with `"fixed"`: building the config logs a warning when it is set to another value there.
         threshold_momentum (`float`, *optional*, defaults to `0.9`):
             With `kl_threshold_mode="quantile"`: the weight of the previous threshold in its running average (in
-            log space), in [0, 1).
+            log space), in [0, 1). No effect with `"fixed"`: building the config logs a warning when it is set to
+            another value there.
 
         > Parameters that control the swarm
 
@@ -112,12 +118,15 @@ class FTISConfig(GRPOConfig):
             Seconds a round waits for the expected peers before training on what arrived. Without expected peers a
             round never waits.
         expected_peers (`list[str]`, *optional*):
-            Peer ids a round waits for (up to `peer_timeout`). Others are accepted whenever their messages arrive.
+            Peer ids a round waits for (up to `peer_timeout`); this peer's own id may be among them (it is ignored).
+            Others are accepted whenever their messages arrive.
         num_expected_peers (`int`, *optional*):
-            Alternatively, how many other peers a round waits for.
+            Alternatively, how many other peers a round waits for, whatever their ids. Setting it together with a
+            non-empty `expected_peers` raises `ValueError`.
         swarm_secret (`str`, *optional*):
             Shared secret that signs and verifies every message (HMAC-SHA256); unsigned or wrongly signed messages
-            are refused. Defaults to the `FTIS_SWARM_SECRET` environment variable. Never logged or saved.
+            are refused. Unset: the `FTIS_SWARM_SECRET` environment variable, read by [`swarm_credentials`] when the
+            trainer starts (the field itself stays `None`). Never logged or saved.
         max_staleness (`int`, *optional*, defaults to `2`):
             Messages from rounds older than `current_round - max_staleness` are dropped. A peer that finds the swarm
             more than this many rounds ahead (it joined late, stalled or resumed an older checkpoint) moves its round
@@ -156,11 +165,12 @@ class FTISConfig(GRPOConfig):
             what these counts allow.
         private_key_file (`str`, *optional*):
             This peer's Ed25519 private key (PEM, as `trl-ftis keygen` writes it): every message is signed with it.
-            Checked when the config is built (an error names the file).
+            The config holds the path; [`swarm_credentials`] loads and checks the file when the trainer starts,
+            before the model is loaded (an error names the file).
         peer_keys_file (`str`, *optional*):
             The swarm's public keys (JSON or YAML: peer id -> base64 key, the lines `trl-ftis keygen` prints). When
             set, a message is accepted only when signed by the key registered for the sender it names, so a member
-            holding the swarm secret cannot write as another. Checked when the config is built.
+            holding the swarm secret cannot write as another. Loaded and checked like `private_key_file`.
         exchange_mode (`str`, *optional*, defaults to `"sync"`):
             `"sync"`: each step publishes its rows and collects the others' (waiting for `expected_peers`) before it
             trains. `"async"`: a background worker (main process) publishes this step's rows and collects, decodes,
@@ -255,11 +265,17 @@ class FTISConfig(GRPOConfig):
     )
     filter_target_fraction: float = field(
         default=0.1,
-        metadata={"help": "kl_threshold_mode='quantile': share of peer negative-advantage rows to filter, in (0, 1)."},
+        metadata={
+            "help": "kl_threshold_mode='quantile': share of peer negative-advantage rows to filter, in (0, 1). No "
+            "effect with 'fixed' (a warning when set to another value there)."
+        },
     )
     threshold_momentum: float = field(
         default=0.9,
-        metadata={"help": "kl_threshold_mode='quantile': weight of the previous threshold in its running average."},
+        metadata={
+            "help": "kl_threshold_mode='quantile': weight of the previous threshold in its running average, in "
+            "[0, 1). No effect with 'fixed' (a warning when set to another value there)."
+        },
     )
 
     peer_id: str | None = field(
@@ -277,25 +293,29 @@ class FTISConfig(GRPOConfig):
         },
     )
     peer_timeout: float = field(
-        default=60.0,
+        default=DEFAULT_PEER_TIMEOUT,
         metadata={"help": "Seconds a round waits for the expected peers before training on what arrived."},
     )
     expected_peers: list[str] | None = field(
         default=None,
-        metadata={"help": "Peer ids a round waits for (up to peer_timeout)."},
+        metadata={"help": "Peer ids a round waits for (up to peer_timeout); this peer's own id is ignored."},
     )
     num_expected_peers: int | None = field(
         default=None,
-        metadata={"help": "How many other peers a round waits for (up to peer_timeout)."},
+        metadata={
+            "help": "Alternatively to expected_peers (not both): how many other peers a round waits for (up to "
+            "peer_timeout), whatever their ids."
+        },
     )
     swarm_secret: str | None = field(
         default=None,
         metadata={
-            "help": f"Shared secret signing every message (HMAC). Defaults to ${SWARM_SECRET_ENV}. Never logged."
+            "help": f"Shared secret signing every message (HMAC). Unset: ${SWARM_SECRET_ENV}, read when the trainer "
+            "starts. Never logged."
         },
     )
     max_staleness: int = field(
-        default=2,
+        default=DEFAULT_MAX_STALENESS,
         metadata={"help": "Drop messages from rounds older than current_round - max_staleness."},
     )
     max_peer_rows: int | None = field(
@@ -332,7 +352,7 @@ class FTISConfig(GRPOConfig):
         metadata={"help": "Send 16-bit log-probs, compressed (fewer bytes); default: exact fp32."},
     )
     max_rounds_ahead: int = field(
-        default=4,
+        default=DEFAULT_MAX_ROUNDS_AHEAD,
         metadata={"help": "Refuse messages from rounds later than current_round + max_rounds_ahead."},
     )
     max_round_bytes: int = field(
@@ -348,13 +368,16 @@ class FTISConfig(GRPOConfig):
     )
     private_key_file: str | None = field(
         default=None,
-        metadata={"help": "This peer's Ed25519 private key (PEM, from `trl-ftis keygen`): signs every message."},
+        metadata={
+            "help": "This peer's Ed25519 private key (PEM, from `trl-ftis keygen`): signs every message. Loaded when "
+            "the trainer starts."
+        },
     )
     peer_keys_file: str | None = field(
         default=None,
         metadata={
             "help": "The swarm's public keys (peer id -> base64 key, JSON or YAML): only messages signed by the "
-            "sender's registered key are accepted."
+            "sender's registered key are accepted. Loaded when the trainer starts."
         },
     )
 
@@ -426,14 +449,21 @@ class FTISConfig(GRPOConfig):
 
         The fields whose `FTISConfig` default differs from TRL's (`loss_type`, `beta`, `disable_dropout`,
         `cast_lm_head_to_fp32`) keep `config`'s values, TRL's defaults included: a drop-in replacement trains with
-        the settings it was given. `config` is not changed. The values are copied, not passed to the constructor
-        again: `GRPOConfig.__post_init__` derives fields (`generation_batch_size`, `steps_per_generation`, ...) that
-        it refuses to be given together, so rebuilding it from its own values could fail.
+        the settings it was given. `config` is not changed.
+
+        How: a new `FTISConfig` is created without running the dataclass constructor (`object.__new__`), every
+        attribute of `config` is copied into it as it is (shallowly, like `copy.copy`: every field, including what
+        `GRPOConfig.__post_init__` derived, such as `generation_batch_size` and `steps_per_generation`, and the state
+        `TrainingArguments.__post_init__` set besides its fields, such as `distributed_state`), then each F-TIS field
+        gets its default and the F-TIS checks run. The constructor is not called with `config`'s values because
+        `GRPOConfig.__post_init__` refuses some of its own derived fields given together (`generation_batch_size`
+        with `steps_per_generation`), and would run TRL's and transformers' set-up a second time.
         """
         if not isinstance(config, GRPOConfig):
             raise TypeError(f"from_grpo_config takes a trl.GRPOConfig, got {type(config).__name__}.")
-        converted = copy.copy(config)
-        converted.__class__ = cls
+        converted = object.__new__(cls)
+        for name, value in vars(config).items():  # every GRPOConfig value, as __post_init__ left it
+            setattr(converted, name, value)
         inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
         for f in dataclasses.fields(cls):
             if f.name not in inherited:
@@ -467,6 +497,8 @@ class FTISConfig(GRPOConfig):
             raise ValueError(f"filter_target_fraction must be in (0, 1), got {self.filter_target_fraction}.")
         if not 0.0 <= self.threshold_momentum < 1.0:
             raise ValueError(f"threshold_momentum must be in [0, 1), got {self.threshold_momentum}.")
+        if self.kl_threshold_mode == "fixed":
+            self._warn_ignored_quantile_fields()
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"Unknown loss_type {self.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}.")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
@@ -474,12 +506,22 @@ class FTISConfig(GRPOConfig):
                 f"Unknown importance_sampling_level {self.importance_sampling_level!r}; expected one of "
                 f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
             )
-        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:  # also rejects NaN
-            raise ValueError(
-                f"temperature must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (log-probs are compared at it, and "
-                f"the wire format carries no other), got {self.temperature}."
-            )
+        check_temperature(self.temperature)  # also rejects NaN
         self._validate_swarm()
+
+    def _warn_ignored_quantile_fields(self):
+        """With `kl_threshold_mode="fixed"` the quantile threshold's fields have no effect: a warning for each one
+        set to another value than its default (the default cannot be told apart from not setting it)."""
+        defaults = {f.name: f.default for f in dataclasses.fields(FTISConfig)}
+        for name in ("filter_target_fraction", "threshold_momentum"):
+            if getattr(self, name) != defaults[name]:
+                logger.warning(
+                    "%s=%r has no effect with kl_threshold_mode='fixed' (only the quantile threshold uses it); set "
+                    "kl_threshold_mode='quantile' to use it, or leave it at its default %r.",
+                    name,
+                    getattr(self, name),
+                    defaults[name],
+                )
 
     def _validate_swarm(self):
         if self.peer_id is None:
@@ -492,14 +534,10 @@ class FTISConfig(GRPOConfig):
             self.exchange_url = normalise_exchange_url(self.exchange_url)
         if not self.peer_timeout >= 0:
             raise ValueError(f"peer_timeout must be >= 0 seconds, got {self.peer_timeout}.")
-        if self.num_expected_peers is not None and self.num_expected_peers < 0:
-            raise ValueError(f"num_expected_peers must be >= 0, got {self.num_expected_peers}.")
         for peer in self.expected_peers or []:
             check_peer_id(peer, "expected_peers")
-        if self.max_staleness < 0:
-            raise ValueError(f"max_staleness must be >= 0 rounds, got {self.max_staleness}.")
-        if self.max_rounds_ahead < 0:
-            raise ValueError(f"max_rounds_ahead must be >= 0 rounds, got {self.max_rounds_ahead}.")
+        check_expected_peers(self.expected_peers, self.num_expected_peers)  # alternatives, never both
+        check_round_window(self.max_staleness, self.max_rounds_ahead)
         if self.max_round_bytes < 1:
             raise ValueError(f"max_round_bytes must be >= 1, got {self.max_round_bytes}.")
         if self.max_peer_message_rows < 1:

@@ -42,15 +42,31 @@ import numpy as np
 from .exchange import ExchangeError, Limits, Message, WireCompletion, WireGroup, decode_message, encode_message
 from .exchange.transports import Transport, open_transport
 from .peer_rows import PeerRow
-from .rules import MAX_LOGP, MAX_TEMPERATURE, MIN_TEMPERATURE
+from .rules import (
+    DEFAULT_MAX_ROUNDS_AHEAD,
+    DEFAULT_MAX_STALENESS,
+    DEFAULT_PEER_TIMEOUT,
+    MAX_LOGP,
+    check_expected_peers,
+    check_round_window,
+    check_temperature,
+)
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_ROUNDS_AHEAD = 4
-"""Default of `max_rounds_ahead` (and of `FTISConfig.max_rounds_ahead`): see `docs/swarm.md`, "The round window"."""
+__all__ = [
+    "DEFAULT_MAX_ROUNDS_AHEAD",  # re-exported from trl_ftis.rules, where FTISConfig takes it from too
+    "PeerRoundStats",
+    "RoundBudget",
+    "RoundResult",
+    "Swarm",
+    "message_to_rows",
+    "rows_to_message",
+]
+
 _MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
 _NO_ROUND = 2**64  # sorts an envelope without a round hint after every hinted one
 _MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
@@ -300,7 +316,9 @@ class Swarm:
         reward_names: names of this peer's reward functions (sent with per-function rewards).
         secret: the swarm secret; when set, every message is signed (HMAC) and unsigned or wrongly signed ones are
             refused. It proves membership: any member can sign as any other.
-        expected_peers / num_expected_peers: whom a round waits for, up to `peer_timeout` seconds.
+        expected_peers / num_expected_peers: whom a round waits for, up to `peer_timeout` seconds: the named peers
+            (this peer's own id among them is ignored), or, alternatively, a number of other peers whatever their
+            ids; `ValueError` when both are given (`rules.check_expected_peers`).
         max_staleness: messages from rounds older than `round - max_staleness` are dropped (`stale`).
         compact: send 16-bit, compressed messages.
         keep_rounds: own messages older than this many rounds are removed from the exchange.
@@ -337,8 +355,8 @@ class Swarm:
         secret: str | bytes | None = None,
         expected_peers: Sequence[str] | None = None,
         num_expected_peers: int | None = None,
-        peer_timeout: float = 60.0,
-        max_staleness: int = 2,
+        peer_timeout: float = DEFAULT_PEER_TIMEOUT,
+        max_staleness: int = DEFAULT_MAX_STALENESS,
         compact: bool = False,
         keep_rounds: int | None = None,
         transport: Transport | None = None,
@@ -355,23 +373,14 @@ class Swarm:
         self.fingerprint = tokenizer_fingerprint
         self.tokenizer_name = tokenizer_name
         self.vocab_limit = vocab_limit
-        self.temperature = float(temperature)
-        if not MIN_TEMPERATURE <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"temperature must be in [{MIN_TEMPERATURE}, {MAX_TEMPERATURE}] (the wire format's range), "
-                f"got {temperature!r}"
-            )
+        self.temperature = check_temperature(temperature)
         self.reward_names = list(reward_names)
         self.secret = secret or None
+        check_expected_peers(expected_peers, num_expected_peers)
         self.expected_peers = sorted(set(expected_peers or []) - {peer_id})
         self.num_expected_peers = num_expected_peers
         self.peer_timeout = float(peer_timeout)
-        self.max_staleness = int(max_staleness)
-        self.max_rounds_ahead = int(max_rounds_ahead)
-        if self.max_staleness < 0 or self.max_rounds_ahead < 0:
-            raise ValueError(
-                f"max_staleness and max_rounds_ahead must be >= 0, got {max_staleness}, {max_rounds_ahead}"
-            )
+        self.max_staleness, self.max_rounds_ahead = check_round_window(max_staleness, max_rounds_ahead)
         self.compact = compact
         self.cross_tokenizer = bool(cross_tokenizer)
         self.keep_rounds = keep_rounds if keep_rounds is not None else max_staleness + 2
@@ -418,23 +427,12 @@ class Swarm:
             keys.check_private_key(private_key)
         if isinstance(public_keys, (str, os.PathLike)):
             public_keys = keys.load_public_keys(public_keys)
-        elif public_keys is not None:
-            public_keys = dict(public_keys)
-            for peer, key in public_keys.items():
-                keys.public_key_text(key)  # TypeError for anything but an Ed25519 key
-                if isinstance(key, keys._ed25519().Ed25519PrivateKey):
-                    public_keys[peer] = key.public_key()
+        elif public_keys is not None:  # TypeError for anything but an Ed25519 key; a private key gives its public half
+            public_keys = {
+                peer: keys.public_key_of(key, f"public_keys[{peer!r}]") for peer, key in public_keys.items()
+            }
+        keys.check_key_pair(private_key, public_keys, self.peer_id)  # the same check as FTISConfig.swarm_credentials
         if public_keys is not None:
-            mine = public_keys.get(self.peer_id)
-            if (
-                private_key is not None
-                and mine is not None
-                and keys.public_key_text(mine) != keys.public_key_text(private_key)
-            ):
-                raise ValueError(
-                    f"The public keys register another key for this peer ({self.peer_id!r}) than its private key: "
-                    "peers would refuse its messages (signature). Use the pair `trl-ftis keygen` wrote."
-                )
             unregistered = [peer for peer in self.expected_peers if peer not in public_keys]
             if unregistered:
                 logger.warning(

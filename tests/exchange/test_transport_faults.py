@@ -6,6 +6,8 @@ not timings. Redis tests start their own throwaway servers (tests/redis_server.p
 when none can start.
 """
 
+import ast
+import inspect
 import logging
 import os
 import struct
@@ -15,7 +17,7 @@ import uuid
 
 import pytest
 
-from trl_ftis.exchange import wire
+from trl_ftis.exchange import layout, wire
 from trl_ftis.exchange.transports import DirTransport, TransportError, open_transport
 from trl_ftis.exchange.transports import directory as directory_module
 
@@ -90,9 +92,11 @@ def spy(monkeypatch):
 
 
 def test_the_preamble_the_transport_reads_is_the_wire_formats():
-    # The directory transport reads the preamble only as a completeness hint, without importing the wire module.
-    assert directory_module._MAGIC == wire.MAGIC
-    assert directory_module._PREAMBLE.size == wire.PREAMBLE_SIZE == 20
+    # The directory transport reads the preamble only as a completeness hint, from the layout (not the codec).
+    assert directory_module.MAGIC is layout.MAGIC == wire.MAGIC
+    assert directory_module.PREAMBLE is layout.PREAMBLE and layout.PREAMBLE.size == wire.PREAMBLE_SIZE == 20
+    imports = [n for n in ast.walk(ast.parse(inspect.getsource(directory_module))) if isinstance(n, ast.ImportFrom)]
+    assert not [n.module for n in imports if (n.module or "").endswith("wire")]
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from trl_ftis.exchange import (
     WireGroup,
     decode_message,
     encode_message,
+    keys,
     peek_header,
     tokenizer_fingerprint,
     wire,
@@ -827,7 +828,7 @@ def test_peek_header_verifies_first_when_given_a_secret_or_keys():
 
 def test_the_hmac_is_checked_before_the_ed25519_signature(monkeypatch):
     calls = []
-    monkeypatch.setattr(wire._keys, "verify", lambda *args: calls.append(args) or True)
+    monkeypatch.setattr(keys, "verify", lambda *args: calls.append(args) or True)
     data = encode_message(make_message(), secret="wrong", private_key=KEY_A)
     expect("signature", decode_message, data, secret="s", public_keys=PUBLIC_KEYS)
     assert calls == []  # a non-member never reaches Ed25519
@@ -1371,7 +1372,7 @@ def test_text_bytes_above_the_limit_are_refused_from_the_header(monkeypatch):
     # A huge declared size costs the header only: the body (here 0 bytes, compressed or not) is never read.
     huge = dict(header, text_bytes=10**12)
     monkeypatch.setattr(wire.zlib, "decompressobj", lambda: pytest.fail("inflated a body the header refuses"))
-    monkeypatch.setattr(wire, "_check_text_columns", lambda *args: pytest.fail("read the text section"))
+    monkeypatch.setattr(wire, "check_text_columns", lambda *args: pytest.fail("read the text section"))
     for flags in (0, wire.FLAG_COMPRESSED):
         error = expect("limits", decode_message, assemble(huge, b"", flags=flags))
         assert "1000000000000 bytes of text" in str(error)

@@ -26,7 +26,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_wire import KEY_A, KEY_B, KEY_MALLORY, PUBLIC_KEYS, make_message, sign_frame
 
-from trl_ftis.exchange import ExchangeError, Limits, Message, decode_message, encode_message, peek_header, wire
+from trl_ftis.exchange import (
+    ExchangeError,
+    Limits,
+    Message,
+    decode_message,
+    encode_message,
+    layout,
+    peek_header,
+    wire,
+)
 from trl_ftis.exchange.wire import PREAMBLE_SIZE, REASONS
 from trl_ftis.rules import MAX_LOGP, peer_id_problem
 
@@ -131,7 +140,7 @@ def check_peeked(info: dict, public_keys, limits: Limits) -> None:
     assert peer_id_problem(info["sender"]) is None
     if public_keys is not None:
         assert info["verified"] and info["signer"] == info["sender"] and info["sender"] in public_keys
-    assert 0 <= info["round"] < 2**63 and 0 <= info["created"] <= wire._MAX_CREATED
+    assert 0 <= info["round"] < 2**63 and 0 <= info["created"] <= layout.MAX_CREATED
     assert limits.min_temperature <= info["temperature"] <= limits.max_temperature
     assert info["num_completions"] <= limits.max_completions and info["num_groups"] <= limits.max_groups
     assert info["num_tokens"] <= limits.max_total_tokens

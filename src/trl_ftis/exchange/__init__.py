@@ -1,9 +1,21 @@
 """Exchange of sampled completions between peers: the wire format and the transports that carry it.
 
-[`.wire`] (standard library + numpy only) encodes and decodes [`Message`] objects within [`Limits`];
-[`.keys`] holds the per-peer Ed25519 keys (the `cryptography` package, imported on first use); the transports
-(`Transport`, `Envelope`, `open_transport`) are imported on first use, so the wire format works on its own
-and importing this package stays cheap.
+The wire format (standard library + numpy only), one concern per module, each importing only the ones above it in
+this list and only their public names:
+
+* [`.errors`]: [`ExchangeError`], the one exception of bad input, and its [`REASONS`];
+* [`.keys`]: the per-peer Ed25519 keys (the `cryptography` package, imported on first use);
+* [`.layout`]: the byte layout's constants: preamble, flags, trailers, dtypes, sizes, the format's fixed bounds;
+* [`.limits`]: [`Limits`], what a receiver accepts from one message;
+* [`.message`]: the data model, [`Message`], [`WireGroup`], [`WireCompletion`];
+* [`.checks`]: the header and column checks encode and decode share;
+* [`.text`]: the optional text section (completion texts for peers with other tokenizers);
+* [`.frame`]: the preamble and the signature trailers, sealed and verified before anything is parsed;
+* [`.fingerprint`]: [`tokenizer_fingerprint`];
+* [`.wire`]: the codec, [`encode_message`], [`decode_message`], [`peek_header`] (and the public names above).
+
+The transports ([`.transports`]: `Transport`, `Envelope`, `open_transport`) are imported on first use, so the wire
+format works on its own and importing this package stays cheap.
 """
 
 from typing import TYPE_CHECKING

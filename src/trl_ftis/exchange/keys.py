@@ -39,10 +39,12 @@ __all__ = [
     "SIGNATURE_SIZE",
     "KeyFileError",
     "check_key_pair",
+    "check_private_key",
     "generate_keypair",
     "load_private_key",
     "load_public_keys",
     "public_key_from_text",
+    "public_key_of",
     "public_key_text",
     "save_private_key",
     "save_public_keys",
@@ -77,7 +79,9 @@ def generate_keypair() -> tuple[Ed25519PrivateKey, Ed25519PublicKey]:
     return private_key, private_key.public_key()
 
 
-def _public_key(key: Any, what: str = "key") -> Ed25519PublicKey:
+def public_key_of(key: Any, what: str = "key") -> Ed25519PublicKey:
+    """The public key of `key`: itself when it is an Ed25519 public key, its public half when it is a private key;
+    `TypeError` naming `what` for anything else."""
     ed25519 = _ed25519()
     if isinstance(key, ed25519.Ed25519PrivateKey):
         return key.public_key()
@@ -98,7 +102,7 @@ def public_key_text(key: Ed25519PrivateKey | Ed25519PublicKey) -> str:
     [`load_public_keys`] reads, 44 characters."""
     from cryptography.hazmat.primitives import serialization
 
-    raw = _public_key(key).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = public_key_of(key).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return base64.b64encode(raw).decode("ascii")
 
 
@@ -304,7 +308,7 @@ def save_public_keys(path: str | os.PathLike, keys: Mapping[str, Any]) -> Path:
     out = {}
     for peer_id, key in keys.items():
         check_peer_id(peer_id, what=f"public keys: peer id {str(peer_id)[:80]!r}")
-        out[peer_id] = public_key_text(public_key_from_text(key) if isinstance(key, str) else _public_key(key))
+        out[peer_id] = public_key_text(public_key_from_text(key) if isinstance(key, str) else public_key_of(key))
     path = Path(path)
     path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     return path

@@ -1,8 +1,10 @@
 """What a receiver accepts from one message: sizes, counts and the ranges of the numbers ([`Limits`]).
 
-[`trl_ftis.exchange.wire`] checks every limit before the memory it guards is allocated (sizes and counts from the
-preamble and the header, before the body is touched or inflated) and applies the same limits when encoding, so what
-a sender emits decodes. `docs/wire-format.md` lists every field with its default and the reasoning behind it.
+The checks ([`trl_ftis.exchange.checks`], [`trl_ftis.exchange.text`], [`trl_ftis.exchange.frame`]) apply every limit
+before the memory it guards is allocated (sizes and counts from the preamble and the header, before the body is
+touched or inflated), when decoding and when encoding, so what a sender emits decodes. [`Limits.for_receiver`]
+derives its byte budgets from the layout ([`trl_ftis.exchange.layout`]). `docs/wire-format.md` lists every field
+with its default and the reasoning behind it. Standard library and numpy only.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..rules import MAX_TEMPERATURE, MIN_TEMPERATURE
+from .layout import MAX_TRAILER_BYTES, PREAMBLE_SIZE, body_size, is_int
 
 __all__ = ["Limits"]
 
@@ -21,10 +24,6 @@ _JSON_BYTES_PER_CHAR = 6  # the longest JSON form of one character: a \u00XX esc
 _FIXED_HEADER_BYTES = 64 * 2**10  # sender, round, fingerprint, tokenizer_name and model (4096 chars each), counts
 _REWARD_NAME_BYTES = 1600  # one reward name: 256 characters, escaped, quoted
 _GROUP_OVERHEAD_BYTES = 1024  # one group's JSON structure: keys, quotes, chat-message keys and roles
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class Limits:
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type == "int" and (not _is_int(value) or value < 0):
+            if f.type == "int" and (not is_int(value) or value < 0):
                 raise ValueError(f"Limits.{f.name} must be a non-negative integer, got {value!r}")
             if f.type == "float" and not (isinstance(value, numbers.Real) and math.isfinite(value)):
                 raise ValueError(f"Limits.{f.name} must be a finite number, got {value!r}")
@@ -118,9 +117,6 @@ class Limits:
         in `overrides` to go beyond). The body is inflated only up to the exact size the header's counts imply, so
         decompression is bounded by `max_rows * (17 + 4K) + 8 T + X` whatever the header budget.
         """
-        from .checks import _FIXED_PER_COMPLETION, _TEXT_PER_COMPLETION
-        from .wire import _MAX_TRAILER_BYTES, PREAMBLE_SIZE
-
         groups = max_rows if max_groups is None else max_groups
         prompt_chars = _DEFAULT_PROMPT_CHARS if max_prompt_chars is None else max_prompt_chars
         for name, value, low in (
@@ -132,7 +128,7 @@ class Limits:
             ("max_reward_functions", max_reward_functions, 0),
             ("max_text_bytes_per_token", max_text_bytes_per_token, 0),
         ):
-            if not _is_int(value) or value < low:
+            if not is_int(value) or value < low:
                 raise ValueError(f"Limits.for_receiver: {name} must be an integer >= {low}, got {value!r}")
         k = max_reward_functions
         group_bytes = _JSON_BYTES_PER_CHAR * prompt_chars + max_extra_bytes + _GROUP_OVERHEAD_BYTES
@@ -141,10 +137,12 @@ class Limits:
         defaults = cls()  # in bytes, never looser than the defaults
         completion_text = min(max_text_bytes_per_token * max_completion_length, defaults.max_completion_text_bytes)
         text = min(max_rows * completion_text, defaults.max_text_bytes)
-        body = max_rows * (_FIXED_PER_COMPLETION + 4 * k) + 8 * tokens  # exact mode, the larger one
-        body += _TEXT_PER_COMPLETION * max_rows + text  # the text section, every completion with a text
+        # Exact mode (the larger one), every completion with a text.
+        body = body_size(
+            completions=max_rows, tokens=tokens, reward_functions=k, id_size=4, logp_size=4, text_bytes=text
+        )
         header = min(header, defaults.max_header_bytes)
-        message = PREAMBLE_SIZE + header + body + body // 1000 + 64 + _MAX_TRAILER_BYTES
+        message = PREAMBLE_SIZE + header + body + body // 1000 + 64 + MAX_TRAILER_BYTES
         derived = {
             "max_message_bytes": min(message, defaults.max_message_bytes),
             "max_header_bytes": header,

@@ -14,50 +14,61 @@ sees the header or the body. Every declared size and count is checked against [`
 failure is an [`ExchangeError`] with a short machine-readable `reason`, so a receiver can skip and count a bad peer
 with one `except` clause. The byte layout is documented in `docs/wire-format.md`.
 
-This module depends on the standard library and numpy only (no torch, no transformers); Ed25519 keys need the
-`cryptography` package, imported on first use ([`trl_ftis.exchange.keys`]).
+This module is the codec: [`encode_message`], [`decode_message`] and [`peek_header`], built on the modules of the
+format below it, one concern each, none importing another's private names (and no import cycle):
+
+* [`trl_ftis.exchange.errors`]: [`ExchangeError`] and its [`REASONS`];
+* [`trl_ftis.exchange.layout`]: the byte layout's constants (preamble, flags, dtypes, sizes, fixed bounds);
+* [`trl_ftis.exchange.limits`]: [`Limits`], what a receiver accepts;
+* [`trl_ftis.exchange.message`]: [`Message`], [`WireGroup`], [`WireCompletion`];
+* [`trl_ftis.exchange.checks`]: the header and column checks encode and decode share;
+* [`trl_ftis.exchange.text`]: the optional text section;
+* [`trl_ftis.exchange.frame`]: the preamble and the signature trailers, sealed and verified;
+* [`trl_ftis.exchange.fingerprint`]: [`tokenizer_fingerprint`].
+
+Its public names (the constants of `__all__` included) are re-exported here, where the documentation names them. It
+depends on the standard library and numpy only (no torch, no transformers); Ed25519 keys need the `cryptography`
+package, imported on first use ([`trl_ftis.exchange.keys`]).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import math
-import struct
-import time
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..rules import PEER_ID_MAX_CHARS, peer_id_problem
-from . import keys as _keys
-from .checks import (  # noqa: F401 - _MAX_CREATED: tests read it through this module
-    _ID_DTYPES,
-    _LOGP_DTYPES,
-    _MAX_CREATED,
-    _MAX_JSON_DEPTH,
-    _NO_TEXT,
-    _SURROGATE_RE,
-    _TEXT_FLAG_EOS,
-    REASONS,
-    ExchangeError,
-    _body_size,
-    _check_columns,
-    _check_header,
-    _check_sender,
-    _check_text_columns,
-    _Columns,
-    _decode_texts,
-    _fail,
-    _Header,
-    _is_int,
-)
+from . import keys
+from .checks import Columns, Header, check_columns, check_header, check_sender, has_lone_surrogate, header_body_size
+from .errors import REASONS, ExchangeError, refusal
 from .fingerprint import tokenizer_fingerprint
+from .frame import Frame, read_frame, seal, secret_key, verify
+from .layout import (
+    COMPACT_LOGP_ABS_ERROR,
+    COMPACT_LOGP_REL_ERROR,
+    ED25519_SIGNATURE_SIZE,
+    FLAG_COMPACT,
+    FLAG_COMPRESSED,
+    FLAG_ED25519,
+    FLAG_SIGNED,
+    FLOAT16_MIN,
+    ID_DTYPES,
+    LOGP_DTYPES,
+    MAGIC,
+    MAX_JSON_DEPTH,
+    PREAMBLE_SIZE,
+    SCHEMA_VERSION,
+    SIGNATURE_SIZE,
+    TEXT_FLAG_EOS,
+    ZLIB_LEVEL,
+    is_int,
+)
 from .limits import Limits
+from .message import Message, WireCompletion, WireGroup
+from .text import check_text_columns, decode_texts, encode_texts
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -82,113 +93,23 @@ __all__ = [
     "tokenizer_fingerprint",
 ]
 
-SCHEMA_VERSION = 1
-"""Version of the layout below; a receiver rejects messages with a newer version (reason `"version"`)."""
-
-MAGIC = b"FTIS"
-# magic, schema version (u16), flags (u16), header length (u32), body length (u64); all little-endian.
-_PREAMBLE = struct.Struct("<4sHHIQ")
-PREAMBLE_SIZE = _PREAMBLE.size  # 20 bytes
-SIGNATURE_SIZE = 32  # HMAC-SHA256 digest
-ED25519_SIGNATURE_SIZE = _keys.SIGNATURE_SIZE  # 64
-
-FLAG_SIGNED = 1 << 0  # an HMAC-SHA256 (swarm secret) trailer
-FLAG_COMPACT = 1 << 1
-FLAG_COMPRESSED = 1 << 2
-FLAG_ED25519 = 1 << 3  # an Ed25519 (per-peer key) block: signer id length (u8), signer id, 64-byte signature
-_KNOWN_FLAGS = FLAG_SIGNED | FLAG_COMPACT | FLAG_COMPRESSED | FLAG_ED25519
-_MAX_TRAILER_BYTES = 1 + PEER_ID_MAX_CHARS + ED25519_SIGNATURE_SIZE + SIGNATURE_SIZE
-
-COMPACT_LOGP_REL_ERROR = 2.0**-11
-"""Compact mode sends log-probs as float16: round-to-nearest with a 10-bit mantissa, so the relative error of a
-log-prob is at most 2^-11 (about 4.9e-4), e.g. at most 0.0098 nats at -20 nats."""
-COMPACT_LOGP_ABS_ERROR = 2.0**-25
-"""Below float16's smallest normal (6.1e-5 in magnitude) the error is absolute instead: at most 2^-25 (3e-8)."""
-_FLOAT16_MIN = float(np.finfo(np.float16).min)  # -65504: compact mode clamps lower log-probs to this
-
-# Level 1: on ids + float16 log-probs, levels 3-9 gain < 1% in size and cost up to 5x the time (measured).
-_ZLIB_LEVEL = 1
-
-
-@dataclass
-class WireGroup:
-    """One prompt; several completions may point at it (`WireCompletion.group`)."""
-
-    prompt: Any
-    """A string, or a list of chat messages: dicts with string keys and string (or null) values."""
-    extra: dict[str, Any] = field(default_factory=dict)
-    """The dataset row's other JSON-able columns, e.g. `{"answer": "47"}` (reward functions may read them)."""
-
-
-@dataclass(eq=False)  # eq=False: comparing numpy arrays with == is elementwise, a generated __eq__ would raise
-class WireCompletion:
-    """One sampled completion."""
-
-    group: int
-    """Index into [`Message.groups`]."""
-    completion_ids: np.ndarray
-    """Token ids, int32 or int64, shape `(L,)` with `L >= 1`; decoded messages hold int32."""
-    generator_logps: np.ndarray
-    """The generator's full-softmax log-prob of each token at the shared temperature: float32, `(L,)`, finite,
-    `<= 0` (up to [`MAX_LOGP`] of rounding slack)."""
-    reward: float
-    """Total reward, finite; it travels as float32."""
-    rewards_per_func: np.ndarray
-    """float32, shape `(K,)` with `K = len(Message.reward_names)`; NaN where a reward function returned None."""
-    text: str | None = None
-    """The completion as text, decoded with the sender's tokenizer, without the end-of-sequence token; None: not
-    sent. Lets peers with another tokenizer re-tokenise it (`docs/wire-format.md`, "The text section")."""
-    ends_with_eos: bool = False
-    """The completion ended with the sender's end-of-sequence token (not part of `text`); receivers with another
-    tokenizer append their own. Sent only with `text` (ignored when `text` is None)."""
-
-
-@dataclass(eq=False)
-class Message:
-    """Everything one peer shares for one training step."""
-
-    sender: str
-    """Peer id, by the rule of [`trl_ftis.rules.peer_id_problem`] (transports use it in file names and keys)."""
-    round: int
-    """The sender's training step, `>= 0`."""
-    tokenizer_fingerprint: str
-    """Hex SHA-256 from [`tokenizer_fingerprint`]; receivers compare it with their own."""
-    tokenizer_name: str
-    """Human-readable name of the tokenizer (e.g. its `name_or_path`), only for error messages."""
-    temperature: float
-    """Sampling temperature of the generator log-probs, `> 0`."""
-    reward_names: list[str]
-    groups: list[WireGroup]
-    completions: list[WireCompletion]
-    created: float = field(default_factory=time.time)
-    """Unix seconds, set by the sender (for staleness checks)."""
-    model: str = ""
-    """The sender's model (name or path), for logs, summaries and model cards; optional (empty: not sent)."""
-    compact: bool = False
-    """How the message was (or is to be) encoded; [`decode_message`] sets it."""
-
-    def num_tokens(self) -> int:
-        """Total number of completion tokens."""
-        return sum(len(c.completion_ids) for c in self.completions)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Encode
 
 
 def _to_json(value: Any, path: str, depth: int = 0) -> Any:
     """Plain JSON values from dataset values: numpy scalars/arrays and tuples become Python ints/floats/lists."""
-    if depth > _MAX_JSON_DEPTH:
-        raise ExchangeError("header", f"{path} is nested deeper than {_MAX_JSON_DEPTH} levels (or is cyclic)")
+    if depth > MAX_JSON_DEPTH:
+        raise ExchangeError("header", f"{path} is nested deeper than {MAX_JSON_DEPTH} levels (or is cyclic)")
     if isinstance(value, str):
-        if _SURROGATE_RE.search(value):
+        if has_lone_surrogate(value):
             raise ExchangeError("header", f"{path} holds a lone surrogate, which is not valid Unicode")
         return str(value)  # np.str_ -> str
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, np.bool_):
         return bool(value)
-    if _is_int(value):
+    if is_int(value):
         return int(value)
     if isinstance(value, (float, np.floating)):
         if not math.isfinite(value):
@@ -201,18 +122,11 @@ def _to_json(value: Any, path: str, depth: int = 0) -> Any:
     if isinstance(value, dict):
         out = {}
         for key, item in value.items():
-            if not isinstance(key, str) or _SURROGATE_RE.search(key):
+            if not isinstance(key, str) or has_lone_surrogate(key):
                 raise ExchangeError("header", f"{path} has a key {key!r:.40} that is not a valid string")
             out[str(key)] = _to_json(item, f"{path}[{key!r}]", depth + 1)
         return out
     raise ExchangeError("header", f"{path} is a {type(value).__name__}, which is not JSON-able")
-
-
-def _secret_key(secret: bytes | str) -> bytes:
-    key = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
-    if not key:
-        raise ValueError("the exchange secret is empty; pass None to disable signing")
-    return key
 
 
 def _completion_arrays(message: Message, k: int, sender: str):
@@ -226,72 +140,42 @@ def _completion_arrays(message: Message, k: int, sender: str):
     for i, c in enumerate(message.completions):
         if not isinstance(c, WireCompletion):
             raise ExchangeError("shape", f"completions[{i}] is a {type(c).__name__}, not a WireCompletion")
-        if not _is_int(c.group) or c.group < 0:
-            raise _fail("shape", f"completions[{i}].group must be a non-negative int, got {c.group!r}", sender)
-        group[i] = min(int(c.group), 2**32 - 1)  # out-of-range indices are reported by _check_columns
+        if not is_int(c.group) or c.group < 0:
+            raise refusal("shape", f"completions[{i}].group must be a non-negative int, got {c.group!r}", sender)
+        group[i] = min(int(c.group), 2**32 - 1)  # out-of-range indices are reported by check_columns
         cid, clp = np.asarray(c.completion_ids), np.asarray(c.generator_logps)
         if cid.ndim != 1 or cid.size < 1 or clp.shape != cid.shape:
-            raise _fail(
+            raise refusal(
                 "shape",
                 f"completions[{i}]: ids {cid.shape} and log-probs {clp.shape} must be equal 1-d shapes, length >= 1",
                 sender,
             )
         if cid.dtype.kind not in "iu":
-            raise _fail("ids", f"completions[{i}].completion_ids must be integers, got {cid.dtype}", sender)
+            raise refusal("ids", f"completions[{i}].completion_ids must be integers, got {cid.dtype}", sender)
         if cid.min() < 0 or cid.max() > np.iinfo(np.int32).max:
-            raise _fail("ids", f"completions[{i}] has a token id outside [0, 2^31)", sender)
+            raise refusal("ids", f"completions[{i}] has a token id outside [0, 2^31)", sender)
         if clp.dtype.kind not in "fiu":
-            raise _fail("logps", f"completions[{i}].generator_logps must be floats, got {clp.dtype}", sender)
+            raise refusal("logps", f"completions[{i}].generator_logps must be floats, got {clp.dtype}", sender)
         try:
             reward[i] = float(c.reward)
         except (TypeError, ValueError, OverflowError):
-            raise _fail("rewards", f"completions[{i}].reward {c.reward!r} is not a number", sender) from None
+            raise refusal("rewards", f"completions[{i}].reward {c.reward!r} is not a number", sender) from None
         rpf = np.asarray([] if c.rewards_per_func is None else c.rewards_per_func)
         if rpf.shape != (k,) or rpf.dtype.kind not in "fiu":
-            raise _fail(
+            raise refusal(
                 "shape", f"completions[{i}].rewards_per_func has shape {rpf.shape}, expected ({k},) numbers", sender
             )
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, reported by _check_columns
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> inf, reported by check_columns
             rewards_per_func[i] = rpf
         length[i] = cid.size
         ids.append(cid.astype(np.int64, copy=False))
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> -inf, reported by _check_columns
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow -> -inf, reported by check_columns
             logps.append(clp.astype(np.float32, copy=False))
     ids_all = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     logps_all = np.concatenate(logps) if logps else np.zeros(0, dtype=np.float32)
     with np.errstate(over="ignore"):  # an overflowing reward becomes inf and is reported as such
         reward32 = reward.astype(np.float32)
     return group, length, reward32, rewards_per_func, ids_all, logps_all
-
-
-def _completion_texts(message: Message, limits: Limits, sender: str) -> tuple[np.ndarray, np.ndarray, bytes] | None:
-    """The text section (lengths, flags, concatenated UTF-8 bytes), validated as a receiver will check it; None when
-    no completion has a text (the message then has no section, and `ends_with_eos` is not sent)."""
-    completions = message.completions
-    if all(c.text is None for c in completions):
-        return None
-    lengths = np.full(len(completions), _NO_TEXT, dtype=np.int64)
-    flags = np.zeros(len(completions), dtype=np.uint8)
-    encoded = []
-    for i, c in enumerate(completions):
-        if c.text is None:
-            continue  # flags 0: ends_with_eos travels only with a text
-        if not isinstance(c.text, str):
-            raise _fail("text", f"completions[{i}].text must be a string or None, not {type(c.text).__name__}", sender)
-        try:
-            data = c.text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise _fail("text", f"completions[{i}].text holds a lone surrogate (not valid Unicode)", sender) from None
-        limit = limits.max_completion_text_bytes
-        if len(data) > limit or len(data) >= _NO_TEXT:
-            raise _fail("limits", f"completions[{i}].text has {len(data)} UTF-8 bytes, more than {limit}", sender)
-        if not isinstance(c.ends_with_eos, (bool, np.bool_)):
-            problem = f"completions[{i}].ends_with_eos must be a bool, got {c.ends_with_eos!r:.40}"
-            raise _fail("text", problem, sender)
-        lengths[i] = len(data)
-        flags[i] = _TEXT_FLAG_EOS if c.ends_with_eos else 0
-        encoded.append(data)
-    return lengths, flags, b"".join(encoded)
 
 
 def encode_message(
@@ -318,19 +202,19 @@ def encode_message(
         limits: the encoder refuses messages a receiver with these limits would reject.
     """
     if private_key is not None:
-        _keys.check_private_key(private_key)
+        keys.check_private_key(private_key)
     if not isinstance(message, Message):
         raise TypeError(f"encode_message expects a Message, got {type(message).__name__}")
     compact = bool(message.compact if compact is None else compact)
     compress = compact if compress is None else bool(compress)
-    sender = _check_sender(message.sender)
+    sender = check_sender(message.sender)
     if not isinstance(message.reward_names, (list, tuple)) or not isinstance(message.groups, (list, tuple)):
-        raise _fail("header", "reward_names and groups must be lists", sender)
+        raise refusal("header", "reward_names and groups must be lists", sender)
     if not isinstance(message.completions, (list, tuple)):
-        raise _fail("header", "completions must be a list", sender)
+        raise refusal("header", "completions must be a list", sender)
     k = len(message.reward_names)
     group, length, reward, rewards_per_func, ids, logps = _completion_arrays(message, k, sender)
-    texts = _completion_texts(message, limits, sender)
+    texts = encode_texts(message, limits, sender)
 
     if compact:
         ids_dtype = "<u2" if ids.size == 0 or int(ids.max()) < 2**16 else "<i4"
@@ -341,7 +225,7 @@ def encode_message(
     groups = []
     for i, g in enumerate(message.groups):
         if not isinstance(g, WireGroup):
-            raise _fail("header", f"groups[{i}] is a {type(g).__name__}, not a WireGroup", sender)
+            raise refusal("header", f"groups[{i}] is a {type(g).__name__}, not a WireGroup", sender)
         groups.append(
             {
                 "prompt": _to_json(g.prompt, f"groups[{i}].prompt"),
@@ -364,9 +248,9 @@ def encode_message(
         header["model"] = message.model
     if texts is not None:
         header["text_bytes"] = len(texts[2])
-    parsed = _check_header(header, compact, limits)
+    parsed = check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
-    columns = _Columns(
+    columns = Columns(
         group=group.astype(np.uint32),
         length=length.astype(np.uint32),
         reward=reward,
@@ -374,18 +258,18 @@ def encode_message(
         ids=ids,
         logps=logps,
     )
-    _check_columns(columns, parsed, vocab_limit=None, limits=limits)
+    check_columns(columns, parsed, vocab_limit=None, limits=limits)
     if texts is not None:
-        _check_text_columns(texts[0], texts[1], parsed, limits)
+        check_text_columns(texts[0], texts[1], parsed, limits)
     if compact:
         # float16 holds [-65504, 65504]: a lower log-prob would become -inf. Such a token is astronomically
         # unlikely and its weight min(exp(lθ - lgen), C) is capped at C either way, so clamp rather than fail;
         # the <= MAX_LOGP rounding slack above 0 becomes 0, so float16 rounding cannot push it past MAX_LOGP,
         # and the lowest float16 >= min_logp is the floor, so rounding cannot push a value below min_logp either.
-        floor = np.float16(max(limits.min_logp, _FLOAT16_MIN))
+        floor = np.float16(max(limits.min_logp, FLOAT16_MIN))
         if float(floor) < limits.min_logp:
             floor = np.nextafter(floor, np.float16(0))
-        logps_wire = np.maximum(np.clip(logps, _FLOAT16_MIN, 0.0).astype("<f2"), floor)
+        logps_wire = np.maximum(np.clip(logps, FLOAT16_MIN, 0.0).astype("<f2"), floor)
     else:
         logps_wire = logps.astype("<f4")
 
@@ -405,145 +289,24 @@ def encode_message(
         ]
     )
     if len(body) > limits.max_message_bytes:  # the receiver bounds the decompressed body the same way
-        raise _fail("too_large", f"the body has {len(body)} bytes, more than {limits.max_message_bytes}", sender)
+        raise refusal("too_large", f"the body has {len(body)} bytes, more than {limits.max_message_bytes}", sender)
     if compress:
-        body = zlib.compress(body, _ZLIB_LEVEL)
+        body = zlib.compress(body, ZLIB_LEVEL)
     flags = (FLAG_SIGNED if secret is not None else 0) | (FLAG_COMPACT if compact else 0)
     flags |= FLAG_COMPRESSED if compress else 0
     if len(header_bytes) > limits.max_header_bytes:
-        raise _fail(
+        raise refusal(
             "too_large", f"the header has {len(header_bytes)} bytes, more than {limits.max_header_bytes}", sender
         )
     flags |= FLAG_ED25519 if private_key is not None else 0
-    data = _PREAMBLE.pack(MAGIC, SCHEMA_VERSION, flags, len(header_bytes), len(body)) + header_bytes + body
-    if private_key is not None:  # the signer's id, then its signature of everything before the signature
-        data += bytes([len(sender)]) + sender.encode("ascii")
-        data += _keys.sign(private_key, data)
-    if secret is not None:  # the HMAC of everything before it (the Ed25519 block included)
-        data += hmac.new(_secret_key(secret), data, hashlib.sha256).digest()
+    data = seal(flags, header_bytes, body, sender=sender, secret=secret, private_key=private_key)
     if len(data) > limits.max_message_bytes:
-        raise _fail("too_large", f"the message has {len(data)} bytes, more than {limits.max_message_bytes}", sender)
+        raise refusal("too_large", f"the message has {len(data)} bytes, more than {limits.max_message_bytes}", sender)
     return data
 
 
 # --------------------------------------------------------------------------------------------------------------
 # Decode
-
-
-@dataclass
-class _Frame:
-    """The preamble's fields and the signature trailers, checked against the limits and the bytes present."""
-
-    view: memoryview
-    version: int
-    flags: int
-    header_length: int
-    body_length: int
-    total_length: int
-    signer: str | None = None
-    """The peer id in the Ed25519 block (unverified until [`_verify`] checked it); None without the block or when
-    only the header was read."""
-
-    @property
-    def signed(self) -> bool:
-        return bool(self.flags & FLAG_SIGNED)
-
-    @property
-    def compact(self) -> bool:
-        return bool(self.flags & FLAG_COMPACT)
-
-    @property
-    def compressed(self) -> bool:
-        return bool(self.flags & FLAG_COMPRESSED)
-
-    @property
-    def body_end(self) -> int:
-        return PREAMBLE_SIZE + self.header_length + self.body_length
-
-
-def _as_view(data: Any) -> memoryview:
-    if isinstance(data, (bytes, bytearray)):
-        return memoryview(data)
-    if isinstance(data, memoryview):
-        try:
-            return data.cast("B")
-        except (TypeError, ValueError):
-            raise ExchangeError("header", "message: the buffer is not a contiguous byte buffer") from None
-    raise ExchangeError("header", f"message: expected bytes, got {type(data).__name__}")
-
-
-def _read_frame(data: Any, limits: Limits, *, need_body: bool, required_flags: int = 0) -> _Frame:
-    """Parses and checks the preamble (magic, version, flags, declared lengths vs limits and vs the byte count) and,
-    with `need_body`, the Ed25519 block's signer id. Only fixed-size fields are read: no parser runs here."""
-    view = _as_view(data)
-    size = len(view)
-    if size > limits.max_message_bytes:
-        raise ExchangeError("too_large", f"message: {size} bytes, more than {limits.max_message_bytes}")
-    head = bytes(view[: len(MAGIC)])
-    if head != MAGIC[: len(head)]:
-        raise ExchangeError("magic", f"message: not a trl-ftis message (starts with {head!r}, expected {MAGIC!r})")
-    if size < PREAMBLE_SIZE:
-        raise ExchangeError("truncated", f"message: {size} bytes, shorter than the {PREAMBLE_SIZE}-byte preamble")
-    _, version, flags, header_length, body_length = _PREAMBLE.unpack(view[:PREAMBLE_SIZE])
-    if version != SCHEMA_VERSION:
-        newer = " (newer than this trl-ftis; upgrade it)" if version > SCHEMA_VERSION else ""
-        raise ExchangeError(
-            "version", f"message: schema version {version}{newer}, this receiver reads version {SCHEMA_VERSION}"
-        )
-    if flags & ~_KNOWN_FLAGS:
-        raise ExchangeError("header", f"message: unknown flag bits {flags & ~_KNOWN_FLAGS:#x}")
-    if required_flags & ~flags:  # from the flags alone: an unsigned message costs 20 bytes of reading
-        which = "HMAC" if required_flags & ~flags & FLAG_SIGNED else "Ed25519"
-        raise ExchangeError("unsigned", f"message: no {which} signature, but this receiver requires one")
-    if header_length > limits.max_header_bytes:
-        raise ExchangeError(
-            "too_large", f"message: header of {header_length} bytes, more than {limits.max_header_bytes}"
-        )
-    frame = _Frame(view, version, flags, header_length, body_length, 0)
-    total = frame.body_end + (SIGNATURE_SIZE if frame.signed else 0)  # Python ints: a 2**64 claim cannot wrap
-    total += 1 + ED25519_SIGNATURE_SIZE if flags & FLAG_ED25519 else 0  # + the signer id, read below
-    if total > limits.max_message_bytes:
-        raise ExchangeError("too_large", f"message: declares {total} bytes, more than {limits.max_message_bytes}")
-    needed = total if need_body else PREAMBLE_SIZE + header_length
-    if size < needed:
-        raise ExchangeError("truncated", f"message: {size} bytes, but the preamble declares {needed}")
-    if need_body and flags & FLAG_ED25519:
-        signer_length = view[frame.body_end]
-        if not 1 <= signer_length <= PEER_ID_MAX_CHARS:
-            raise ExchangeError("signature", f"message: the Ed25519 block names a signer of {signer_length} bytes")
-        total += signer_length
-        if total > limits.max_message_bytes or size < total:
-            reason = "too_large" if total > limits.max_message_bytes else "truncated"
-            raise ExchangeError(reason, f"message: {size} bytes, but the frame and its Ed25519 block declare {total}")
-        signer = bytes(view[frame.body_end + 1 : frame.body_end + 1 + signer_length]).decode("ascii", "replace")
-        if peer_id_problem(signer) is not None:
-            raise ExchangeError("signature", f"message: the Ed25519 block names an invalid signer {signer!r}")
-        frame.signer = signer
-    elif flags & FLAG_ED25519 and size > frame.body_end:  # peek_header's message_bytes only: not checked
-        total += view[frame.body_end]
-    if need_body and size > total:
-        raise ExchangeError("too_large", f"message: {size - total} unexpected bytes after the declared end")
-    frame.total_length = total
-    return frame
-
-
-def _verify(frame: _Frame, key: bytes | None, public_keys: Mapping[str, Ed25519PublicKey] | None) -> None:
-    """Checks the required signatures on the exact signed bytes, in place (nothing is copied or parsed)."""
-    view = frame.view
-    if key is not None:  # membership first: it is the cheaper check, and strangers then never reach Ed25519
-        start = frame.total_length - SIGNATURE_SIZE  # the HMAC covers everything before it
-        expected = hmac.new(key, view[:start], hashlib.sha256).digest()
-        if not hmac.compare_digest(expected, bytes(view[start : frame.total_length])):
-            raise ExchangeError("signature", "message: the signature does not match (wrong secret or tampered)")
-    if public_keys is not None:
-        signer = frame.signer
-        public_key = public_keys.get(signer)
-        if public_key is None:
-            raise ExchangeError("unknown_peer", f"message: signed as peer {signer!r}, who has no registered key")
-        start = frame.body_end + 1 + len(signer)  # the signature covers everything before it
-        if not _keys.verify(public_key, view[start : start + ED25519_SIGNATURE_SIZE], view[:start]):
-            problem = f"the Ed25519 signature does not match peer {signer!r}'s key (forged or tampered)"
-            raise ExchangeError("signature", f"message: {problem}")
 
 
 def _reject_duplicates(pairs: list) -> dict:
@@ -557,7 +320,7 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not JSON")
 
 
-def _parse_header(frame: _Frame, limits: Limits) -> _Header:
+def _parse_header(frame: Frame, limits: Limits) -> Header:
     raw = bytes(frame.view[PREAMBLE_SIZE : PREAMBLE_SIZE + frame.header_length])
     try:
         text = raw.decode("utf-8")
@@ -566,7 +329,7 @@ def _parse_header(frame: _Frame, limits: Limits) -> _Header:
         raise ExchangeError("header", "message: the JSON header is nested too deeply") from None
     except ValueError as error:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise ExchangeError("header", f"message: the header is not valid UTF-8 JSON ({error})") from None
-    return _check_header(header, frame.compact, limits)
+    return check_header(header, frame.compact, limits)
 
 
 def _inflate(payload: memoryview, expected: int, sender: str) -> bytes:
@@ -575,27 +338,28 @@ def _inflate(payload: memoryview, expected: int, sender: str) -> bytes:
     try:
         out = inflater.decompress(payload, expected + 1)  # max_length 0 would mean "unlimited"; +1 avoids it
     except zlib.error as error:
-        raise _fail("body", f"the compressed body is corrupt ({error})", sender) from None
+        raise refusal("body", f"the compressed body is corrupt ({error})", sender) from None
     if len(out) > expected or inflater.unconsumed_tail:
-        raise _fail("too_large", f"the body decompresses to more than the {expected} bytes declared", sender)
+        raise refusal("too_large", f"the body decompresses to more than the {expected} bytes declared", sender)
     if not inflater.eof:
-        raise _fail("truncated", "the compressed body ends early", sender)
+        raise refusal("truncated", "the compressed body ends early", sender)
     if inflater.unused_data:
-        raise _fail("body", f"{len(inflater.unused_data)} bytes after the end of the compressed body", sender)
+        raise refusal("body", f"{len(inflater.unused_data)} bytes after the end of the compressed body", sender)
     if len(out) != expected:
-        raise _fail("shape", f"the body decompresses to {len(out)} bytes, the header declares {expected}", sender)
+        raise refusal("shape", f"the body decompresses to {len(out)} bytes, the header declares {expected}", sender)
     return out
 
 
-def _open(data: Any, secret, public_keys, limits: Limits, *, need_body: bool) -> tuple[_Frame, _Header]:
+def _open(data: Any, secret, public_keys, limits: Limits, *, need_body: bool) -> tuple[Frame, Header]:
     """Frame, signatures, then (and only then) the header: what decode_message and peek_header share."""
-    key = None if secret is None else _secret_key(secret)
+    key = None if secret is None else secret_key(secret)
     required = (FLAG_SIGNED if key is not None else 0) | (FLAG_ED25519 if public_keys is not None else 0)
-    frame = _read_frame(data, limits, need_body=need_body or bool(required), required_flags=required)
-    _verify(frame, key, public_keys)
+    frame = read_frame(data, limits, need_body=need_body or bool(required), required_flags=required)
+    verify(frame, key, public_keys)
     header = _parse_header(frame, limits)
     if public_keys is not None and header.sender != frame.signer:  # identity: the key's owner is the sender
-        raise _fail("identity", f"signed with peer {frame.signer!r}'s key, but names {header.sender!r}", header.sender)
+        problem = f"signed with peer {frame.signer!r}'s key, but names {header.sender!r}"
+        raise refusal("identity", problem, header.sender)
     return frame, header
 
 
@@ -632,24 +396,24 @@ def decode_message(
     view = frame.view
     sender = header.sender
 
-    expected_size = _body_size(header)
+    expected_size = header_body_size(header)
     body_start = PREAMBLE_SIZE + frame.header_length
     payload = view[body_start : frame.body_end]
     if frame.compressed:
         if expected_size > limits.max_message_bytes:
-            raise _fail(
+            raise refusal(
                 "too_large", f"the body would decompress to {expected_size} bytes, more than the limit", sender
             )
         body: bytes | memoryview = _inflate(payload, expected_size, sender)
     else:
         if frame.body_length != expected_size:
-            raise _fail(
+            raise refusal(
                 "shape", f"the body has {frame.body_length} bytes, the header's counts imply {expected_size}", sender
             )
         body = payload
 
     n, t, k = header.num_completions, header.num_tokens, len(header.reward_names)
-    id_dtype, logp_dtype = _ID_DTYPES[header.ids_dtype], _LOGP_DTYPES[header.logps_dtype]
+    id_dtype, logp_dtype = ID_DTYPES[header.ids_dtype], LOGP_DTYPES[header.logps_dtype]
     offset = 0
 
     def take(dtype: np.dtype, count: int) -> np.ndarray:
@@ -658,7 +422,7 @@ def decode_message(
         offset += count * dtype.itemsize
         return array
 
-    columns = _Columns(
+    columns = Columns(
         group=take(np.dtype("<u4"), n).astype(np.uint32),
         length=take(np.dtype("<u4"), n).astype(np.uint32),
         reward=take(np.dtype("<f4"), n).astype(np.float32),
@@ -666,14 +430,14 @@ def decode_message(
         ids=take(id_dtype, t).astype(np.int32),
         logps=take(logp_dtype, t).astype(np.float32),
     )
-    starts = _check_columns(columns, header, vocab_limit=vocab_limit, limits=limits)
+    starts = check_columns(columns, header, vocab_limit=vocab_limit, limits=limits)
     texts: list[str | None] = [None] * n
     eos = [False] * n
     if header.text_bytes is not None:  # the text section: lengths and flags checked before a text byte is read
         text_lengths, text_flags = take(np.dtype("<u4"), n), take(np.dtype("u1"), n)
-        has_text = _check_text_columns(text_lengths, text_flags, header, limits)
-        texts = _decode_texts(memoryview(body)[offset:], text_lengths, has_text, sender)  # no copy of all texts
-        eos = ((text_flags & _TEXT_FLAG_EOS) != 0).tolist()
+        has_text = check_text_columns(text_lengths, text_flags, header, limits)
+        texts = decode_texts(memoryview(body)[offset:], text_lengths, has_text, sender)  # no copy of all texts
+        eos = ((text_flags & TEXT_FLAG_EOS) != 0).tolist()
 
     completions = []
     for i in range(n):

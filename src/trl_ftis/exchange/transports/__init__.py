@@ -7,6 +7,10 @@ of raising, so the receiver can count it as refused and carry on. Every blocking
 must never hang a training run, and a fault of the exchange itself (a deleted directory, a restarted Redis server)
 costs the messages it lost, not the run.
 
+Every transport subclasses `Transport` ([`.base`]), whose public methods run the checks all transports share (a
+closed transport, the sender, the round, the data's type and size) before calling the transport's hook (`_publish`,
+`_poll`, `_wait`, `_prune`): a transport implements the hooks only, so it cannot skip a check.
+
 Three transports, chosen by URL (`open_transport`):
 
 * `dir:///abs/path` or `dir://relative/path` ([`.directory`]): a shared directory, the default. No server; works

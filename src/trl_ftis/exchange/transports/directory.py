@@ -26,10 +26,11 @@ import logging
 import os
 import re
 import stat
-import struct
 import time
 import uuid
 
+from ...rules import DIR_PREFIX, exchange_directory
+from ..layout import MAGIC, PREAMBLE
 from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     INCOMPLETE,
@@ -39,12 +40,7 @@ from .base import (
     Envelope,
     Transport,
     TransportError,
-    _poll_bytes,
-    _positive_number,
-    _prune_cutoff,
-    _validate_data,
-    _validate_round,
-    validate_sender,
+    positive_number,
 )
 
 logger = logging.getLogger(__name__)
@@ -55,11 +51,9 @@ _TMP_SUFFIX = ".ftis.tmp"
 _NAME_RE = re.compile(r"^(\d{10})\.(.+)\.([0-9a-f]{32})\.ftis(\.tmp)?$", re.DOTALL)
 _NO_ROUND = 10**10  # names without a round sort after every round: hand-made names cannot jump the queue
 
-# The wire format's preamble (trl_ftis.exchange.wire), read only as a completeness hint: magic, version (u16),
+# The wire format's preamble (trl_ftis.exchange.layout) is read only as a completeness hint: magic, version (u16),
 # flags (u16), header length (u32), body length (u64), little-endian. Anything after header + body (a signature
 # trailer) is not counted: its size depends on flags this module does not interpret.
-_MAGIC = b"FTIS"
-_PREAMBLE = struct.Struct("<4sHHIQ")
 
 _JUNK_MEMORY = 256  # names of non-messages remembered (each reported once); beyond that, ignored unreported
 _FIRST_POLL_DELAY = 0.005  # seconds before `wait` lists the directory again the first time (then doubling)
@@ -148,19 +142,17 @@ class DirTransport(Transport):
         incomplete_timeout: float = 60.0,
         fsync: bool = False,
     ):
-        if not url.startswith("dir://"):
-            raise ValueError(f"not a dir:// URL: {url!r}")
-        raw = url[len("dir://") :]
+        raw = exchange_directory(url)
+        if raw is None:
+            raise ValueError(f"not a {DIR_PREFIX} URL: {url!r}")
         if not raw or "\x00" in raw:
             raise ValueError(f"dir:// URL needs a directory path, e.g. dir:///shared/ftis; got {url!r}")
         self.url = url
         # Absolute now, so a later chdir of the process does not move the exchange.
         self.path = os.path.abspath(os.path.expanduser(raw))
-        self.max_message_bytes = _positive_number("max_message_bytes", max_message_bytes, integer=True)
-        self.poll_interval = _positive_number("poll_interval", poll_interval)
-        self.max_batch = _positive_number("max_batch", max_batch, integer=True)
-        self.max_poll_bytes = _poll_bytes(max_poll_bytes, self.max_message_bytes)
-        self.incomplete_timeout = _positive_number("incomplete_timeout", incomplete_timeout)
+        self._set_bounds(max_message_bytes=max_message_bytes, max_batch=max_batch, max_poll_bytes=max_poll_bytes)
+        self.poll_interval = positive_number("poll_interval", poll_interval)
+        self.incomplete_timeout = positive_number("incomplete_timeout", incomplete_timeout)
         self.fsync = bool(fsync)
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
             raise TransportError(f"the exchange path of {url} exists but is not a directory")
@@ -214,11 +206,7 @@ class DirTransport(Transport):
 
     # -- sending
 
-    def publish(self, data: bytes, *, sender: str, round: int) -> None:
-        self._check_open()
-        validate_sender(sender)
-        round = _validate_round(round)
-        data = _validate_data(data, self.max_message_bytes)
+    def _publish(self, data: bytes, *, sender: str, round: int) -> None:
         name = f"{round:010d}.{sender}.{uuid.uuid4().hex}{_SUFFIX}"
         final_path = os.path.join(self.path, name)
         tmp_path = final_path + ".tmp"
@@ -247,8 +235,7 @@ class DirTransport(Transport):
 
     # -- receiving
 
-    def poll(self) -> list[Envelope]:
-        self._check_open()
+    def _poll(self) -> list[Envelope]:
         entries = self._scan("poll")
         now = self._clock()
         present: set[str] = set()
@@ -383,7 +370,7 @@ class DirTransport(Transport):
                 size = fst.st_size
                 if size > self.max_message_bytes:
                     return Envelope(b"", name, sender_hint, round_hint, size, TOO_LARGE)
-                head = f.read(min(size, _PREAMBLE.size))
+                head = f.read(min(size, PREAMBLE.size))
                 budget.bytes_read += len(head)
                 declared = self._declared_size(head)
                 if declared is not None and declared > self.max_message_bytes:  # it says so itself: not read
@@ -413,12 +400,12 @@ class DirTransport(Transport):
         """
         if not head:
             return None  # created, nothing written yet
-        if head[: len(_MAGIC)] != _MAGIC[: len(head)]:
+        if head[: len(MAGIC)] != MAGIC[: len(head)]:
             return 0  # not a trl-ftis message: complete as far as the transport can tell
-        if len(head) < _PREAMBLE.size:
+        if len(head) < PREAMBLE.size:
             return None
-        _, _, _, header_length, body_length = _PREAMBLE.unpack(head)
-        return _PREAMBLE.size + header_length + body_length  # Python ints: a 2**64 claim cannot wrap
+        _, _, _, header_length, body_length = PREAMBLE.unpack(head)
+        return PREAMBLE.size + header_length + body_length  # Python ints: a 2**64 claim cannot wrap
 
     def _has_new(self) -> bool:
         try:
@@ -441,9 +428,8 @@ class DirTransport(Transport):
                 return True
         return False
 
-    def wait(self, timeout: float) -> bool:
-        self._check_open()
-        deadline = time.monotonic() + max(0.0, float(timeout))
+    def _wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
         # The first looks come quickly (a peer in lock-step publishes within milliseconds), later ones every
         # `poll_interval`: 5, 10, 20, 40 ms, then 50 ms (the default), so a long wait lists no more often than before.
         delay = min(_FIRST_POLL_DELAY, self.poll_interval)
@@ -456,9 +442,7 @@ class DirTransport(Transport):
             time.sleep(min(delay, remaining))
             delay = min(2 * delay, self.poll_interval)
 
-    def prune(self, *, sender: str, keep_rounds: int, current_round: int) -> None:
-        self._check_open()
-        cutoff = _prune_cutoff(sender, keep_rounds, current_round)
+    def _prune(self, *, sender: str, cutoff: int) -> None:
         try:
             entries = self._list()
         except FileNotFoundError:

@@ -5,18 +5,7 @@ from __future__ import annotations
 import threading
 from typing import ClassVar
 
-from .base import (
-    DEFAULT_MAX_MESSAGE_BYTES,
-    TOO_LARGE,
-    Envelope,
-    Transport,
-    _poll_bytes,
-    _positive_number,
-    _prune_cutoff,
-    _validate_data,
-    _validate_round,
-    validate_sender,
-)
+from .base import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Transport
 
 
 class _MemoryChannel:
@@ -49,9 +38,7 @@ class MemoryTransport(Transport):
             raise ValueError(f"not a memory:// URL: {url!r}")
         self.url = url
         self.name = url[len("memory://") :] or "default"
-        self.max_message_bytes = _positive_number("max_message_bytes", max_message_bytes, integer=True)
-        self.max_batch = _positive_number("max_batch", max_batch, integer=True)
-        self.max_poll_bytes = _poll_bytes(max_poll_bytes, self.max_message_bytes)
+        self._set_bounds(max_message_bytes=max_message_bytes, max_batch=max_batch, max_poll_bytes=max_poll_bytes)
         with self._registry_lock:
             self._channel = self._registry.setdefault(self.name, _MemoryChannel())
         self._cursor = 0
@@ -65,17 +52,12 @@ class MemoryTransport(Transport):
             else:
                 cls._registry.pop(name, None)
 
-    def publish(self, data: bytes, *, sender: str, round: int) -> None:
-        self._check_open()
-        validate_sender(sender)
-        round = _validate_round(round)
-        data = _validate_data(data, self.max_message_bytes)
+    def _publish(self, data: bytes, *, sender: str, round: int) -> None:
         with self._channel.cond:
             self._channel.messages.append((sender, round, data))
             self._channel.cond.notify_all()
 
-    def poll(self) -> list[Envelope]:
-        self._check_open()
+    def _poll(self) -> list[Envelope]:
         out: list[Envelope] = []
         taken = 0  # message bytes handed out by this poll
         with self._channel.cond:
@@ -88,27 +70,21 @@ class MemoryTransport(Transport):
                     index += 1
                     continue
                 sender, round, data = item
-                if len(data) > self.max_message_bytes:
-                    out.append(Envelope(b"", str(index), sender, round, len(data), TOO_LARGE))
-                else:
+                envelope = self._received(data, str(index), sender, round)  # too large: refused, costs nothing
+                if envelope.error is None:
                     if taken and taken + len(data) > self.max_poll_bytes:
                         break  # the byte budget is spent: the rest comes with the next poll
                     taken += len(data)
-                    out.append(Envelope(data, str(index), sender, round, len(data)))
+                out.append(envelope)
                 index += 1
             self._cursor = index
         return out
 
-    def wait(self, timeout: float) -> bool:
-        self._check_open()
+    def _wait(self, timeout: float) -> bool:
         with self._channel.cond:
-            return self._channel.cond.wait_for(
-                lambda: len(self._channel.messages) > self._cursor, timeout=max(0.0, float(timeout))
-            )
+            return self._channel.cond.wait_for(lambda: len(self._channel.messages) > self._cursor, timeout=timeout)
 
-    def prune(self, *, sender: str, keep_rounds: int, current_round: int) -> None:
-        self._check_open()
-        cutoff = _prune_cutoff(sender, keep_rounds, current_round)
+    def _prune(self, *, sender: str, cutoff: int) -> None:
         with self._channel.cond:
             messages = self._channel.messages
             for i, item in enumerate(messages):

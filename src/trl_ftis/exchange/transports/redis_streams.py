@@ -11,19 +11,13 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ...rules import REDACTED, REDIS_PASSWORD_ENV, redact_url
 from .base import (
-    _MAX_HINT_CHARS,
     DEFAULT_MAX_MESSAGE_BYTES,
     MALFORMED,
-    TOO_LARGE,
+    MAX_HINT_CHARS,
     Envelope,
     Transport,
     TransportError,
-    _poll_bytes,
-    _positive_number,
-    _prune_cutoff,
-    _validate_data,
-    _validate_round,
-    validate_sender,
+    positive_number,
 )
 
 logger = logging.getLogger(__name__)
@@ -38,8 +32,8 @@ def _text_hint(value) -> str | None:
     if value is None:
         return None
     if isinstance(value, bytes):
-        value = value[: _MAX_HINT_CHARS * 4].decode("utf-8", errors="replace")
-    return str(value)[:_MAX_HINT_CHARS]
+        value = value[: MAX_HINT_CHARS * 4].decode("utf-8", errors="replace")
+    return str(value)[:MAX_HINT_CHARS]
 
 
 def _int_hint(value) -> int | None:
@@ -117,13 +111,11 @@ class RedisTransport(Transport):
         if parts.scheme.lower() not in ("redis", "rediss"):
             raise ValueError(f"not a redis:// or rediss:// URL: {self.url}")
         self._where = f"{host or 'localhost'}:{port or 6379}"
-        self.max_message_bytes = _positive_number("max_message_bytes", max_message_bytes, integer=True)
-        self.max_stream_len = _positive_number("max_stream_len", max_stream_len, integer=True)
-        self.connect_timeout = _positive_number("connect_timeout", connect_timeout)
-        self.socket_timeout = _positive_number("socket_timeout", socket_timeout)
-        self.max_batch = _positive_number("max_batch", max_batch, integer=True)
-        self.page_size = _positive_number("page_size", page_size, integer=True)
-        self.max_poll_bytes = _poll_bytes(max_poll_bytes, self.max_message_bytes)
+        self._set_bounds(max_message_bytes=max_message_bytes, max_batch=max_batch, max_poll_bytes=max_poll_bytes)
+        self.max_stream_len = positive_number("max_stream_len", max_stream_len, integer=True)
+        self.connect_timeout = positive_number("connect_timeout", connect_timeout)
+        self.socket_timeout = positive_number("socket_timeout", socket_timeout)
+        self.page_size = positive_number("page_size", page_size, integer=True)
 
         # ?swarm=NAME and ?connect_timeout=SECONDS are ours; every other query parameter is for redis-py (e.g.
         # ssl_cert_reqs).
@@ -131,7 +123,7 @@ class RedisTransport(Transport):
         url_timeouts = [v for k, v in query if k == "connect_timeout"]
         if url_timeouts:
             try:
-                self.connect_timeout = _positive_number("connect_timeout", float(url_timeouts[-1]))
+                self.connect_timeout = positive_number("connect_timeout", float(url_timeouts[-1]))
             except ValueError:
                 raise ValueError(
                     f"connect_timeout in {self.url} must be a number of seconds > 0, got {url_timeouts[-1]!r}"
@@ -278,10 +270,8 @@ class RedisTransport(Transport):
         data = fields.get(b"data")
         if not isinstance(data, bytes):
             return Envelope(b"", source, sender_hint, round_hint, 0, MALFORMED)
-        if len(data) > self.max_message_bytes:
-            # Redis has already sent it (a stream field cannot be sized before reading); drop it now.
-            return Envelope(b"", source, sender_hint, round_hint, len(data), TOO_LARGE)
-        return Envelope(data, source, sender_hint, round_hint, len(data))
+        # Redis has already sent it (a stream field cannot be sized before reading): one too large is dropped now.
+        return self._received(data, source, sender_hint, round_hint)
 
     def _take(self, response) -> tuple[list[Envelope], int]:
         """The envelopes of an XREAD reply and the bytes it carried; advances the read cursor."""
@@ -292,11 +282,7 @@ class RedisTransport(Transport):
             out.append(self._envelope(entry_id, fields))
         return out, received
 
-    def publish(self, data: bytes, *, sender: str, round: int) -> None:
-        self._check_open()
-        validate_sender(sender)
-        round = _validate_round(round)
-        data = _validate_data(data, self.max_message_bytes)
+    def _publish(self, data: bytes, *, sender: str, round: int) -> None:
         fields = {"sender": sender, "round": str(round), "data": data}
         entry_id = self._call(
             "XADD",
@@ -320,8 +306,7 @@ class RedisTransport(Transport):
         """Entries to ask one XREAD for: no more than the remaining byte budget holds messages (at least one)."""
         return max(1, min(self.page_size, room_entries, room_bytes // self.max_message_bytes))
 
-    def poll(self) -> list[Envelope]:
-        self._check_open()
+    def _poll(self) -> list[Envelope]:
         out: list[Envelope] = []
         received = 0
         while self._buffer and len(out) < self.max_batch:
@@ -346,11 +331,10 @@ class RedisTransport(Transport):
                 break
         return out
 
-    def wait(self, timeout: float) -> bool:
-        self._check_open()
+    def _wait(self, timeout: float) -> bool:
         if self._buffer:
             return True
-        deadline = time.monotonic() + max(0.0, float(timeout))
+        deadline = time.monotonic() + timeout
         # Block in chunks well below the socket timeout, so the socket never times out under a healthy BLOCK.
         chunk = max(0.001, self.socket_timeout / 2)
         delay = _FIRST_DELAY
@@ -376,14 +360,12 @@ class RedisTransport(Transport):
                 self._buffer.extend(page)
                 return True
 
-    def prune(self, *, sender: str, keep_rounds: int, current_round: int) -> None:
+    def _prune(self, *, sender: str, cutoff: int) -> None:
         """Delete `sender`'s old entries that this instance published (others' entries are never touched).
 
         Trimming already bounds the stream; pruning just frees memory sooner. Entries from before this instance
         existed are left to trimming.
         """
-        self._check_open()
-        cutoff = _prune_cutoff(sender, keep_rounds, current_round)
         old = [item for item in self._own if item[0] == sender and item[1] < cutoff]
         if not old:
             return
