@@ -377,12 +377,14 @@ class RoundBench:
                 f"{expected}; refused {dict(result.refused)}"
             )
 
-        # What FTISTrainer does with received rows (_run_round, _merge_rows), minus rescoring and the cap
-        # (max_peer_ratio would keep at most 4 x 16 rows here; uncapped, to see how the cost grows with rows).
+        # What FTISTrainer does with received rows (RoundRunner.run_round, _merge_rows), minus the rest of the
+        # admission, rescoring and the cap (max_peer_ratio would keep at most 4 x 16 rows here; uncapped, to see how
+        # the cost grows with rows). The prompts are rendered as the admission renders them, once per distinct prompt.
         t0 = time.perf_counter()
         assign_group_statistics(rows, "group")
         t1 = time.perf_counter()
-        prompt_ids = self.trainer._tokenize_peer_prompts(rows)
+        prompt_ids = self.trainer._admission.render_prompts([row.prompt for row in rows])
+        assert not any(isinstance(ids, str) for ids in prompt_ids), "a benchmark prompt failed to render"
         t2 = time.perf_counter()
         batch = build_peer_batch(rows, prompt_ids, pad_token_id=self.trainer._tokenizer.pad_token_id)
         t3 = time.perf_counter()
@@ -517,7 +519,7 @@ def bench_rounds(args, tokenizer, tmp: str) -> dict:
         "collect + merge;\n  publish: own message (rows_to_message, encode, write, prune), of which encode; "
         "collect: Swarm.collect, of which poll\n  (transport read), decode (decode_message), to_rows "
         "(message_to_rows), the rest peek_header and checks; merge: stats\n  (assign_group_statistics), "
-        "tokenize (the receiver's _tokenize_prompts of every row's prompt), build (build_peer_batch)"
+        "tokenize (the admission's render_prompts of every row's prompt), build (build_peer_batch)"
     )
     summary = {}
     for transport, _ in transports:

@@ -116,7 +116,7 @@ def test_the_worker_stops_when_train_raises_and_a_waiting_round_is_interrupted(t
     assert time.monotonic() - started < 20  # the round's wait was interrupted, not sat out
     assert not worker_threads()
     trainer.args.max_steps = 1
-    trainer._exchange_worker = None
+    assert trainer._rounds.worker is None  # closed when train() raised
     trainer.swarm.reopen()
     assert not trainer.swarm._interrupted.is_set()  # a later train() waits for peers again
 
@@ -124,14 +124,14 @@ def test_the_worker_stops_when_train_raises_and_a_waiting_round_is_interrupted(t
 def test_a_failing_worker_is_reported_and_training_goes_on(tokenizer, make_args, url, monkeypatch, caplog):
     partner = make_swarm(url, "partner", tokenizer)
     trainer = async_trainer(tokenizer, make_args, url, callbacks=[Partner(partner)], max_steps=4)
-    finish = trainer._finish_round
+    finish = trainer._rounds.finish_round
 
     def fail_in_round_1(own_rows, round, result, bytes_sent):
         if round == 1:
             raise RuntimeError("boom")
         return finish(own_rows, round, result, bytes_sent)
 
-    monkeypatch.setattr(trainer, "_finish_round", fail_in_round_1)
+    monkeypatch.setattr(trainer._rounds, "finish_round", fail_in_round_1)
     with caplog.at_level(logging.ERROR, logger="trl_ftis"):
         trainer.train()
     assert "exchange worker failed in round 1" in caplog.text and "boom" in caplog.text

@@ -11,7 +11,16 @@ from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
-from trl_ftis.checkpoint import rows_from_json, rows_to_json, state_path
+from trl_ftis.checkpoint import (
+    build_state,
+    parse_state,
+    read_state_file,
+    resolve_resume,
+    rows_from_json,
+    rows_to_json,
+    state_path,
+)
+from trl_ftis.ledger import PeerRowLedger
 
 
 class Partner(TrainerCallback):
@@ -106,7 +115,7 @@ def test_queued_peer_rows_survive_a_restart(tokenizer, make_args, tmp_path):
     resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out")
     assert resumed.load_ftis_state(checkpoint) is True  # what train(resume_from_checkpoint=...) does first
     assert resumed.num_pending_peer_rows == 5
-    back = resumed._pending_peer_rows
+    back = resumed._pending
     for before, after in zip(queued, back, strict=True):
         assert after.prompt == before.prompt and list(after.completion_ids) == list(before.completion_ids)
         assert list(after.generator_logps) == pytest.approx(list(before.generator_logps))
@@ -141,27 +150,126 @@ def test_a_checkpoint_without_ftis_state_resumes_with_a_warning(tokenizer, make_
 @pytest.mark.parametrize(
     "corrupt, message",
     [
-        (lambda state: "{not json", "not a readable trl-ftis state file"),
         (lambda state: json.dumps({**state, "format": 99}), "format 99"),
-        (lambda state: json.dumps({**state, "totals": {"rows_sent": -1}}), "'totals'"),
-        (lambda state: json.dumps({**state, "sources": [1]}), "'sources'"),
-        (lambda state: json.dumps({**state, "pending_peer_rows": [{"prompt": "x"}]}), "pending peer row 0"),
         (lambda state: json.dumps({**state, "swarm": {**state["swarm"], "seen": {"zz": 1}}}), "not hexadecimal"),
-        (lambda state: json.dumps({**state, "swarm": {**state["swarm"], "absent": "me"}}), "'absent'"),
     ],
+    ids=["file", "swarm"],
 )
 def test_a_corrupt_state_file_is_refused_naming_it_before_training(tokenizer, make_args, tmp_path, corrupt, message):
+    """The whole path: the file named, nothing restored (the swarm's part is checked last, after the file's), nothing
+    trained. Each malformed part on its own: the unit tests below, without a trainer."""
     url = f"memory://resume-{uuid.uuid4().hex}"
     trainer = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=2, save_steps=2)
     trainer.train()
     path = state_path(tmp_path / "out" / "checkpoint-2", 0)
     path.write_text(corrupt(json.loads(path.read_text())))
     resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3)
-    totals = dict(resumed._totals)
+    before = resumed._ledger.state_dict(), resumed.swarm.state_dict()
     with pytest.raises(ValueError, match=message) as error:
         resumed.train(resume_from_checkpoint=str(path.parent))
     assert str(path) in str(error.value)
-    assert resumed._totals == totals and resumed.state.global_step == 0  # nothing changed, nothing trained
+    assert (resumed._ledger.state_dict(), resumed.swarm.state_dict()) == before  # nothing changed
+    assert resumed.state.global_step == 0 and resumed.num_pending_peer_rows == 0  # nothing trained or queued
+
+
+# -- the state dict, without a trainer ----------------------------------------------------------------------------
+def saved_state(tokenizer, url=None):
+    """A state as a trainer of peer "me" writes it after a round: counters, a queued row and its swarm's state."""
+    ledger = PeerRowLedger()
+    ledger.record_round(rows_sent=16, bytes_sent=900, rows_received=8, accepted=rows("a", 8), refused={"stale": 1})
+    ledger.count("a", "too_long", 2)
+    ledger.add_sources(["a"])
+    swarm = make_swarm(url or f"memory://state-{uuid.uuid4().hex}", "me", tokenizer)
+    state = build_state(
+        peer_id="me",
+        global_step=2,
+        ledger=ledger.state_dict(),
+        adaptive_threshold=3.5,
+        pending_rows=rows("q", 2),
+        swarm=swarm.state_dict(),
+    )
+    return json.loads(json.dumps(state))  # as read back from the file
+
+
+def test_a_saved_state_parses_back_into_its_parts(tokenizer):
+    parsed = parse_state(saved_state(tokenizer))
+    assert parsed.global_step == 2 and parsed.adaptive_threshold == 3.5
+    assert parsed.ledger.totals["rows_sent"] == 16 and parsed.ledger.totals["rows_accepted"] == 8
+    assert parsed.ledger.counters["dropped"] == {"too_long": 2} and parsed.ledger.sources == ["a"]
+    assert [row.sender for row in parsed.pending_rows] == ["q", "q"] and parsed.swarm is not None
+    restored = PeerRowLedger()
+    restored.load_state_dict(parsed.ledger)
+    assert restored.totals["bytes_sent"] == 900 and restored.totals["rows_received"] == 8
+    assert restored.accepted_by_peer == {"a": 8} and restored.refused == {"stale": 1}
+
+
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (lambda state: [state], "not a JSON object"),
+        (lambda state: {**state, "format": 99}, "format 99"),
+        (lambda state: {**state, "totals": {"rows_sent": -1}}, "'totals'"),
+        (lambda state: {**state, "totals": {**state["totals"], "rows_spent": 1}}, "'totals' must have exactly"),
+        (lambda state: {**state, "dropped": {"too_long": True}}, "'dropped'"),
+        (lambda state: {**state, "sources": [1]}, "'sources'"),
+        (lambda state: {**state, "row_count_keys": "dropped/x"}, "'row_count_keys'"),
+        (lambda state: {**state, "pending_peer_rows": [{"prompt": "x"}]}, "pending peer row 0"),
+        (lambda state: {**state, "pending_peer_rows": {}}, "'pending_peer_rows' is not a list"),
+        (lambda state: {**state, "adaptive_threshold": "inf"}, "'adaptive_threshold'"),
+    ],
+)
+def test_a_corrupt_state_dict_is_refused_saying_what_is_wrong(tokenizer, corrupt, message):
+    with pytest.raises(ValueError, match=message):
+        parse_state(corrupt(saved_state(tokenizer)))
+
+
+def test_a_ledger_state_is_checked_whole_before_anything_changes():
+    ledger = PeerRowLedger()
+    ledger.count("a", "too_long", 3)
+    before = ledger.state_dict()
+    broken = {**before, "sources": ["a", 7]}  # the last field checked: every earlier one was fine
+    with pytest.raises(ValueError, match="'sources'"):
+        ledger.load_state_dict(broken)
+    assert ledger.state_dict() == before
+
+
+@pytest.mark.parametrize("content, message", [("{not json", "not a readable trl-ftis state file"), (None, None)])
+def test_reading_a_state_file_names_it_or_warns_when_there_is_none(tmp_path, caplog, content, message):
+    if content is not None:
+        state_path(tmp_path, 0).write_text(content)
+        with pytest.raises(ValueError, match=message) as error:
+            read_state_file(tmp_path, 0)
+        assert str(state_path(tmp_path, 0)) in str(error.value)
+    else:
+        with caplog.at_level(logging.WARNING, logger="trl_ftis.checkpoint"):
+            assert read_state_file(tmp_path, 0) is None
+        assert "has no ftis_state_0.json" in caplog.text
+
+
+def test_a_state_file_of_format_1_from_before_this_layout_still_loads(tokenizer):
+    """A file as the previous version wrote it (the same keys; no `adaptive_threshold`, no `rows_retokenised`)."""
+    state = saved_state(tokenizer)
+    del state["adaptive_threshold"], state["totals"]["rows_retokenised"]
+    parsed = parse_state(state)
+    assert parsed.adaptive_threshold is None and parsed.ledger.totals["rows_retokenised"] == 0
+    assert list(saved_state(tokenizer)) == [  # the layout written, key for key, as format 1 has it
+        "format", "peer_id", "global_step", "totals", "refused", "dropped", "dropped_since_merge",
+        "stripped_since_merge", "accepted_by_peer", "row_count_keys", "sources", "adaptive_threshold",
+        "pending_peer_rows", "swarm",
+    ]  # fmt: skip
+
+
+def test_resume_spellings_resolve_to_the_last_complete_checkpoint(tmp_path):
+    out = tmp_path / "out"
+    assert resolve_resume("last", out) is None  # nothing yet: start afresh
+    with pytest.raises(ValueError, match="No valid checkpoint"):
+        resolve_resume(True, out)
+    for step, complete in ((2, True), (4, False)):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+        if complete:
+            (out / f"checkpoint-{step}" / "trainer_state.json").write_text("{}")
+    assert resolve_resume(True, out) == resolve_resume("latest", out) == str(out / "checkpoint-2")
+    assert resolve_resume(False, out) is None and resolve_resume("some/path", out) == "some/path"
 
 
 def test_swarm_state_round_trips_and_refuses_what_it_cannot_read(tokenizer):
@@ -211,15 +319,3 @@ def test_a_queued_re_tokenised_row_keeps_its_text_level_and_old_totals_still_loa
     back = rows_from_json(json.loads(json.dumps(records)))
     assert [row.text_level for row in back] == [True, False]
     assert "text_level" not in records[1]  # the file of a token-level row is as before
-
-
-def test_a_state_saved_before_rows_retokenised_existed_resumes_with_zero(tokenizer, make_args, tmp_path):
-    from trl_ftis.checkpoint import restore_trainer_state, trainer_state
-
-    trainer = make_trainer(tokenizer, make_args, f"memory://old-{uuid.uuid4().hex}", tmp_path / "out")
-    trainer._totals["rows_retokenised"] = 7
-    state = trainer_state(trainer)
-    assert state["totals"]["rows_retokenised"] == 7
-    del state["totals"]["rows_retokenised"]  # a file written by an earlier version
-    restore_trainer_state(trainer, state)
-    assert trainer._totals["rows_retokenised"] == 0

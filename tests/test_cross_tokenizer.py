@@ -15,6 +15,7 @@ from tiny_trainers import tiny_trainer
 from trl_ftis import PeerRow
 from trl_ftis.demo.tiny import build_bpe_tokenizer, build_tiny_causal_lm
 from trl_ftis.exchange import tokenizer_fingerprint
+from trl_ftis.peer_rows import AdmittedRow
 from trl_ftis.objective import (
     ftis_terms,
     sequence_filter_statistic,
@@ -114,18 +115,18 @@ def test_a_bpe_peers_row_becomes_character_tokens_carrying_the_senders_total_log
     row = bpe_row(bpe, "71", logps=[-0.5, -0.25])  # BPE: "71" is one token, then <eos>
     assert len(row.completion_ids) == 2
     assert trainer.add_peer_rows([row]) == 1
-    (queued,) = trainer._pending_peer_rows
+    (queued,) = trainer._pending
     expected = tokenizer("71", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert list(queued.completion_ids) == expected  # 3 character tokens
     assert list(queued.generator_logps) == pytest.approx([-0.25] * 3)  # Σ ℓgen = -0.75, spread evenly
-    assert queued.text_level and not queued.foreign_tokenizer
+    assert queued.text_level and isinstance(queued, AdmittedRow)  # in this tokenizer's tokens now
     assert trainer.summary()["rows_retokenised"] == 1
 
 
 def test_a_text_without_eos_gets_none_and_an_empty_text_with_eos_is_just_eos(tokenizer, bpe, make_args):
     trainer = tiny_trainer(tokenizer, make_args(cross_tokenizer=True))
     assert trainer.add_peer_rows([bpe_row(bpe, "7", ends_with_eos=False), bpe_row(bpe, "", logps=[-1.0])]) == 2
-    no_eos, only_eos = trainer._pending_peer_rows
+    no_eos, only_eos = trainer._pending
     assert list(no_eos.completion_ids) == tokenizer("7", add_special_tokens=False)["input_ids"]
     assert list(only_eos.completion_ids) == [tokenizer.eos_token_id]
 
@@ -140,7 +141,7 @@ def test_texts_this_tokenizer_cannot_carry_are_dropped_and_counted(tokenizer, bp
     with caplog.at_level(logging.WARNING, logger="trl_ftis"):
         kept = trainer.add_peer_rows([unknown, special, missing, empty, bad_logps, bpe_row(bpe, "71")])
     assert kept == 1
-    assert dict(trainer._dropped) == {"text_round_trip": 1, "text_special_tokens": 1, "no_text": 2, "bad_logps": 1}
+    assert dict(trainer._ledger.dropped) == {"text_round_trip": 1, "text_special_tokens": 1, "no_text": 2, "bad_logps": 1}
     assert "re-tokenisation" in caplog.text and "bpe-peer" in caplog.text
 
 
@@ -154,15 +155,16 @@ def test_hostile_texts_are_dropped_not_trained_on(tokenizer, bpe, make_args):
     negative_ids.completion_ids = [-3, 9]
     flood = [bpe_row(bpe, "71", completion_text="1" * 40) for _ in range(200)]
     assert trainer.add_peer_rows([long, not_text, negative_ids, *flood]) == 0
-    assert dict(trainer._dropped) == {"too_long": 201, "no_text": 1, "bad_ids": 1}
+    assert dict(trainer._ledger.dropped) == {"too_long": 201, "no_text": 1, "bad_ids": 1}
     assert trainer.summary()["rows_retokenised"] == 201  # re-tokenised, then too long for this trainer
 
 
 def test_admission_drops_foreign_rows_when_cross_tokenizer_is_off(tokenizer, bpe, make_args):
     trainer = tiny_trainer(tokenizer, make_args())
     own = PeerRow("23+48=", [11, 5, 2], [-0.1, -0.1, -0.1], 1.0, "g", sender="same")
-    assert trainer._admit([bpe_row(bpe), own]) == [own]  # add_peer_rows raises first; the admission drops
-    assert dict(trainer._dropped) == {"foreign_tokenizer": 1}
+    (admitted,) = trainer._admission.admit([bpe_row(bpe), own])  # add_peer_rows raises first; the admission drops
+    assert list(admitted.completion_ids) == [11, 5, 2] and admitted.sender == "same"
+    assert dict(trainer._ledger.dropped) == {"foreign_tokenizer": 1}
 
 
 def test_foreign_rows_need_cross_tokenizer_and_text_level_cannot_be_forged(tokenizer, bpe, make_args):
@@ -171,7 +173,7 @@ def test_foreign_rows_need_cross_tokenizer_and_text_level_cannot_be_forged(token
         trainer.add_peer_rows([bpe_row(bpe)])
     # Marked text-level by the caller, in this tokenizer's tokens: trained on as the token-level row it is.
     forged = PeerRow("23+48=", [11, 5, 2], [-0.1, -0.1, -0.1], 1.0, "g", sender="x", text_level=True)
-    assert trainer.add_peer_rows([forged]) == 1 and not trainer._pending_peer_rows[0].text_level
+    assert trainer.add_peer_rows([forged]) == 1 and not trainer._pending[0].text_level
 
 
 def test_text_level_peer_rows_needs_cross_tokenizer(make_args):

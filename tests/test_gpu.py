@@ -75,7 +75,8 @@ def test_recorded_generator_logps_match_teacher_forcing_on_the_gpu(tokenizer, tm
         torch.testing.assert_close(torch.tensor(row.generator_logps), expected, atol=2e-3, rtol=0)
 
 
-def test_the_launcher_gpu_share_caps_the_allocator(tmp_path):
+def test_the_gpu_memory_fraction_caps_the_allocator(tmp_path):
+    """`gpu_memory_fraction` (what the launcher's `gpu_share` passes) caps PyTorch's allocator on the peer's GPU."""
     script = textwrap.dedent(
         """
         import torch
@@ -85,7 +86,7 @@ def test_the_launcher_gpu_share_caps_the_allocator(tmp_path):
 
         tokenizer = build_char_tokenizer()
         args = FTISConfig(output_dir=%r, max_steps=1, per_device_train_batch_size=8, num_generations=8,
-                          report_to=[], bf16=False)
+                          report_to=[], bf16=False, gpu_memory_fraction=0.05)
         FTISTrainer(build_tiny_llama(tokenizer), digit_match_reward, args=args,
                     train_dataset=addition_dataset(16, seed=0), processing_class=tokenizer)
         total = torch.cuda.get_device_properties(0).total_memory
@@ -97,7 +98,7 @@ def test_the_launcher_gpu_share_caps_the_allocator(tmp_path):
         """
         % str(tmp_path / "out")
     )
-    env = dict(os.environ, FTIS_GPU_MEMORY_FRACTION="0.05")
+    env = {key: value for key, value in os.environ.items() if key != "FTIS_GPU_MEMORY_FRACTION"}  # the field only
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "CAPPED" in done.stdout

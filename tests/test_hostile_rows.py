@@ -276,7 +276,7 @@ def test_plain_and_chat_peers_are_each_rendered_and_scored_as_their_kind(tokeniz
         "plain": tokenizer("12+34=", add_special_tokens=False)["input_ids"],
     }
     for k, source in enumerate(sources):
-        ids = expected[trainer._sources[source - 1]]
+        ids = expected[trainer._ledger.sources[source - 1]]
         assert peer_prompts[k, -len(ids) :].tolist() == ids
         assert batch["prompt_mask"][8 + k].sum() == len(ids)
     # Rescored with each row's own kind: the chat rows answer 46 (reward 1), the plain rows 45 (reward 0.5), not
@@ -377,7 +377,7 @@ def test_add_peer_rows_raises_for_programming_errors_and_drops_content(tokenizer
     )
     with caplog.at_level(logging.WARNING, logger="trl_ftis"):
         assert trainer.add_peer_rows(content) == 6
-    assert all("prompts" not in row.extra for row in trainer._pending_peer_rows)
+    assert all("prompts" not in row.extra for row in trainer._pending)
     entry = assert_finite_step(trainer)
     assert entry["ftis/peer_rows"] == 6
     assert dropped(entry) == {"empty_prompt": 2, "bad_chat_prompt": 2, "too_long": 2}
@@ -722,7 +722,7 @@ def test_drop_warnings_are_bounded_and_once_per_peer_and_reason(tokenizer, make_
         for _ in range(3):
             trainer.add_peer_rows(rows("a", 2, prompt="") + rows("b", 2, prompt=""))
     messages = [r.getMessage() for r in caplog.records if "empty prompt" in r.getMessage()]
-    assert len(messages) == 2 and trainer._dropped["empty_prompt"] == 12
+    assert len(messages) == 2 and trainer._ledger.dropped["empty_prompt"] == 12
     for sender in range(2000):  # a flood of made-up sender names: counted, warned about at most 1000 times
-        trainer._count_rows(f"s{sender}", "too_long")
-    assert len(trainer._drop_warned) <= 1000 and trainer._dropped["too_long"] == 2000
+        trainer._ledger.count(f"s{sender}", "too_long")
+    assert trainer._ledger.num_warned <= 1000 and trainer._ledger.dropped["too_long"] == 2000

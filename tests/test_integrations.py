@@ -14,7 +14,6 @@ import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
 from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.gpu_share import gpu_memory_fraction
 from trl_ftis.rules import GPU_MEMORY_FRACTION_ENV
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
@@ -25,26 +24,32 @@ def test_each_peer_run_is_named_after_the_peer(tmp_path):
     assert FTISConfig(str(tmp_path), run_name="from-run", use_cpu=True).peer_id == "from-run"
 
 
-@pytest.mark.parametrize("value,expected", [(None, None), ("", None), ("0.45", 0.45), ("1", 1.0)])
-def test_gpu_memory_fraction_reads_the_launcher_share(monkeypatch, value, expected):
-    if value is None:
-        monkeypatch.delenv(GPU_MEMORY_FRACTION_ENV, raising=False)
-    else:
-        monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, value)
-    assert gpu_memory_fraction() == expected
+def _capped(monkeypatch, tokenizer, args) -> list[float]:
+    """The fractions `FTISTrainer.__init__` capped GPU memory to, building a trainer with `args`."""
+    capped = []
+    monkeypatch.setattr("trl_ftis.trainer.cap_gpu_memory", lambda fraction, config: capped.append(fraction))
+    FTISTrainer(
+        build_tiny_llama(tokenizer), digit_match_reward, args=args,
+        train_dataset=addition_dataset(16, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+    return capped
 
 
-@pytest.mark.parametrize("value", ["0", "1.5", "-0.2", "half", "nan"])
-def test_a_bad_gpu_share_is_refused_by_name(monkeypatch, value):
-    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, value)
-    with pytest.raises(ValueError, match=GPU_MEMORY_FRACTION_ENV):
-        gpu_memory_fraction()
+def test_the_trainer_caps_gpu_memory_from_the_config_field_not_the_environment(monkeypatch, tokenizer, make_args):
+    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, "0.3")  # what the launcher used to set: no longer read
+    assert _capped(monkeypatch, tokenizer, make_args(max_steps=1)) == []
+    assert _capped(monkeypatch, tokenizer, make_args(max_steps=1, gpu_memory_fraction=0.45)) == [0.45]
 
 
-def test_a_gpu_share_on_a_cpu_run_trains_normally(monkeypatch, tokenizer, make_args):
-    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, "0.3")
+@pytest.mark.parametrize("value", [0.0, 1.5, -0.2, float("nan")])
+def test_a_bad_gpu_share_is_refused_by_name(tmp_path, value):
+    with pytest.raises(ValueError, match="gpu_memory_fraction"):
+        FTISConfig(str(tmp_path), use_cpu=True, report_to=[], gpu_memory_fraction=value)
+
+
+def test_a_gpu_share_on_a_cpu_run_trains_normally(tokenizer, make_args):
     trainer = FTISTrainer(
-        build_tiny_llama(tokenizer), digit_match_reward, args=make_args(max_steps=1),
+        build_tiny_llama(tokenizer), digit_match_reward, args=make_args(max_steps=1, gpu_memory_fraction=0.3),
         train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
     )  # fmt: skip
     trainer.train()
@@ -284,10 +289,11 @@ def test_push_to_hub_uploads_the_ftis_card_and_no_secret(tokenizer, make_args, m
     assert b"s3cret-value" not in uploaded["args"]
 
 
-def test_a_colocated_vllm_share_that_does_not_fit_the_gpu_share_is_refused(monkeypatch, tokenizer, make_args):
-    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, "0.3")
-    args = make_args(max_steps=1, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3)
-    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization=0.3 .*FTIS_GPU_MEMORY_FRACTION=0.3"):
+def test_a_colocated_vllm_share_that_does_not_fit_the_gpu_share_is_refused(tokenizer, make_args):
+    args = make_args(
+        max_steps=1, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, gpu_memory_fraction=0.3
+    )
+    with pytest.raises(ValueError, match="vllm_gpu_memory_utilization=0.3 .*gpu_memory_fraction=0.3"):
         FTISTrainer(
             build_tiny_llama(tokenizer), digit_match_reward, args=args,
             train_dataset=addition_dataset(16, seed=0), processing_class=tokenizer,

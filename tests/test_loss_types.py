@@ -113,7 +113,7 @@ def loss_gradient(trainer, learner):
         "ftis_group_max_len": torch.tensor([3, 2]),
         "ftis_source": torch.tensor([0, 1]),
     }
-    trainer._sources = ["peer"]
+    trainer._ledger.add_sources(["peer"])
     loss = trainer._compute_loss(trainer.model, batch)
     (gradient,) = torch.autograd.grad(loss, learner)
     return gradient

@@ -77,11 +77,13 @@ def test_what_is_shown_never_holds_the_secret_or_the_password(tmp_path, url):
     assert config.swarm_secret == SECRET and config.exchange_url == url  # showing changes nothing
 
 
-def test_the_secret_from_the_environment_is_kept_and_hidden_the_same_way(tmp_path, monkeypatch):
+def test_the_config_never_reads_the_secret_from_the_environment(tmp_path, monkeypatch):
+    """The config holds only what it was given (the trainer reads the environment: `swarm_credentials()`)."""
     monkeypatch.setenv(rules.SWARM_SECRET_ENV, SECRET)
     config = FTISConfig(str(tmp_path), use_cpu=True, report_to=[])
-    assert config.swarm_secret == SECRET and copy.deepcopy(config).swarm_secret == SECRET
+    assert config.swarm_secret is None and copy.deepcopy(config).swarm_secret is None
     assert all(SECRET not in text for text in _shown(config).values())
+    assert config.swarm_credentials().secret == SECRET  # read when asked, never stored in the config
 
 
 def test_redacted_copy_is_what_gets_saved(tmp_path):
@@ -152,10 +154,10 @@ def secret_trainer(tokenizer, make_args, monkeypatch):
     """A trainer whose config holds a secret and a Redis URL with a password; its swarm runs in memory (no server)."""
     connect = FTISTrainer._connect_swarm
 
-    def in_memory(self, args):
+    def in_memory(self, args, credentials):
         local = copy.copy(args)  # keeps the secret: the swarm signs with it
         local.exchange_url = f"memory://secrets-{uuid.uuid4().hex}"
-        return connect(self, local)
+        return connect(self, local, credentials)
 
     monkeypatch.setattr(FTISTrainer, "_connect_swarm", in_memory)
 
@@ -216,3 +218,53 @@ def test_a_checkpoint_pushed_to_the_hub_holds_no_secret(secret_trainer, monkeypa
     for blob in uploaded:
         assert SECRET.encode() not in blob and PW.encode() not in blob
     assert trainer.args.swarm_secret == SECRET and trainer.args.exchange_url == URLS[2]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FTISTrainer: the credentials, read once before the model, used by the swarm
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _trainer(tokenizer, args, model=None):
+    return FTISTrainer(
+        model if model is not None else build_tiny_llama(tokenizer), digit_match_reward, args=args,
+        train_dataset=addition_dataset(16, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+
+
+def test_the_swarm_signs_with_the_secret_from_the_environment(tokenizer, make_args, monkeypatch):
+    monkeypatch.setenv(rules.SWARM_SECRET_ENV, SECRET)
+    args = make_args(exchange_url=f"memory://secrets-{uuid.uuid4().hex}", peer_id="p0")
+    assert args.swarm_secret is None
+    trainer = _trainer(tokenizer, args)
+    assert trainer.swarm.secret == SECRET and trainer.args.swarm_secret is None
+
+
+def test_the_swarm_gets_the_key_objects_read_once(tokenizer, make_args, monkeypatch, tmp_path):
+    from trl_ftis.exchange.keys import generate_keypair, public_key_text, save_private_key, save_public_keys
+
+    key = generate_keypair()[0]
+    private = save_private_key(tmp_path / "p0.key", key)
+    public = save_public_keys(tmp_path / "peers.json", {"p0": key})
+    calls = []
+    read = FTISConfig.swarm_credentials
+
+    def counted(self):
+        calls.append(self.peer_id)
+        return read(self)
+
+    monkeypatch.setattr(FTISConfig, "swarm_credentials", counted)
+    args = make_args(exchange_url=f"memory://keys-{uuid.uuid4().hex}", peer_id="p0", swarm_secret=SECRET,
+                     private_key_file=str(private), peer_keys_file=str(public))  # fmt: skip
+    trainer = _trainer(tokenizer, args)
+    assert calls == ["p0"]  # once, in __init__
+    assert trainer.swarm.secret == SECRET
+    assert public_key_text(trainer.swarm.private_key) == public_key_text(key)
+    assert {peer: public_key_text(k) for peer, k in trainer.swarm.public_keys.items()} == {"p0": public_key_text(key)}
+    assert _trainer(tokenizer, make_args(peer_id="p0")).swarm is None and calls == ["p0"]  # no swarm: not read
+
+
+def test_a_missing_key_file_fails_before_the_model_is_loaded(tokenizer, make_args, tmp_path):
+    args = make_args(exchange_url="memory://never", peer_id="p0", private_key_file=str(tmp_path / "absent.key"))
+    with pytest.raises(ValueError, match="private_key_file"):  # not the model's OSError: it is never loaded
+        _trainer(tokenizer, args, model=str(tmp_path / "no-such-model"))

@@ -39,7 +39,7 @@ from .rules import (
 logger = logging.getLogger(__name__)
 
 COLLABORATION_MODES = ("vertical", "horizontal")
-EXCHANGE_MODES = ("sync", "async")  # the round inside the step, or in a background worker (swarm_round.py)
+EXCHANGE_MODES = ("sync", "async")  # the round inside the step, or in a background worker (rounds.py)
 
 
 class SwarmCredentials(NamedTuple):
@@ -178,6 +178,11 @@ class FTISConfig(GRPOConfig):
             counted in the staleness metrics and corrected by the truncated weight). Logged either way:
             `ftis/exchange/blocking_seconds`, the time the training loop waited on the exchange. Not with
             `collaboration_mode="horizontal"` (it normalises this step's own rows with the same round's peer rows).
+        gpu_memory_fraction (`float`, *optional*):
+            The share of its GPU's memory this peer may use, in (0, 1]: PyTorch's allocator is capped to it when the
+            trainer starts, so that peers sharing a GPU cannot starve each other (the launcher's `gpu_share` passes
+            it as `--gpu_memory_fraction`). A colocated vLLM engine allocates outside that cap, so
+            `vllm_gpu_memory_utilization` must be below it. `None`: no cap.
         cross_tokenizer (`bool`, *optional*, defaults to `False`):
             Accept peers whose tokenizer differs from this trainer's (refused otherwise, reason `tokenizer`). Such a
             peer must send its completions as text (it does when its own `cross_tokenizer` is on); each text is

@@ -1,7 +1,12 @@
-"""The F-TIS section of the model card: the variant and its settings, the swarm's peers and their models."""
+"""The F-TIS section of the model card: the variant and its settings, the swarm's peers and their models.
+
+[`ftis_model_card_section`] takes what it shows as arguments (the trainer passes its config, settings, the ledger's
+peers and counts and the swarm's peer models), so it is built and tested without a trainer.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .rules import is_peer_id
@@ -9,19 +14,39 @@ from .rules import is_peer_id
 _CARD_CELL_CHARS = 120
 
 
-def ftis_model_card_section(trainer) -> str:
-    """The Markdown section [`FTISTrainer.create_model_card`] adds to TRL's card (before its citations)."""
-    args = trainer.args
+def ftis_model_card_section(
+    *,
+    args,
+    temperature: float,
+    num_generations: int,
+    global_step: int,
+    paper: Mapping[str, str],
+    model_name: str,
+    peers: Sequence[str],
+    accepted_by_peer: Mapping[str, int],
+    peer_models: Mapping[str, str],
+) -> str:
+    """The Markdown section `FTISTrainer.create_model_card` adds to TRL's card (before its citations).
+
+    Args:
+        args ([`FTISConfig`]): the run's settings (variant, cap, threshold, ...).
+        temperature, num_generations, global_step: the trainer's sampling temperature, group size and steps done.
+        paper (`Mapping[str, str]`): the paper's `title` and arXiv `id`.
+        model_name (`str`): this peer's model.
+        peers (`Sequence[str]`): every peer it learned from ([`PeerRowLedger.peers`]).
+        accepted_by_peer (`Mapping[str, int]`): the swarm rows trained on, per peer.
+        peer_models (`Mapping[str, str]`): the models the peers reported (`Swarm.peer_models`).
+    """
     rows = [
         ("variant", f"`{args.variant}`"),
         ("truncation cap C (`is_cap`)", f"{args.is_cap:g}"),
         ("filter threshold g (`kl_threshold`)", f"{args.kl_threshold:g}"),
         ("filter statistic (`kl_reduction`)", f"`{args.kl_reduction}`"),
         ("collaboration mode", f"`{args.collaboration_mode}`"),
-        ("sampling temperature", f"{trainer.temperature:g}"),
-        ("completions per prompt G (`num_generations`)", str(trainer.num_generations)),
+        ("sampling temperature", f"{temperature:g}"),
+        ("completions per prompt G (`num_generations`)", str(num_generations)),
         ("learning rate", f"{args.learning_rate:g}"),
-        ("optimizer steps", str(trainer.state.global_step)),
+        ("optimizer steps", str(global_step)),
         ("KL coefficient β", f"{args.beta:g}"),
     ]
     lines = [
@@ -31,7 +56,7 @@ def ftis_model_card_section(trainer) -> str:
             "Trained with trl-ftis: GRPO on its own completions plus those "
             "of the other peers of a swarm, through the F-TIS objective (importance weights truncated against the "
             "sender's log-probs, negative-advantage samples too far off-policy filtered out), "
-            f"[{trainer._paper['title']}](https://arxiv.org/abs/{trainer._paper['id']})."
+            f"[{paper['title']}](https://arxiv.org/abs/{paper['id']})."
         ),
         "",
         "| setting | value |",
@@ -42,19 +67,17 @@ def ftis_model_card_section(trainer) -> str:
         "",
     ]
     # Peer ids and model names come from other peers (or add_peer_rows callers): escaped for a table cell.
-    peers = sorted(set(map(str, trainer._sources)) | set(map(str, trainer._accepted_by_peer)))
-    own = f"{_card_peer(args.peer_id)} ({_card_cell(trainer._model_name())})"
+    own = f"{_card_peer(args.peer_id)} ({_card_cell(model_name)})"
     if not peers:
         lines += [f"This peer, {own}, trained on its own completions only.", ""]
     else:
-        models = trainer.swarm.peer_models if trainer.swarm is not None else {}
         lines += [
             "| peer | model | completions trained on |",
             "|---|---|---|",
-            f"| {_card_peer(args.peer_id)} (this model) | {_card_cell(trainer._model_name())} | own |",
+            f"| {_card_peer(args.peer_id)} (this model) | {_card_cell(model_name)} | own |",
             *[
-                f"| {_card_peer(peer)} | {_card_cell(models.get(peer, 'not reported'))} | "
-                f"{trainer._accepted_by_peer.get(peer, '-')} |"
+                f"| {_card_peer(peer)} | {_card_cell(peer_models.get(peer, 'not reported'))} | "
+                f"{accepted_by_peer.get(peer, '-')} |"
                 for peer in peers
             ],
             "",

@@ -1,9 +1,17 @@
-"""Peer rows: what a trainer receives from other peers, and how they join a local GRPO batch.
+"""Peer rows: what a trainer receives from other peers, the stages a row goes through, and how rows join a local GRPO
+batch.
 
 A [`PeerRow`] is one completion sampled by another model: the prompt as the dataset gave it (the receiver renders it
 with its own chat template), the completion token ids, the generator's per-token log-probs and the reward. Rows
 sharing a `group` were sampled for one prompt; in vertical mode (the default) their advantages are normalised within
 that group only, exactly as the sender would, never across models.
+
+A row's stage is its type. [`PeerRow`] is what is received (the public input type; the trainer never rewrites one).
+The admission (`trl_ftis.admission.Admission`) turns it into an [`AdmittedRow`]: frozen, in this trainer's tokens,
+with clean columns and its prompt rendered once (`prompt_ids`, used again by the merge); rescoring replaces its
+rewards ([`AdmittedRow.rescored`]); [`with_group_statistics`] (or [`AdmittedRow.with_statistics`]) makes a
+[`ScoredRow`], which also carries its group's advantage and longest completion: what [`build_peer_batch`] turns into
+tensors.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import json
 import math
 from collections import deque
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from typing import Any
 
@@ -58,7 +66,7 @@ class PeerRow:
     round: int | None = None
     """The sender's training step when it sampled the row."""
     advantage: float | None = None
-    """Set by [`assign_group_statistics`] before rows are shared out between processes (groups may split)."""
+    """Set by [`assign_group_statistics`]; the trainer ignores it (it computes its own: [`ScoredRow`])."""
     group_max_length: int | None = None
     """Longest completion of the row's group, set with `advantage`."""
     completion_text: str | None = None
@@ -70,9 +78,11 @@ class PeerRow:
     """`completion_ids` and `generator_logps` are in another tokenizer's tokens (a peer whose tokenizer differs):
     the receiving trainer re-tokenises `completion_text` before anything else ([`FTISTrainer`] admission)."""
     text_level: bool = False
-    """Set when re-tokenised: `completion_ids` are this receiver's tokens of the sender's text and every
-    `generator_logps` entry is the sender's total log-prob divided by their number, so that their sum is the sender's
-    `Σ ℓgen`. The objective gives such a row one sequence-level weight (`docs/objective.md`)."""
+    """Re-tokenised: `completion_ids` are this receiver's tokens of the sender's text and every `generator_logps`
+    entry is the sender's total log-prob divided by their number, so that their sum is the sender's `Σ ℓgen`. The
+    objective gives such a row one sequence-level weight (`docs/objective.md`). Set on [`AdmittedRow`]s by the
+    re-tokenisation, and on the rows a checkpoint restores; ignored in rows given to `add_peer_rows` (it cannot be
+    forged)."""
 
     def __post_init__(self):
         n_ids, n_logps = len(self.completion_ids), len(self.generator_logps)
@@ -84,6 +94,67 @@ class PeerRow:
             )
         if not math.isfinite(float(self.reward)):
             raise ValueError(f"PeerRow from {self.sender!r} has a non-finite reward {self.reward!r}.")
+
+
+@dataclass(frozen=True, eq=False)
+class AdmittedRow:
+    """A received row the admission kept: in this trainer's tokens, with columns safe to pass to its reward functions
+    and its prompt rendered and tokenized as this trainer renders its own (`prompt_ids`, carried to the merge so the
+    prompt is tokenised once). Frozen: a later stage is a new object ([`rescored`], [`with_statistics`])."""
+
+    prompt: Any
+    """The prompt as the sender gave it (a string or chat messages): what reward functions see."""
+    prompt_ids: tuple[int, ...]
+    """The prompt rendered with this trainer's chat template and tokenized, without padding (never empty)."""
+    completion_ids: Sequence[int]
+    """Completion token ids in this trainer's vocabulary (re-tokenised when the sender's tokenizer differs)."""
+    generator_logps: Sequence[float]
+    """The generator's per-token log-probs, finite and <= `MAX_LOGP` (spread evenly when re-tokenised)."""
+    reward: float
+    """The sender's reward, or this trainer's own after [`rescored`]."""
+    group: Hashable
+    sender: str
+    rewards_per_func: dict[str, float] | None
+    extra: dict[str, Any]
+    """Columns for the reward functions: without `RESERVED_REWARD_COLUMNS`; the training set's own for a known
+    prompt when the admission was asked for local columns."""
+    round: int | None
+    text_level: bool
+    """Re-tokenised from another tokenizer's text: trained on with one sequence-level weight."""
+
+    def rescored(self, reward: float, rewards_per_func: dict[str, float]) -> AdmittedRow:
+        """The same row with the rewards of this trainer's reward functions."""
+        return replace(self, reward=reward, rewards_per_func=rewards_per_func)
+
+    def with_statistics(self, advantage: float, group_max_length: int) -> ScoredRow:
+        """The row as a [`ScoredRow`] with its group statistics."""
+        values = {name: getattr(self, name) for name in AdmittedRow.__dataclass_fields__}
+        return ScoredRow(**values, advantage=advantage, group_max_length=group_max_length)
+
+    def to_peer_row(self) -> PeerRow:
+        """The row as a plain [`PeerRow`] (what a checkpoint saves): its prompt ids and statistics are left out."""
+        return PeerRow(
+            prompt=self.prompt,
+            completion_ids=self.completion_ids,
+            generator_logps=self.generator_logps,
+            reward=self.reward,
+            group=self.group,
+            sender=self.sender,
+            rewards_per_func=self.rewards_per_func,
+            extra=self.extra,
+            round=self.round,
+            text_level=self.text_level,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class ScoredRow(AdmittedRow):
+    """An admitted row with its group statistics: ready to become part of a batch ([`build_peer_batch`])."""
+
+    advantage: float
+    """Normalised within the row's group (vertical mode) or the prompt's mixed group (horizontal mode), float64."""
+    group_max_length: int
+    """The longest completion of the row's group (the filter statistic's denominator)."""
 
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:
@@ -138,22 +209,35 @@ def group_indices(rows: Sequence[PeerRow]) -> torch.Tensor:
     return torch.tensor([keys.setdefault((row.sender, row.group), len(keys)) for row in rows], dtype=torch.long)
 
 
+def group_statistics(rows: Sequence[Any], scale_rewards: str = "group") -> tuple[list[float], list[int]]:
+    """Per row (anything with `sender`, `group`, `reward` and `completion_ids`), its advantage normalised within its
+    `(sender, group)` (in float64: see [`group_advantages`]) and the longest completion of that group."""
+    if not rows:
+        return [], []
+    index = group_indices(rows)
+    rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float64)
+    lengths = torch.tensor([len(row.completion_ids) for row in rows])
+    return group_advantages(rewards, index, scale_rewards).tolist(), group_max_len(lengths, index).tolist()
+
+
 def assign_group_statistics(rows: Sequence[PeerRow], scale_rewards: str = "group") -> None:
-    """Set each row's `advantage` (normalised within its group, in float64: see [`group_advantages`]) and
-    `group_max_length`, in place.
+    """Set each [`PeerRow`]'s `advantage` (normalised within its group, in float64: see [`group_advantages`]) and
+    `group_max_length`, in place ([`group_statistics`]). The trainer itself uses [`with_group_statistics`], which
+    returns [`ScoredRow`]s instead.
 
     Done once, on all received rows, before they are shared out between the processes of a job: a group split over
     two processes would otherwise be normalised in two halves.
     """
-    if not rows:
-        return
-    index = group_indices(rows)
-    rewards = torch.tensor([float(row.reward) for row in rows], dtype=torch.float64)
-    lengths = torch.tensor([len(row.completion_ids) for row in rows])
-    advantages = group_advantages(rewards, index, scale_rewards).tolist()
-    max_lengths = group_max_len(lengths, index).tolist()
+    advantages, max_lengths = group_statistics(rows, scale_rewards)
     for row, advantage, max_length in zip(rows, advantages, max_lengths, strict=True):
         row.advantage, row.group_max_length = advantage, max_length
+
+
+def with_group_statistics(rows: Sequence[AdmittedRow], scale_rewards: str = "group") -> list[ScoredRow]:
+    """The admitted `rows` as [`ScoredRow`]s, with their advantages normalised within each `(sender, group)` of
+    `rows` and their groups' longest completions ([`group_statistics`])."""
+    advantages, max_lengths = group_statistics(rows, scale_rewards)
+    return [row.with_statistics(a, m) for row, a, m in zip(rows, advantages, max_lengths, strict=True)]
 
 
 def select_rows(
@@ -210,7 +294,7 @@ class PeerBatch:
 
 
 def build_peer_batch(
-    rows: Sequence[PeerRow],
+    rows: Sequence[PeerRow | ScoredRow],
     prompt_ids: Sequence[Sequence[int]],
     *,
     pad_token_id: int,
@@ -227,8 +311,8 @@ def build_peer_batch(
     [`MAX_ABS_ADVANTAGE`]).
 
     Args:
-        rows (`Sequence[PeerRow]`):
-            The peer rows.
+        rows (`Sequence[PeerRow | ScoredRow]`):
+            The peer rows (the trainer passes [`ScoredRow`]s, with their `prompt_ids`).
         prompt_ids (`Sequence[Sequence[int]]`):
             Each row's prompt, tokenized with the receiver's chat template, without padding.
         pad_token_id (`int`):
@@ -357,10 +441,11 @@ def row_problems(rows: Sequence[PeerRow], vocab_limit: int) -> list[str | None]:
         ids_ok = logps_ok = False
     if ids_ok and logps_ok:
         return [None] * len(rows)
-    return [_row_problem(row, vocab_limit) for row in rows]
+    return [row_problem(row, vocab_limit) for row in rows]
 
 
-def _row_problem(row: PeerRow, vocab_limit: int) -> str | None:
+def row_problem(row: Any, vocab_limit: int) -> str | None:
+    """What is wrong with one row's numbers (`"bad_ids"`, `"bad_logps"`: see [`row_problems`]), or `None`."""
     try:
         ids = np.asarray(row.completion_ids)
         if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() >= vocab_limit:
@@ -388,3 +473,22 @@ def check_rows(rows: Sequence[PeerRow], vocab_limit: int) -> None:
             )
         if problem == "bad_logps":
             raise ValueError(f"Peer row from {row.sender!r} has generator log-probs that are not finite and <= 0.")
+
+
+def row_type_problem(row: Any) -> str | None:
+    """What makes `row` a programming error for `FTISTrainer.add_peer_rows` (it raises `TypeError` with this text):
+    not a [`PeerRow`], a `sender` that is not a string, a `group` that is not hashable, a `prompt` neither a string nor
+    a list, `extra` neither a dict with string keys nor `None`. `None` when the row's types are right."""
+    if not isinstance(row, PeerRow):
+        return f"add_peer_rows takes PeerRow objects, got {type(row).__name__}."
+    if not isinstance(row.sender, str):
+        return f"PeerRow.sender must be a string, got {type(row.sender).__name__}."
+    try:
+        hash(row.group)
+    except TypeError:
+        return f"PeerRow.group must be hashable, got {type(row.group).__name__} (from {row.sender!r})."
+    if not isinstance(row.prompt, (str, list)):
+        return f"PeerRow.prompt must be a string or a list of messages, got {type(row.prompt).__name__}."
+    if row.extra is not None and (not isinstance(row.extra, dict) or not all(isinstance(k, str) for k in row.extra)):
+        return f"PeerRow.extra must be a dict with string keys (or None), got {type(row.extra).__name__}."
+    return None

@@ -1,42 +1,72 @@
-"""`FTISTrainer`: TRL's `GRPOTrainer` with the F-TIS objective and peer rows from other models."""
+"""`FTISTrainer`: TRL's `GRPOTrainer` with the F-TIS objective and peer rows from other models.
+
+The trainer is composed, like TRL's own async GRPO trainer: it keeps only the overrides of TRL's hooks and the glue
+between them, and owns four objects that own everything else, each with explicit dependencies and testable without a
+trainer:
+
+* [`PeerRowLedger`] (`trl_ftis.ledger`): every count about peer rows, their warn-once bookkeeping, the per-step
+  row-count metrics and their checkpoint state;
+* [`Admission`] (`trl_ftis.admission`): received rows in, [`AdmittedRow`]s out (or dropped and counted), rescoring
+  with a [`RewardScorer`] (`trl_ftis.scoring`), the last statistics check;
+* [`RoundRunner`] (`trl_ftis.rounds`): the swarm round on the main process, in the loop or in its async worker, and
+  the lock the worker shares with the training loop;
+* the [`Swarm`] client (`trl_ftis.swarm`), connected with the credentials the config reads once, before the model is
+  loaded.
+
+The checkpoint hooks save and restore what these owners hand over (`trl_ftis.checkpoint`). The collectives (sharing
+a round's rows out between the job's processes) and the merge into TRL's batch stay here.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import math
+import os
 import textwrap
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import broadcast_object_list, gather_object
 from transformers import LogitsProcessorList, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
-from .admission import PeerRowAdmission, _api_row_problem
-from .checkpoint import SwarmCheckpointing
-from .config import FTISConfig
-from .generation import GeneratorLogpsRecorder, records_raw_logits
-from .gpu_share import cap_gpu_memory, gpu_memory_fraction
+from .admission import DROP_REASONS, STRIP_REASONS, Admission
+from .checkpoint import (
+    build_state,
+    parse_state,
+    read_state_file,
+    resolve_resume,
+    state_path,
+    warn_unread_states,
+    write_state_file,
+)
+from .config import FTISConfig, SwarmCredentials
+from .generator_logps import GeneratorLogpsRecorder, records_raw_logits
+from .gpu_share import cap_gpu_memory
+from .ledger import PeerRowLedger
+from .loss_metrics import metric_groups, source_sums
 from .model_card import ftis_model_card_section
 from .objective import ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
+    AdmittedRow,
     PeerRow,
-    assign_group_statistics,
+    ScoredRow,
     build_peer_batch,
     check_rows,
     concat_rows,
+    row_type_problem,
+    with_group_statistics,
 )
+from .rounds import RoundRunner, connect_swarm
 from .rules import SUMMARY_FILE, redact_url
+from .scoring import RewardScorer
 from .swarm import Swarm
-from .swarm_round import SwarmRounds
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +88,7 @@ _UNMERGEABLE_FIELDS = (
 )
 
 
-class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer):
+class FTISTrainer(GRPOTrainer):
     """
     Trainer for GRPO with Filtered Truncated Importance Sampling (F-TIS), for training on completions sampled by other
     models.
@@ -81,8 +111,10 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
 
     Methods of [`~trl.GRPOTrainer`] (and [`~transformers.Trainer`]) it overrides, and why:
 
-    * `__init__`: requires an [`FTISConfig`], caps GPU memory for peers sharing a GPU, turns off a
-      `cast_lm_head_to_fp32` that TRL cannot apply (LoRA with tied embeddings), connects the main process to the swarm.
+    * `__init__`: requires an [`FTISConfig`], reads the swarm credentials (`FTISConfig.swarm_credentials`) and caps
+      GPU memory (`gpu_memory_fraction`) before the model is loaded, turns off a `cast_lm_head_to_fp32` that TRL
+      cannot apply (LoRA with tied embeddings), connects the main process to the swarm, and composes the ledger, the
+      admission and the round runner (see the module's docstring).
     * `_generate_single_turn`: records the generator's log-probs during `generate` itself, when someone listens.
     * `_calculate_rewards`: keeps the raw per-function rewards, which TRL does not store and the shared rows carry.
     * `_generate_and_score_completions`: adds the F-TIS fields to TRL's batch, hands own rows to listeners, runs the
@@ -92,8 +124,8 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
     * `_get_per_token_logps_and_entropies`: the F-TIS hook: on its first call inside `_compute_loss` it replaces the
       batch's advantages and ratio reference (see its docstring for the contract with TRL this relies on).
     * `training_step`: logs the count of filtered peer rows once per optimizer step.
-    * `train`: closes the swarm's transport when training ends or fails (and reopens it for a second `train()`);
-      with `resume_from_checkpoint`, restores the F-TIS state first (`trl_ftis.checkpoint`).
+    * `train`: with `resume_from_checkpoint`, restores the F-TIS state first (`trl_ftis.checkpoint`); closes the
+      swarm's transport and the async worker when training ends or fails (and reopens it for a second `train()`).
     * `_save_checkpoint`: saves the F-TIS state (counters, swarm, queued peer rows) into each checkpoint.
     * `create_model_card`: adds the F-TIS settings, the swarm's peers and their models to TRL's card.
 
@@ -161,32 +193,17 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             logger.info("Converting the GRPOConfig to an FTISConfig (F-TIS fields at their defaults).")
             args = FTISConfig.from_grpo_config(args)
         self._variant = parse_variant(args.variant)
-        self._pending_peer_rows: list[PeerRow] = []
-        self._dropped: Counter = Counter()  # rows dropped since the last merge, by reason
-        self._stripped: Counter = Counter()  # rows whose reserved columns were removed since the last merge
-        self._dropped_totals: Counter = Counter()
-        self._row_count_keys: set[str] = set()  # "dropped/<reason>" and "stripped/<reason>" seen so far
-        self._drop_warned: set[tuple[str, str]] = set()
+        self._ledger = PeerRowLedger(DROP_REASONS, STRIP_REASONS)
+        self._pending: list[AdmittedRow] = []  # admitted by add_peer_rows (or restored), for the next merge
         self._row_listeners: list[RowListener] = []
         self._loss_inputs: dict[str, Any] | None = None
         self._recorder: GeneratorLogpsRecorder | None = None
         self._recorded_logps: list[list[float]] | None = None
         self._last_rewards_per_func: torch.Tensor | None = None
-        self._sources: list[str] = []  # index k >= 1 in `ftis_source` is self._sources[k - 1]
         self._filtered_in_step: dict[str, float] = {}
         self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
-        # exchange_mode="async" (swarm_round.py): the worker, the lock it shares with the training loop, and the time
-        # the loop waited on the exchange since the last round was logged.
-        self._exchange_lock = threading.RLock()
-        self._exchange_worker = None
-        self._blocked_seconds = 0.0
-        self._worker_errors = 0
-        self._totals = dict.fromkeys(
-            ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent", "rows_retokenised"), 0
-        )
-        self._refused_totals: Counter = Counter()
-        self._accepted_by_peer: Counter = Counter()  # main process: swarm rows trained on, per sender
-        self._prompt_columns: dict[str, dict[str, Any]] | None = None  # prompt key -> training set columns
+        # Read once, before the model is loaded: a wrong key file fails now, naming it.
+        credentials = args.swarm_credentials() if args.exchange_url is not None else None
         if args.cast_lm_head_to_fp32 and peft_config is not None and _ties_embeddings(model):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
@@ -194,9 +211,8 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
                 "Keep log-probs comparable by training this peer in fp32."
             )
             args.cast_lm_head_to_fp32 = False
-        memory_fraction = gpu_memory_fraction()
-        if memory_fraction is not None:
-            cap_gpu_memory(memory_fraction, args)
+        if args.gpu_memory_fraction is not None:
+            cap_gpu_memory(args.gpu_memory_fraction, args)
         super().__init__(
             model,
             reward_funcs,
@@ -213,10 +229,76 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
-        self.swarm: Swarm | None = None
+        swarm = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
-            self.swarm = self._connect_swarm(args)
+            swarm = self._connect_swarm(args, credentials)
+        self._scorer = RewardScorer(
+            tokenizer=self._tokenizer,
+            reward_funcs=self.reward_funcs,
+            reward_processing_classes=self.reward_processing_classes,
+            reward_func_names=self.reward_func_names,
+            reward_weights=self.reward_weights,
+            chat_template_kwargs=self.chat_template_kwargs,
+            trainer_state=lambda: self.state,
+            event_loop=lambda: getattr(self, "async_loop", None),
+        )
+        eos = self._tokenizer.eos_token_id
+        if eos is None and self.eos_token_ids:  # the model's end of sequence, when the tokenizer names none
+            eos = self.eos_token_ids[0]
+        self._admission = Admission(
+            config=args,
+            tokenizer=self._tokenizer,
+            render=self._render_prompt_batch,
+            ledger=self._ledger,
+            vocab_limit=self.vocab_limit,
+            context_length=self._context_length(),
+            has_chat_template=any(
+                getattr(owner, "chat_template", None) for owner in (self, self.processing_class, self._tokenizer)
+            ),
+            eos_token_id=eos,
+            scorer=self._scorer,
+            dataset=self.train_dataset,
+        )
+        self._rounds = RoundRunner(
+            config=args, swarm=swarm, admission=self._admission, ledger=self._ledger, scale_rewards=self.scale_rewards
+        )
         self.add_callback(_SummaryCallback(self))
+
+    @property
+    def swarm(self) -> Swarm | None:
+        """The main process's [`Swarm`] client (with `exchange_url`), which the round runner uses; else `None`."""
+        return self._rounds.swarm
+
+    @swarm.setter
+    def swarm(self, swarm: Swarm | None) -> None:
+        self._rounds.swarm = swarm
+
+    def _connect_swarm(self, args: FTISConfig, credentials: SwarmCredentials) -> Swarm:
+        """The main process's [`Swarm`] client (`trl_ftis.rounds.connect_swarm`)."""
+        return connect_swarm(
+            args,
+            credentials,
+            tokenizer=self._tokenizer,
+            vocab_limit=self.vocab_limit,
+            temperature=self.temperature,
+            reward_names=self.reward_func_names,
+            model_name=self._model_name(),
+        )
+
+    def _render_prompt_batch(self, prompts: list[Any]) -> list[list[int]]:
+        """Prompts of one kind rendered and tokenized as TRL renders this trainer's own (the admission's
+        `PromptRenderer`); raises for prompts with images."""
+        ids, images, _ = self._tokenize_prompts(prompts)
+        if images is not None:
+            raise ValueError("peer rows with images are not supported")
+        return ids
+
+    def _context_length(self) -> int | None:
+        """The model's context (`max_position_embeddings` of its text config), when it has one."""
+        config = self.accelerator.unwrap_model(self.model).config
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        length = getattr(config, "max_position_embeddings", None)
+        return length if isinstance(length, int) and length > 0 else None
 
     def _model_name(self) -> str:
         """This peer's model as other peers and the model card name it (the base model's id or path)."""
@@ -253,7 +335,8 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         row dropped and counted (`no_text`, `text_round_trip`, `text_special_tokens`).
 
         The rows' rewards are used as given (not recomputed), and their advantages are normalised within each
-        `(sender, group)` of the rows merged together (any `advantage` already set on them is cleared); a row whose
+        `(sender, group)` of the rows merged together (any `advantage` or `text_level` set on them is ignored, and
+        the rows themselves are never changed: the trainer queues admitted copies); a row whose
         advantage would not be finite, or above `1e7` in magnitude, is dropped when merged. In a multi-process job
         every process merges the rows added to it; the swarm exchange shares received rows out evenly.
 
@@ -266,7 +349,7 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         """
         rows = list(rows)
         for row in rows:
-            problem = _api_row_problem(row)
+            problem = row_type_problem(row)
             if problem is not None:
                 raise TypeError(problem)
         foreign = [row for row in rows if row.foreign_tokenizer]
@@ -278,21 +361,30 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         own_tokens = [row for row in rows if not row.foreign_tokenizer]
         if own_tokens:
             check_rows(own_tokens, self.vocab_limit)
-        for row in rows:
-            row.advantage = row.group_max_length = None
-            row.text_level = False  # set by the re-tokenisation only
-        with self._exchange_lock:  # an async exchange worker admits rows too
-            kept = self._admit(rows)
-            self._pending_peer_rows.extend(kept)
+        with self._rounds.lock:  # an async exchange worker admits rows too
+            kept = self._admission.admit(rows)
+            self._pending.extend(kept)
         return len(kept)
 
-    # ------------------------------------------------------------------------------------------------------------
-    # Admission: every received row is trained on as what it is, or dropped and counted by reason
-    # ------------------------------------------------------------------------------------------------------------
     @property
     def num_pending_peer_rows(self) -> int:
         """Peer rows queued for the next generation batch."""
-        return len(self._pending_peer_rows)
+        return len(self._pending)
+
+    def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
+        """
+        Score rows with this trainer's reward functions, on the calling process only (no collectives); how this
+        differs from TRL's `_calculate_rewards` is listed in `trl_ftis.scoring.RewardScorer`.
+
+        Args:
+            rows (`Sequence[PeerRow]`):
+                The rows to score.
+
+        Returns:
+            `list[tuple[float, dict[str, float]]]`: per row, the weighted total and the reward of each function, by
+            name.
+        """
+        return self._scorer.score_rows(rows)
 
     def add_row_listener(self, listener: RowListener) -> None:
         """
@@ -368,7 +460,7 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         self._recorder = GeneratorLogpsRecorder(self.temperature) if can_record else None
         self._recorded_logps = None
         try:
-            with self._exchange_turn():  # TRL's tokenizer and reward functions, which an async worker also uses
+            with self._rounds.turn():  # TRL's tokenizer and reward functions, which an async worker also uses
                 output = super()._generate_and_score_completions(inputs)
         finally:
             self._recorder = None
@@ -380,11 +472,11 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         own_rows = self._own_rows(inputs, output, num_generations) if listening else []
         for listener in self._row_listeners:
             listener(own_rows)
-        with self._exchange_lock:
-            rows, self._pending_peer_rows = self._pending_peer_rows, []
+        with self._rounds.lock:
+            rows, self._pending = self._pending, []
         if in_swarm:
             rows = rows + self._exchange_round(own_rows, output)
-        with self._exchange_turn():
+        with self._rounds.turn():
             return self._merge_peer_rows(output, rows)
 
     def _add_ftis_fields(self, output: dict[str, Any], num_generations: int) -> dict[str, Any]:
@@ -474,33 +566,58 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             texts.append((None if "\ufffd" in text else text, ends))
         return texts
 
-    def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[PeerRow]) -> dict[str, Any]:
-        rows = list(rows)
-        # Rows from add_peer_rows get their group statistics here, within the rows of this process (the swarm round
-        # set those of its rows on the main process, before sharing them out). Then the last guards: statistics
-        # and prompts (the round checked both; rows added directly only the prompts).
-        assign_group_statistics(
-            [row for row in rows if row.advantage is None or row.group_max_length is None], self.scale_rewards
-        )
-        rows = self._guard_statistics(rows)
-        rendered = self._render_prompts([row.prompt for row in rows])
-        problems = [ids if isinstance(ids, str) else None for ids in rendered]
-        prompt_ids = [ids for ids in rendered if not isinstance(ids, str)]
-        rows = self._sift(rows, problems)
+    def _exchange_round(self, own_rows: list[PeerRow], output: dict[str, Any]) -> list[ScoredRow]:
+        """Publish this job's rows and return this process's equal share of the accepted peer rows.
+
+        Only the main process talks to the swarm (the [`RoundRunner`]); all processes run the same collectives (one
+        gather, one broadcast) whatever arrived. In horizontal mode the local rows' advantages are renormalised over
+        the mixed groups (written into `output`).
+        """
+        accelerator = self.accelerator
+        everyone = gather_object(own_rows) if accelerator.num_processes > 1 else own_rows
+        payload = [None]
+        if accelerator.is_main_process:
+            payload = [tuple(self._rounds.round(everyone, self.state.global_step))]
+        if accelerator.num_processes > 1:
+            broadcast_object_list(payload, from_process=0)
+        rows, own_statistics, metrics = payload[0]
+        for name, value in metrics.items():
+            self._metrics["train"][name].append(value)
+        if own_statistics is not None:  # horizontal mode
+            start = accelerator.process_index * len(own_rows)
+            advantages, group_max = own_statistics
+            device = output["advantages"].device
+            output["advantages"] = torch.tensor(advantages[start : start + len(own_rows)], device=device)
+            output["ftis_group_max_len"] = torch.tensor(group_max[start : start + len(own_rows)], device=device)
+        # Equal shares: every process merges the same number of rows (unequal micro-batches deadlock DDP/ZeRO).
+        share = len(rows) // accelerator.num_processes
+        if accelerator.is_main_process:
+            with self._rounds.lock:  # the ledger, which the worker's admission also writes
+                self._ledger.count_trimmed(row.sender for row in rows[share * accelerator.num_processes :])
+        return rows[accelerator.process_index * share : (accelerator.process_index + 1) * share]
+
+    def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[AdmittedRow]) -> dict[str, Any]:
+        # Rows from add_peer_rows are admitted, not normalised: they get their group statistics here, within the rows
+        # of this process (the swarm round normalised its rows on the main process, before sharing them out). Then
+        # the last guard (the round checked its rows already). Prompts were rendered once, by the admission.
+        queued = with_group_statistics([row for row in rows if not isinstance(row, ScoredRow)], self.scale_rewards)
+        queued.reverse()
+        rows = [row if isinstance(row, ScoredRow) else queued.pop() for row in rows]
+        rows = self._admission.guard_statistics(rows)
         # Every generation batch must split into `steps_per_generation` equal micro-batches.
         keep = len(rows) - len(rows) % self.args.steps_per_generation
-        for sender, count in Counter(str(row.sender) for row in rows[keep:]).items():
-            self._count_rows(sender, "batch_split", count)
-        rows, prompt_ids = rows[:keep], prompt_ids[:keep]
+        self._ledger.count_trimmed(row.sender for row in rows[keep:])
+        rows = rows[:keep]
         total_rows = self.accelerator.reduce(torch.tensor(float(len(rows)), device=self.accelerator.device), "sum")
         total_rows = total_rows.item()
         self._metrics["train"]["ftis/peer_rows"].append(total_rows)
-        self._log_row_counts()
+        for name, value in self._ledger.step_row_counts().items():
+            self._metrics["train"][name].append(value)
         # Per-peer loss metrics are reductions over a source list that must be the same on every process.
         senders = sorted({row.sender for row in rows})
         if self.accelerator.num_processes > 1:
             senders = sorted(set(gather_object(senders)))
-        self._sources.extend(sender for sender in senders if sender not in self._sources)
+        self._ledger.add_sources(senders)
         if rows:
             unsupported = [key for key in _UNMERGEABLE_FIELDS if output.get(key) is not None]
             if unsupported:
@@ -508,7 +625,7 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
                     f"Peer rows cannot be merged into batches with {unsupported}: F-TIS peers exchange text-only, "
                     "single-turn completions."
                 )
-            output = self._merge_rows(output, rows, prompt_ids)
+            output = self._merge_rows(output, rows)
         if total_rows > 0:  # the same decision on every process: they all run this collective, or none does
             # `num_items_in_batch` counts loss tokens over all processes, as TRL does.
             loss_mask = output["completion_mask"]
@@ -517,36 +634,11 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
         return output
 
-    def _log_row_counts(self) -> None:
-        """This step's dropped (and changed) peer rows: the total, and one metric per reason seen so far (0 when none
-        this step)."""
-        dropped, stripped = self._dropped, self._stripped
-        self._dropped, self._stripped = Counter(), Counter()
-        metrics = self._metrics["train"]
-        metrics["ftis/peer_rows_dropped"].append(float(sum(dropped.values())))
-        self._row_count_keys.update(f"dropped/{reason}" for reason in dropped)
-        self._row_count_keys.update(f"stripped/{reason}" for reason in stripped)
-        for key in sorted(self._row_count_keys):
-            kind, reason = key.split("/", 1)
-            metrics[f"ftis/peer_rows_{key}"].append(float((dropped if kind == "dropped" else stripped)[reason]))
-
-    def _tokenize_peer_prompts(self, rows: Sequence[PeerRow]) -> list[list[int]]:
-        """Each row's prompt rendered with this trainer's chat template and tokenized ([`_render_prompts`]); rows of a
-        group share their prompt, so each distinct prompt is rendered and tokenized once. `ValueError` for a prompt
-        that cannot be rendered (the admission drops such rows before they get here)."""
-        rendered = self._render_prompts([row.prompt for row in rows])
-        failed = [(row.sender, ids) for row, ids in zip(rows, rendered, strict=True) if isinstance(ids, str)]
-        if failed:
-            raise ValueError(f"The prompt of a peer row from {failed[0][0]!r} cannot be rendered ({failed[0][1]}).")
-        return rendered
-
-    def _merge_rows(
-        self, output: dict[str, Any], rows: Sequence[PeerRow], prompt_ids: Sequence[Sequence[int]]
-    ) -> dict[str, Any]:
+    def _merge_rows(self, output: dict[str, Any], rows: Sequence[ScoredRow]) -> dict[str, Any]:
         device = self.accelerator.device
         peer = build_peer_batch(
             rows,
-            prompt_ids,
+            [row.prompt_ids for row in rows],
             pad_token_id=self._tokenizer.pad_token_id,
             scale_rewards=self.scale_rewards,
             device=device,
@@ -559,7 +651,7 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             "advantages": peer.advantages,
             "ftis_gen_logps": peer.generator_logps,
             "ftis_gen_valid": torch.ones(len(peer), dtype=torch.bool, device=device),
-            "ftis_source": torch.tensor([self._sources.index(s) + 1 for s in peer.senders], device=device),
+            "ftis_source": torch.tensor([self._ledger.source_index(s) for s in peer.senders], device=device),
             "ftis_group_max_len": peer.group_max_lengths,
             "ftis_text_level": peer.text_level,
         }
@@ -678,71 +770,35 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         self._log_ftis_metrics(terms, mask.bool(), source)
 
     def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor) -> None:
-        """Statistics of the F-TIS terms for own rows, all peer rows and each peer; two collectives, run by every
-        process whatever its rows (the source list is the same everywhere)."""
+        """Statistics of the F-TIS terms for own rows, all peer rows and each peer (`trl_ftis.loss_metrics`); two
+        collectives, run by every process whatever its rows (the source list is the same everywhere)."""
         mode = "train" if self.model.training else "eval"
-        num_sources = len(self._sources) + 1
-        source = source.long()
-        finite = torch.isfinite(terms.filter_statistic)
-        weights = torch.where(mask, terms.weights, torch.zeros_like(terms.weights))
-        per_row = torch.stack(
-            [
-                torch.ones_like(finite, dtype=torch.float32),
-                (~terms.keep).float(),
-                mask.sum(-1).float(),
-                weights.sum(-1).float(),
-                (terms.capped & mask).sum(-1).float(),
-                torch.where(finite, terms.filter_statistic, torch.zeros_like(terms.filter_statistic)).float(),
-                finite.float(),
-            ],
-            dim=1,
-        )
-        sums = torch.zeros(num_sources, per_row.shape[1], device=mask.device).index_add_(0, source, per_row)
-        row_peaks = torch.stack(
-            [
-                torch.where(mask, terms.weights, torch.full_like(terms.weights, -math.inf)).amax(-1).float(),
-                torch.where(
-                    finite, terms.filter_statistic, torch.full_like(terms.filter_statistic, -math.inf)
-                ).float(),
-            ],
-            dim=1,
-        )
-        maxes = torch.full((num_sources, 2), -math.inf, device=mask.device).scatter_reduce_(
-            0, source.unsqueeze(-1).expand(-1, 2), row_peaks, reduce="amax"
-        )
+        sums, maxes = source_sums(terms, mask, source, len(self._ledger.sources) + 1)
         sums = self.accelerator.reduce(sums, reduction="sum").cpu()
         maxes = self.accelerator.gather(maxes.unsqueeze(0)).amax(dim=0).cpu()
-        groups = [("own", sums[0], maxes[0])]
-        if num_sources > 1:
-            groups.append(("peer", sums[1:].sum(dim=0), maxes[1:].amax(dim=0)))
-            groups += [(f"peers/{name}", sums[k + 1], maxes[k + 1]) for k, name in enumerate(self._sources)]
-        metrics = self._metrics[mode]
-        for name, totals, peaks in groups:
-            n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = totals.tolist()
-            if n_rows == 0:
-                continue
+        for name, values, n_filtered in metric_groups(sums, maxes, self._ledger.sources):
             if mode == "train" and name != "own":
                 key = "rows_filtered" if name == "peer" else f"{name}/rows_filtered"
                 self._filtered_in_step[key] = self._filtered_in_step.get(key, 0.0) + n_filtered
-            metrics[f"ftis/{name}/filtered_frac"].append(n_filtered / n_rows)
-            metrics[f"ftis/{name}/kl_nonfinite_frac"].append(1.0 - n_finite / n_rows)
-            if n_tokens > 0:
-                metrics[f"ftis/{name}/is_weight_mean"].append(w_sum / n_tokens)
-                metrics[f"ftis/{name}/is_weight_max"].append(peaks[0].item())
-                metrics[f"ftis/{name}/is_weight_capped_frac"].append(n_capped / n_tokens)
-            if n_finite > 0:
-                metrics[f"ftis/{name}/kl_mean"].append(d_sum / n_finite)
-                metrics[f"ftis/{name}/kl_max"].append(peaks[1].item())
+            for metric, value in values.items():
+                self._metrics[mode][f"ftis/{name}/{metric}"].append(value)
 
-    def train(self, *args, **kwargs):
-        """[`~transformers.Trainer.train`], then close the swarm's transport, also when training raises (a second call
-        reopens it)."""
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
+        """[`~transformers.Trainer.train`]; when resuming, the F-TIS state saved with the checkpoint is restored
+        first. `resume_from_checkpoint=True` takes the last *complete* checkpoint in `output_dir` (one that has its
+        `trainer_state.json`: a process killed while saving leaves a newer, incomplete folder behind). On a command
+        line, `--resume_from_checkpoint last` (or `latest`, `true`) does the same, and starts afresh when there is
+        no checkpoint yet: a peer can be started and restarted with one command. The swarm's transport and the async
+        exchange worker are closed when training ends, also when it raises (a second call reopens the transport)."""
         if self.swarm is not None:
             self.swarm.reopen()  # does nothing unless a previous train() closed it
         try:
-            return super().train(*args, **kwargs)
+            checkpoint = resolve_resume(resume_from_checkpoint, self.args.output_dir)
+            if checkpoint is not None and os.path.isdir(checkpoint):  # else the Trainer raises its own error
+                self.load_ftis_state(checkpoint)
+            return super().train(checkpoint, *args, **kwargs)
         finally:
-            self._close_exchange_worker()  # exchange_mode="async": the worker never outlives a train() call
+            self._rounds.close()  # exchange_mode="async": the worker never outlives a train() call
             if self.swarm is not None:
                 self.swarm.close()
 
@@ -751,11 +807,60 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
         if self._step % self.current_gradient_accumulation_steps == 0:
             self._metrics["train"]["ftis/peer_rows_filtered"].append(self._filtered_in_step.pop("rows_filtered", 0.0))
-            self._totals["rows_filtered"] += self._metrics["train"]["ftis/peer_rows_filtered"][-1]
+            self._ledger.totals["rows_filtered"] += self._metrics["train"]["ftis/peer_rows_filtered"][-1]
             for key, count in self._filtered_in_step.items():
                 self._metrics["train"][f"ftis/{key}"].append(count)
             self._filtered_in_step = {}
         return loss
+
+    # ------------------------------------------------------------------------------------------------------------
+    # Checkpoints: the owners' state, saved with each checkpoint and restored before resuming
+    # ------------------------------------------------------------------------------------------------------------
+    def _save_checkpoint(self, model, trial):
+        # Written first: the Trainer's own files (trainer_state.json last) complete the checkpoint.
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        # exchange_mode="async": the swarm's state is read once its worker's round is done (the rows of that round
+        # are trained on at the next step of this run, but are not in the checkpoint).
+        self._rounds.wait()
+        with self._rounds.lock:
+            state = build_state(
+                peer_id=self.args.peer_id,
+                global_step=self.state.global_step,
+                ledger=self._ledger.state_dict(),
+                adaptive_threshold=self._adaptive_threshold,
+                pending_rows=self._pending,
+                swarm=self.swarm.state_dict() if self.swarm is not None else None,
+            )
+        write_state_file(folder, self.args.process_index, state)
+        return super()._save_checkpoint(model, trial)
+
+    def load_ftis_state(self, checkpoint: str | os.PathLike) -> bool:
+        """Restore the F-TIS state saved in the checkpoint folder `checkpoint` (done by `train(resume_from_checkpoint=
+        ...)`). Returns whether a state was found; `ValueError` naming the file when it is not valid (then nothing is
+        restored)."""
+        state = read_state_file(checkpoint, self.args.process_index)
+        if state is None:
+            return False
+        path = state_path(checkpoint, self.args.process_index)
+        try:
+            parsed = parse_state(state)
+            if self.swarm is not None and parsed.swarm is not None:
+                self.swarm.load_state_dict(parsed.swarm)  # checks before it changes anything
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
+        with self._rounds.lock:
+            self._ledger.load_state_dict(parsed.ledger)
+            self._adaptive_threshold = parsed.adaptive_threshold
+            self._pending = self._admission.restore(parsed.pending_rows) + self._pending
+        if self.accelerator.is_main_process:
+            warn_unread_states(checkpoint, self.args.world_size)
+        logger.warning(  # a warning so that a restarted peer's log shows it by default
+            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s)).",
+            parsed.global_step,
+            path,
+            len(parsed.pending_rows),
+        )
+        return True
 
     # The only two Trainer methods that write training_args.bin (`torch.save(self.args)`; checkpoints, save_model,
     # push_to_hub): they run with `self.args` swapped for a copy without the secrets (FTISConfig.saving_redacted).
@@ -780,7 +885,17 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
             return
         path = Path(self.args.output_dir) / "README.md"
         text = path.read_text(encoding="utf-8")
-        section = ftis_model_card_section(self)
+        section = ftis_model_card_section(
+            args=self.args,
+            temperature=self.temperature,
+            num_generations=self.num_generations,
+            global_step=self.state.global_step,
+            paper=self._paper,
+            model_name=self._model_name(),
+            peers=self._ledger.peers(),
+            accepted_by_peer=self._ledger.accepted_by_peer,
+            peer_models=self.swarm.peer_models if self.swarm is not None else {},
+        )
         marker = "## Citations"
         text = text.replace(marker, section + marker, 1) if marker in text else text + "\n" + section
         path.write_text(text, encoding="utf-8")
@@ -801,12 +916,12 @@ class FTISTrainer(PeerRowAdmission, SwarmRounds, SwarmCheckpointing, GRPOTrainer
         return {
             "peer_id": self.args.peer_id,
             "steps": self.state.global_step,
-            **{key: int(value) for key, value in self._totals.items()},
+            **{key: int(value) for key, value in self._ledger.totals.items()},
             "reward": rewards[-1] if rewards else None,
-            "refused": dict(self._refused_totals),
-            "dropped": dict(self._dropped_totals),
-            "exchange_worker_errors": self._worker_errors,
-            "peers": sorted(set(self._sources) | (self.swarm.known_peers if self.swarm is not None else set())),
+            "refused": dict(self._ledger.refused),
+            "dropped": dict(self._ledger.dropped_totals),
+            "exchange_worker_errors": self._rounds.worker_errors,
+            "peers": sorted(set(self._ledger.sources) | (self.swarm.known_peers if self.swarm is not None else set())),
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
         }

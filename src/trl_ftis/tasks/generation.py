@@ -3,8 +3,8 @@ completion cut at its first stop token.
 
 [`trl_ftis.tasks.addition.greedy_accuracy`], [`trl_ftis.tasks.word_problems.evaluate_problems`] and
 [`trl_ftis.tasks.math_problems.evaluate_math`] all generate through [`generate_completions`] and differ only
-in how they render prompts, which tokens stop a completion and how they score it. (Not to be confused with
-[`trl_ftis.generation`], the trainer's record of generator log-probs.)
+in how they render prompts, which tokens stop a completion and how they score it. (The trainer's record of
+generator log-probs is [`trl_ftis.generator_logps`].)
 """
 
 from __future__ import annotations

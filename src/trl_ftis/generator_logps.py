@@ -1,4 +1,5 @@
-"""Generator log-probs recorded during the generation pass itself (no extra forward)."""
+"""Generator log-probs recorded during the generation pass itself (no extra forward): what `FTISTrainer` hands out
+with its own rows. (Named apart from `trl_ftis.tasks.generation`, the evaluations' decoding loop.)"""
 
 from __future__ import annotations
 

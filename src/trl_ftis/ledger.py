@@ -1,0 +1,219 @@
+"""The peer-row ledger: every count a trainer keeps about peer rows, in one owner.
+
+[`PeerRowLedger`] holds the totals behind `FTISTrainer.summary()` (rows sent, received, accepted, filtered and
+re-tokenised, bytes sent), the messages refused and rows dropped by reason, the rows dropped (and changed) since the
+last merge, the rows trained on per peer, the peers that the loss metrics index (`ftis_source`), and the warn-once
+bookkeeping of drops. The admission, the swarm round and the merge write to it; the trainer reads it for its metrics,
+summary and model card; the checkpoint saves [`PeerRowLedger.state_dict`] and restores it with
+[`PeerRowLedger.load_state_dict`], which checks the whole state first (a malformed one raises `ValueError` and
+changes nothing).
+
+The ledger is not thread-safe by itself: with `exchange_mode="async"` its writers hold the round runner's lock
+(`trl_ftis.rounds.RoundRunner.lock`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+TOTALS = ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent", "rows_retokenised")
+"""The totals of `summary()`, in its order."""
+LATER_TOTALS = ("rows_retokenised",)
+"""Totals absent from states of earlier versions: 0 when missing."""
+COUNTERS = ("refused", "dropped", "dropped_since_merge", "stripped_since_merge", "accepted_by_peer")
+"""The counters of a state, by name."""
+MAX_WARNED = 1000
+"""(peer, reason) pairs warned about: bounded like the swarm's warnings."""
+
+Row = TypeVar("Row")
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """A checked ledger state ([`PeerRowLedger.parse_state`]), ready to be loaded."""
+
+    totals: dict[str, int]
+    counters: dict[str, dict[str, int]]
+    row_count_keys: list[str]
+    sources: list[str]
+
+
+class PeerRowLedger:
+    """The counters of peer rows: totals, refusals and drops by reason, per-peer counts, the loss metrics' peer list,
+    and the warning shown once per (peer, reason).
+
+    Args:
+        drop_reasons (`Mapping[str, str]`, *optional*):
+            Reason -> the text its warning shows (the trainer passes `trl_ftis.admission.DROP_REASONS`); a reason
+            without one is shown by name.
+        strip_reasons (`Mapping[str, str]`, *optional*):
+            The same for rows changed and kept (`trl_ftis.admission.STRIP_REASONS`).
+    """
+
+    def __init__(self, drop_reasons: Mapping[str, str] | None = None, strip_reasons: Mapping[str, str] | None = None):
+        self._descriptions = {False: dict(drop_reasons or {}), True: dict(strip_reasons or {})}
+        self.totals: dict[str, int] = dict.fromkeys(TOTALS, 0)
+        self.refused: Counter = Counter()  # messages refused by the swarm (and unknown prompts), by reason
+        self.dropped_totals: Counter = Counter()  # rows dropped since the run started, by reason
+        self.dropped: Counter = Counter()  # rows dropped since the last merge, by reason
+        self.stripped: Counter = Counter()  # rows whose reserved columns were removed since the last merge
+        self.accepted_by_peer: Counter = Counter()  # swarm rows trained on, per sender
+        self.row_count_keys: set[str] = set()  # "dropped/<reason>" and "stripped/<reason>" seen so far
+        self.sources: list[str] = []  # index k >= 1 in `ftis_source` is sources[k - 1]
+        self._warned: set[tuple[str, str]] = set()
+
+    # -- drops ------------------------------------------------------------------------------------------------------
+    def count(self, sender: Any, reason: str, count: int = 1, *, stripped: bool = False, detail: str = "") -> None:
+        """Count `count` rows of `sender` dropped for `reason` (or, with `stripped`, changed and kept); warn the first
+        time for each (peer, reason), for at most [`MAX_WARNED`] pairs."""
+        if stripped:
+            self.stripped[reason] += count
+        else:
+            self.dropped[reason] += count
+            self.dropped_totals[reason] += count
+        kind = "stripped" if stripped else "dropped"
+        key = (str(sender)[:200], f"{kind}/{reason}")
+        if key in self._warned or len(self._warned) >= MAX_WARNED:
+            return
+        self._warned.add(key)
+        logger.warning(
+            "%s %d peer row(s) from %r: %s%s. Counted in ftis/peer_rows_%s/%s; not logged again for this peer and "
+            "reason.",
+            "Changed" if stripped else "Dropped",
+            count,
+            key[0],
+            self._descriptions[bool(stripped)].get(reason, reason),
+            f" ({detail})" if detail else "",
+            kind,
+            reason,
+        )
+
+    def warned(self, sender: Any, reason: str) -> bool:
+        """Whether the drop of `sender`'s rows for `reason` was warned about already."""
+        return (str(sender)[:200], f"dropped/{reason}") in self._warned
+
+    @property
+    def num_warned(self) -> int:
+        """How many (peer, reason) pairs were warned about."""
+        return len(self._warned)
+
+    def sift(
+        self,
+        rows: Sequence[Row],
+        problems: Sequence[str | None],
+        details: Mapping[tuple[str, str], str] | None = None,
+    ) -> list[Row]:
+        """The rows whose problem is `None`; the others (anything with a `sender`) are counted by (sender, reason).
+        `details` adds a text to the warning of a (sender, reason)."""
+        details = details or {}
+        kept, counts = [], Counter()
+        for row, problem in zip(rows, problems, strict=True):
+            if problem is None:
+                kept.append(row)
+            else:
+                counts[(str(row.sender), problem)] += 1
+        for (sender, reason), count in counts.items():
+            self.count(sender, reason, count, detail=details.get((sender, reason), ""))
+        return kept
+
+    def count_trimmed(self, senders: Iterable[Any], reason: str = "batch_split") -> None:
+        """Count rows left out (one sender each, e.g. the rows that did not split evenly), by sender."""
+        for sender, count in Counter(str(sender) for sender in senders).items():
+            self.count(sender, reason, count)
+
+    # -- rounds, steps and peers ------------------------------------------------------------------------------------
+    def record_round(
+        self, *, rows_sent: int, bytes_sent: int, rows_received: int, accepted: Sequence[Any], refused: Mapping
+    ) -> None:
+        """One swarm round: what was published, received and accepted (rows with a `sender`), and what was refused."""
+        self.totals["rows_sent"] += rows_sent
+        self.totals["bytes_sent"] += bytes_sent
+        self.totals["rows_received"] += rows_received
+        self.totals["rows_accepted"] += len(accepted)
+        self.accepted_by_peer.update(row.sender for row in accepted)
+        self.refused.update(refused)
+
+    def step_row_counts(self) -> dict[str, float]:
+        """This step's dropped (and changed) peer rows as metrics, and a fresh count for the next step: the total
+        (`ftis/peer_rows_dropped`) and one metric per reason seen so far (`ftis/peer_rows_dropped/<reason>`,
+        `ftis/peer_rows_stripped/<reason>`; 0 when none this step)."""
+        dropped, stripped = self.dropped, self.stripped
+        self.dropped, self.stripped = Counter(), Counter()
+        metrics = {"ftis/peer_rows_dropped": float(sum(dropped.values()))}
+        self.row_count_keys.update(f"dropped/{reason}" for reason in dropped)
+        self.row_count_keys.update(f"stripped/{reason}" for reason in stripped)
+        for key in sorted(self.row_count_keys):
+            kind, reason = key.split("/", 1)
+            metrics[f"ftis/peer_rows_{key}"] = float((dropped if kind == "dropped" else stripped)[reason])
+        return metrics
+
+    def add_sources(self, senders: Iterable[str]) -> None:
+        """Add the peers not yet in [`sources`], in order (the same list on every process)."""
+        self.sources.extend(sender for sender in senders if sender not in self.sources)
+
+    def source_index(self, sender: str) -> int:
+        """`ftis_source` of a row of `sender`: 1 + its place in [`sources`] (0 is this trainer's own rows)."""
+        return self.sources.index(sender) + 1
+
+    def peers(self) -> list[str]:
+        """Every peer whose rows were merged or whose swarm rows were accepted, sorted."""
+        return sorted(set(map(str, self.sources)) | set(map(str, self.accepted_by_peer)))
+
+    # -- state --------------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The ledger as JSON-serialisable values (the checkpoint's `totals` ... `sources`; the warn-once set is not
+        saved: a restarted peer warns again)."""
+        return {
+            "totals": {key: self.totals[key] for key in TOTALS},
+            "refused": dict(self.refused),
+            "dropped": dict(self.dropped_totals),
+            "dropped_since_merge": dict(self.dropped),
+            "stripped_since_merge": dict(self.stripped),
+            "accepted_by_peer": dict(self.accepted_by_peer),
+            "row_count_keys": sorted(self.row_count_keys),
+            "sources": list(self.sources),
+        }
+
+    @staticmethod
+    def parse_state(state: Any) -> LedgerState:
+        """Check a [`state_dict`] (read from a file): `ValueError` naming what is wrong; nothing is changed."""
+        if not isinstance(state, Mapping):
+            raise ValueError("not a JSON object")  # noqa: TRY004 - a malformed file, not a wrong argument
+        totals = _numbers(state.get("totals"), "totals")
+        if not set(TOTALS) - set(LATER_TOTALS) <= set(totals) <= set(TOTALS):
+            raise ValueError(f"'totals' must have exactly {', '.join(TOTALS)}")
+        totals = {**dict.fromkeys(LATER_TOTALS, 0), **totals}
+        counters = {name: _numbers(state.get(name), name) for name in COUNTERS}
+        keys, sources = state.get("row_count_keys"), state.get("sources")
+        for name, value in (("row_count_keys", keys), ("sources", sources)):
+            if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+                raise ValueError(f"{name!r} is not a list of strings")
+        return LedgerState(totals=totals, counters=counters, row_count_keys=list(keys), sources=list(sources))
+
+    def load_state_dict(self, state: Any) -> None:
+        """Restore a [`state_dict`] (or a [`LedgerState`] already checked): checked first, so that a malformed state
+        raises `ValueError` and changes nothing."""
+        parsed = state if isinstance(state, LedgerState) else self.parse_state(state)
+        self.totals.update(parsed.totals)
+        self.refused = Counter(parsed.counters["refused"])
+        self.dropped_totals = Counter(parsed.counters["dropped"])
+        self.dropped = Counter(parsed.counters["dropped_since_merge"])
+        self.stripped = Counter(parsed.counters["stripped_since_merge"])
+        self.accepted_by_peer = Counter(parsed.counters["accepted_by_peer"])
+        self.row_count_keys = set(parsed.row_count_keys)
+        self.sources = list(parsed.sources)
+
+
+def _numbers(value: Any, name: str) -> dict[str, int]:
+    if not isinstance(value, Mapping) or not all(
+        isinstance(key, str) and isinstance(count, (int, float)) and not isinstance(count, bool) and count >= 0
+        for key, count in value.items()
+    ):
+        raise ValueError(f"{name!r} is not a mapping of names to non-negative counts")
+    return {key: int(count) for key, count in value.items()}

@@ -1,0 +1,74 @@
+"""The F-TIS loss metrics (`ftis/own/...`, `ftis/peer/...`, `ftis/peers/<peer>/...`) from the terms of one micro-batch.
+
+Two pure steps around the trainer's two collectives: [`source_sums`] adds up, per source (0: this trainer's own rows;
+k >= 1: the k-th peer of the ledger's `sources`), what the metrics need; the trainer sums and maxes them over its
+processes; [`metric_groups`] turns the totals into the metric values of each group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .objective import FTISTerms
+
+
+def source_sums(
+    terms: FTISTerms, mask: torch.Tensor, source: torch.Tensor, num_sources: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per source, `(rows, filtered, tokens, Σ weight, capped tokens, Σ finite statistic, finite statistics)` (shape
+    `(num_sources, 7)`) and `(max weight, max finite statistic)` (shape `(num_sources, 2)`, `-inf` when none)."""
+    source = source.long()
+    finite = torch.isfinite(terms.filter_statistic)
+    weights = torch.where(mask, terms.weights, torch.zeros_like(terms.weights))
+    per_row = torch.stack(
+        [
+            torch.ones_like(finite, dtype=torch.float32),
+            (~terms.keep).float(),
+            mask.sum(-1).float(),
+            weights.sum(-1).float(),
+            (terms.capped & mask).sum(-1).float(),
+            torch.where(finite, terms.filter_statistic, torch.zeros_like(terms.filter_statistic)).float(),
+            finite.float(),
+        ],
+        dim=1,
+    )
+    sums = torch.zeros(num_sources, per_row.shape[1], device=mask.device).index_add_(0, source, per_row)
+    row_peaks = torch.stack(
+        [
+            torch.where(mask, terms.weights, torch.full_like(terms.weights, -math.inf)).amax(-1).float(),
+            torch.where(finite, terms.filter_statistic, torch.full_like(terms.filter_statistic, -math.inf)).float(),
+        ],
+        dim=1,
+    )
+    maxes = torch.full((num_sources, 2), -math.inf, device=mask.device).scatter_reduce_(
+        0, source.unsqueeze(-1).expand(-1, 2), row_peaks, reduce="amax"
+    )
+    return sums, maxes
+
+
+def metric_groups(
+    sums: torch.Tensor, maxes: torch.Tensor, sources: Sequence[str]
+) -> list[tuple[str, dict[str, float], float]]:
+    """`(group, metrics, rows filtered)` for `own`, then (with peer rows) `peer` and each `peers/<name>`, from the
+    totals over every process; a group without rows is left out, a metric without tokens or finite statistics too."""
+    groups = [("own", sums[0], maxes[0])]
+    if len(sources) > 0:
+        groups.append(("peer", sums[1:].sum(dim=0), maxes[1:].amax(dim=0)))
+        groups += [(f"peers/{name}", sums[k + 1], maxes[k + 1]) for k, name in enumerate(sources)]
+    out = []
+    for name, totals, peaks in groups:
+        n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = totals.tolist()
+        if n_rows == 0:
+            continue
+        values = {"filtered_frac": n_filtered / n_rows, "kl_nonfinite_frac": 1.0 - n_finite / n_rows}
+        if n_tokens > 0:
+            values["is_weight_mean"] = w_sum / n_tokens
+            values["is_weight_max"] = peaks[0].item()
+            values["is_weight_capped_frac"] = n_capped / n_tokens
+        if n_finite > 0:
+            values.update(kl_mean=d_sum / n_finite, kl_max=peaks[1].item())
+        out.append((name, values, n_filtered))
+    return out

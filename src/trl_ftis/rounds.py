@@ -1,0 +1,364 @@
+"""The swarm round, trainer side: publish this job's rows, collect the other peers', admit, select, score and
+normalise them, in the training loop or in a background worker.
+
+[`RoundRunner`] is an object with explicit dependencies (the config, the [`Swarm`] client, the [`Admission`], the
+[`PeerRowLedger`] and the `scale_rewards` setting), composed by `FTISTrainer` and testable without a trainer. It runs
+on the main process of a job; sharing rows out between the job's processes (the collectives) stays with the trainer.
+It also owns the lock that keeps an async worker's admission (tokenizer, reward functions, ledger) apart from the
+training loop's use of them, and the [`ExchangeWorker`] thread of `exchange_mode="async"`. [`connect_swarm`] builds
+the trainer's [`Swarm`] from its config and credentials.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+
+from .exchange import Limits, tokenizer_fingerprint
+from .objective import group_max_len
+from .peer_rows import (
+    MAX_ABS_ADVANTAGE,
+    AdmittedRow,
+    PeerRow,
+    ScoredRow,
+    group_advantages,
+    prompt_key,
+    select_rows,
+    with_group_statistics,
+)
+from .swarm import RoundBudget, RoundResult, Swarm
+
+if TYPE_CHECKING:
+    from .admission import Admission
+    from .config import FTISConfig, SwarmCredentials
+    from .ledger import PeerRowLedger
+
+logger = logging.getLogger(__name__)
+
+
+_WORKER_THREAD = "ftis-exchange"
+
+
+class ExchangeWorker:
+    """The background thread of `exchange_mode="async"`: runs one swarm round at a time, off the training loop.
+
+    At most one round is in flight and its result is the only one held (the round's own bounds cap its rows and
+    bytes). The thread belongs to its trainer: [`close`] (called when `train()` ends, also when it raises) interrupts
+    a round waiting for peers, lets its publish finish and joins the thread. A round that raises is reported when its
+    result is taken, never lost silently.
+    """
+
+    def __init__(self, interrupt):
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER_THREAD)
+        self._interrupt = interrupt  # stops a round's wait for peers (Swarm.interrupt)
+        self._future: Future | None = None
+
+    def submit(self, function, *args) -> None:
+        if self._future is not None:
+            raise RuntimeError("The exchange worker already has a round in flight: take its result first.")
+        self._future = self._executor.submit(function, *args)
+
+    def take(self) -> Future | None:
+        """The round in flight, once it is done (blocks until then); `None` when none was submitted."""
+        future, self._future = self._future, None
+        if future is not None:
+            future.exception()  # waits; the caller reads the result or the error
+        return future
+
+    def wait(self) -> None:
+        """Block until the round in flight (if any) is done, leaving its result to [`take`]."""
+        if self._future is not None:
+            self._future.exception()
+
+    def close(self) -> None:
+        """Interrupt a round waiting for peers, wait for it (its publish completes) and stop the thread."""
+        if self._future is not None:
+            self._interrupt()
+        self._executor.shutdown(wait=True)
+        self._future = None
+
+
+class RoundOutcome(NamedTuple):
+    """What one round gives the training step."""
+
+    rows: list[ScoredRow]
+    """The received rows to train on, with their group statistics (before they are shared out between processes)."""
+    own_statistics: tuple[list[float], list[int]] | None
+    """Horizontal mode: the own rows' advantages and group max lengths over the mixed groups; else `None`."""
+    metrics: dict[str, float]
+    """The round's metrics (`ftis/peer_rows_received`, `ftis/exchange/...`, `ftis/peers/<peer>/...`)."""
+
+
+def connect_swarm(
+    config: FTISConfig,
+    credentials: SwarmCredentials,
+    *,
+    tokenizer,
+    vocab_limit: int,
+    temperature: float,
+    reward_names: Sequence[str],
+    model_name: str,
+) -> Swarm:
+    """The [`Swarm`] client of a trainer with `config` (its `exchange_url`, peer id, bounds) signing and verifying
+    with `credentials` ([`FTISConfig.swarm_credentials`]: the secret and key objects, read once by the trainer)."""
+    return Swarm(
+        config.exchange_url,
+        peer_id=config.peer_id,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        tokenizer_name=str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__),
+        vocab_limit=vocab_limit,
+        temperature=temperature,
+        reward_names=reward_names,
+        secret=credentials.secret,
+        expected_peers=config.expected_peers,
+        num_expected_peers=config.num_expected_peers,
+        peer_timeout=config.peer_timeout,
+        max_staleness=config.max_staleness,
+        compact=config.exchange_compact,
+        model_name=model_name,
+        max_rounds_ahead=config.max_rounds_ahead,
+        private_key=credentials.private_key,
+        public_keys=credentials.public_keys,
+        budget=RoundBudget(max_bytes=config.max_round_bytes),
+        cross_tokenizer=config.cross_tokenizer,
+        limits=Limits.for_receiver(
+            # Another tokenizer may need several of its tokens for one of ours (a character-level one: ~4).
+            max_completion_length=(16 if config.cross_tokenizer else 4) * config.max_completion_length,
+            max_rows=max(config.max_peer_message_rows, config.generation_batch_size),
+        ),
+    )
+
+
+class RoundRunner:
+    """
+    The exchange of rows with the swarm, once per generation batch, on the main process.
+
+    `exchange_mode="sync"` runs the round inside the step. `"async"` hands this step's rows to an [`ExchangeWorker`]
+    and trains on what the previous step's round collected (one round of lag): the worker publishes, collects,
+    decodes, admits and scores while the step computes. [`lock`] keeps the worker's admission (tokenizer, reward
+    functions, ledger) apart from the training loop's use of them (generation, scoring, the merge: [`turn`]);
+    `ftis/exchange/blocking_seconds` is the time the training loop waited on the exchange: the whole round in sync
+    mode; in async mode, waiting for the worker's result and for the lock.
+
+    Args:
+        config ([`FTISConfig`]): reads `exchange_mode`, `collaboration_mode`, `trust_peer_rewards`,
+            `require_known_prompts`, `max_peer_rows` and `max_peer_ratio`.
+        swarm ([`Swarm`], *optional*): the client; `None` on processes that do not talk to the swarm (then only
+            [`lock`] and [`turn`] are used).
+        admission ([`Admission`]): admits and rescores the received rows.
+        ledger ([`PeerRowLedger`]): the round's totals and drops are counted there.
+        scale_rewards (`str`): as `GRPOConfig.scale_rewards`, for the group statistics.
+    """
+
+    def __init__(
+        self,
+        *,
+        config: FTISConfig,
+        swarm: Swarm | None,
+        admission: Admission,
+        ledger: PeerRowLedger,
+        scale_rewards: str = "group",
+    ):
+        self.config = config
+        self.swarm = swarm
+        self.admission = admission
+        self.ledger = ledger
+        self.scale_rewards = scale_rewards
+        self.lock = threading.RLock()
+        self.worker: ExchangeWorker | None = None
+        self.worker_errors = 0  # rounds the async worker failed
+        self._blocked_seconds = 0.0  # waited for the lock since the last round's metrics
+
+    @contextmanager
+    def turn(self):
+        """Hold [`lock`] (the training loop's side); the time waited for it counts as blocking."""
+        started = time.monotonic()
+        with self.lock:
+            self._blocked_seconds += time.monotonic() - started
+            yield
+
+    def close(self) -> None:
+        """Stop the async worker, if any (a later round starts a new one)."""
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.close()
+
+    def wait(self) -> None:
+        """Block until the async worker's round in flight (if any) is done, leaving its result for the next step."""
+        if self.worker is not None:
+            self.worker.wait()
+
+    def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
+        """This step's round: the rows to train on (sync: this round's; async: the previous round's), the own rows'
+        horizontal statistics and the metrics, with `ftis/exchange/blocking_seconds`."""
+        started = time.monotonic()
+        if self.config.exchange_mode == "async":
+            rows, own_statistics, metrics = self.async_round(own_rows, round)
+        else:
+            rows, own_statistics, metrics = self.run_round(own_rows, round)
+        metrics["ftis/exchange/blocking_seconds"] = self._blocked_seconds + time.monotonic() - started
+        self._blocked_seconds = 0.0
+        return RoundOutcome(rows, own_statistics, metrics)
+
+    def async_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
+        """`exchange_mode="async"`: the rows the previous step's round collected (waiting for it only if it is not
+        done yet), and this step's round handed to the worker. The rows are one round older than in sync mode: the
+        staleness metrics count it."""
+        if self.worker is None:
+            self.worker = ExchangeWorker(self.swarm.interrupt)
+        previous = self.worker.take()
+        self.worker.submit(self.run_round, own_rows, round)
+        if previous is None:  # the first step of a run: nothing collected yet
+            return RoundOutcome([], None, {})
+        error = previous.exception()
+        if error is not None:  # reported, and this step trains on its own rows: the next round is already running
+            self.worker_errors += 1
+            logger.error(
+                "The exchange worker failed in round %d (%s: %s): this step trains without peer rows. The next "
+                "round runs as usual; `ftis/exchange/worker_errors` counts the failures.",
+                round - 1,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+            return RoundOutcome([], None, {"ftis/exchange/worker_errors": float(self.worker_errors)})
+        rows, own_statistics, metrics = previous.result()
+        for name in metrics:
+            if name.endswith("/staleness"):
+                metrics[name] += 1.0  # collected for the previous step, trained on at this one
+        return RoundOutcome(rows, own_statistics, metrics)
+
+    def run_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
+        """Publish, collect, admit, select, score, normalise (in the training loop, or in the worker). Never raises
+        because of what peers sent: a row is trained on or dropped and counted by reason."""
+        swarm = self.swarm
+        bytes_sent = swarm.publish(own_rows, round)
+        cap = self.peer_row_cap(len(own_rows))
+        # Decode at most a few times what this round can use: rows beyond that cost nothing.
+        result = swarm.collect(round, max_rows=None if cap is None else max(4 * cap, 64))
+        with self.lock:  # the rest uses the tokenizer, the reward functions and the ledger
+            return self.finish_round(own_rows, round, result, bytes_sent)
+
+    def finish_round(self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int) -> RoundOutcome:
+        """The collected round's rows to train on, its totals counted and its metrics; never raises because of the
+        rows (an unexpected error drops them all, `internal_error`)."""
+        received = result.rows
+        try:
+            rows, own_statistics = self.round_rows(own_rows, result)
+        except Exception as error:  # the last line of defence: a round never raises because of what peers sent
+            if not self.ledger.warned("*", "internal_error"):
+                logger.exception("Processing the peer rows of round %d failed; training on own rows only.", round)
+            self.ledger.count("*", "internal_error", len(received), detail=f"{type(error).__name__}: {error}"[:300])
+            rows, own_statistics = [], None
+        self.ledger.record_round(
+            rows_sent=len(own_rows),
+            bytes_sent=bytes_sent,
+            rows_received=len(received),
+            accepted=rows,
+            refused=result.refused,
+        )
+        return RoundOutcome(rows, own_statistics, self.round_metrics(result, rows, bytes_sent))
+
+    def round_rows(self, own_rows: list[PeerRow], result: RoundResult):
+        """The received rows (`result.rows`) this round trains on, as [`ScoredRow`]s, and the own rows' statistics in
+        horizontal mode (else `None`)."""
+        config = self.config
+        rows = self.admission.admit(
+            result.rows, local_columns=config.require_known_prompts or not config.trust_peer_rewards
+        )
+        rows = select_rows(rows, self.peer_row_cap(len(own_rows)), regulars=result.regulars)
+        if not config.trust_peer_rewards:
+            rows = self.admission.rescore(rows)
+        own_statistics = None
+        if config.collaboration_mode == "horizontal":
+            own_statistics, scored = self.horizontal_statistics(own_rows, rows)
+        else:
+            scored = with_group_statistics(rows, self.scale_rewards)
+        return self.admission.guard_statistics(scored), own_statistics
+
+    def peer_row_cap(self, local_rows: int) -> int | None:
+        """The most peer rows a step with `local_rows` own rows trains on (`max_peer_rows`, `max_peer_ratio`)."""
+        caps = [self.config.max_peer_rows]
+        if self.config.max_peer_ratio is not None:
+            caps.append(int(self.config.max_peer_ratio * local_rows))
+        caps = [cap for cap in caps if cap is not None]
+        return min(caps) if caps else None
+
+    def round_metrics(self, result: RoundResult, rows: Sequence[ScoredRow], bytes_sent: int) -> dict[str, float]:
+        accepted: dict[str, list[ScoredRow]] = {}
+        for row in rows:
+            accepted.setdefault(row.sender, []).append(row)
+        metrics = {
+            "ftis/peer_rows_received": float(sum(p.rows_received for p in result.peers.values())),
+            "ftis/peer_rows_accepted": float(len(rows)),
+            "ftis/exchange/bytes_sent": float(bytes_sent),
+            "ftis/exchange/wait_seconds": result.waited,
+            "ftis/exchange/peers_missing": float(len(result.missing)),
+            "ftis/exchange/messages_refused": float(sum(result.refused.values())),
+        }
+        for reason, count in result.refused.items():
+            metrics[f"ftis/exchange/refused/{reason}"] = float(count)
+        for sender, stats in result.peers.items():
+            mine = accepted.get(sender, [])
+            peer = {
+                "rows_received": float(stats.rows_received),
+                "rows_accepted": float(len(mine)),
+                "rows_stale": float(stats.rows_stale),
+                "bytes_received": float(stats.bytes_received),
+            }
+            if stats.staleness:
+                peer["staleness"] = sum(stats.staleness) / len(stats.staleness)
+            if mine:  # divided first: rewards near the float maximum must not overflow the sum
+                peer["reward"] = math.fsum(float(row.reward) / len(mine) for row in mine)
+            metrics.update({f"ftis/peers/{sender}/{name}": value for name, value in peer.items()})
+        return metrics
+
+    def horizontal_statistics(self, own_rows: Sequence[PeerRow], rows: Sequence[AdmittedRow]):
+        """Horizontal mode: groups of the same prompt are normalised together over every model's completions.
+
+        Returns the own rows' `(advantages, group max lengths)` and the peer rows kept, as [`ScoredRow`]s in their
+        order. Peer rows whose prompt no local group has keep their own (vertical) normalisation. All in float64;
+        when a mixed group's advantages would not be finite or exceed [`MAX_ABS_ADVANTAGE`] (a peer's enormous
+        reward), its peer rows are dropped (`nonfinite`, `advantage_too_large`) and the own rows of that prompt are
+        normalised among themselves: no peer value reaches the own rows' advantages as a non-finite or enormous
+        number.
+        """
+        own_keys = {prompt_key(row.prompt) for row in own_rows}
+        mixed = [row for row in rows if prompt_key(row.prompt) in own_keys]
+        alone = [row for row in rows if prompt_key(row.prompt) not in own_keys]
+        alone_scored = with_group_statistics(alone, self.scale_rewards)
+        scored = {id(row): new for row, new in zip(alone, alone_scored, strict=True)}
+        while True:
+            union = list(own_rows) + mixed
+            keys: dict[str, int] = {}
+            index = torch.tensor(
+                [keys.setdefault(prompt_key(row.prompt), len(keys)) for row in union], dtype=torch.long
+            )
+            rewards = torch.tensor([float(row.reward) for row in union], dtype=torch.float64)
+            advantages = group_advantages(rewards, index, self.scale_rewards)
+            nonfinite = set(index[~torch.isfinite(advantages)].tolist())
+            too_large = set(index[advantages.abs() > MAX_ABS_ADVANTAGE].tolist()) - nonfinite
+            peer_index = index[len(own_rows) :].tolist()
+            problems = [
+                "nonfinite" if g in nonfinite else "advantage_too_large" if g in too_large else None
+                for g in peer_index
+            ]
+            if not any(problems):
+                break
+            mixed = self.ledger.sift(mixed, problems)  # then again, with those prompts' own rows alone
+        lengths = torch.tensor([len(row.completion_ids) for row in union])
+        advantages, group_max = advantages.tolist(), group_max_len(lengths, index).tolist()
+        for row, advantage, max_length in zip(
+            mixed, advantages[len(own_rows) :], group_max[len(own_rows) :], strict=True
+        ):
+            scored[id(row)] = row.with_statistics(advantage, max_length)
+        own_statistics = (advantages[: len(own_rows)], group_max[: len(own_rows)])
+        return own_statistics, [scored[id(row)] for row in rows if id(row) in scored]
