@@ -603,3 +603,39 @@ def test_without_peer_rows_trls_token_count_is_kept(tokenizer, dataset, make_arg
         "num_items_in_batch": torch.tensor(6),
     }
     assert trainer._merge_peer_rows(dict(output), [])["num_items_in_batch"] == 6
+
+
+def test_a_step_tokenises_each_peer_prompt_once(tokenizer, dataset, make_args, monkeypatch):
+    """The prompt of a peer row is rendered and tokenised once, at admission, and its ids reach the merged batch: the
+    merge does not tokenise it again (it did, before the admitted row carried them)."""
+    trainer = make_trainer(tokenizer, make_args(), dataset)
+    peer_prompt = "7+8="  # not a prompt of the training set, so only the peer rows bring it
+    rows = [
+        PeerRow(
+            prompt=peer_prompt,
+            completion_ids=tokenizer.encode(text, add_special_tokens=False),
+            generator_logps=[-0.5] * len(text),
+            reward=reward,
+            group="g",
+            sender="peer",
+        )
+        for text, reward in (("15", 1.0), ("14", 0.0), ("51", 0.0), ("15", 1.0))
+    ]
+    calls = []
+    tokenize = trainer._tokenize_prompts
+
+    def counting(prompts, *args, **kwargs):
+        calls.append(list(prompts))
+        return tokenize(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(trainer, "_tokenize_prompts", counting)
+    assert trainer.add_peer_rows(rows) == 4
+    batch = trainer._generate_and_score_completions(next(iter(trainer.get_train_dataloader())))
+
+    assert sum(prompts.count(peer_prompt) for prompts in calls) == 1, calls
+    expected_ids = tokenize([peer_prompt])[0][0]
+    peer = batch["ftis_gen_valid"].nonzero().flatten().tolist()
+    assert len(peer) == 4
+    for index in peer:
+        ids = batch["prompt_ids"][index][batch["prompt_mask"][index].bool()].tolist()
+        assert ids == list(expected_ids)
