@@ -6,7 +6,7 @@
     (rows sampled by a tiny trainer); plus the fixed overhead per completion.
 (b) One round as the receiving trainer sees it, with `trl_ftis.swarm.Swarm` instances (one receiver, P publishers) on
     dir:// (a temporary directory) and Redis (a throwaway redis-server from tests/redis_server.py): encode and publish
-    its own message; collect (poll, peek, decode, checks, message_to_rows) what P = 2, 8, 32 peers published; merge
+    its own message; collect (poll, decode with its checks, message_to_rows) what P = 2, 8, 32 peers published; merge
     (group statistics, the receiver's prompt tokenization, build_peer_batch), for a small message per peer
     (16 completions x 32 tokens) and a large one (12 x 12 x 200 tokens). Each round is timed right after a training
     step of the tiny model (FTISTrainer, hidden 64, 16 rows), alternating step / round in one run, and reported as a
@@ -275,8 +275,7 @@ class PhaseClock:
             ("encode_message", "encode"),
             ("decode_message", "decode"),
             ("message_to_rows", "to rows"),
-            ("peek_header", "peek"),
-        ):
+        ):  # the swarm reads no header on its own (decode_message checks it): nothing separate to time
             self.timer.wrap(swarm_module, name, section)
 
     def take(self) -> dict:
@@ -518,7 +517,7 @@ def bench_rounds(args, tokenizer, tmp: str) -> dict:
         "  columns, each as % of the training step just before the round (median over rounds): round = publish + "
         "collect + merge;\n  publish: own message (rows_to_message, encode, write, prune), of which encode; "
         "collect: Swarm.collect, of which poll\n  (transport read), decode (decode_message), to_rows "
-        "(message_to_rows), the rest peek_header and checks; merge: stats\n  (assign_group_statistics), "
+        "(message_to_rows), the rest the round's own checks; merge: stats\n  (assign_group_statistics), "
         "tokenize (the admission's render_prompts of every row's prompt), build (build_peer_batch)"
     )
     summary = {}
