@@ -107,3 +107,15 @@ def test_a_malformed_state_raises_and_changes_nothing(change):
     with pytest.raises(ValueError):
         ledger.load_state_dict(broken)
     assert ledger.state_dict() == state
+
+
+def test_totals_and_refusals_are_added_through_the_ledger_and_unknown_totals_are_refused():
+    ledger = PeerRowLedger()
+    ledger.add("rows_filtered", 3)
+    ledger.add("rows_retokenised", 2)
+    ledger.refuse("unknown_prompt", 4)
+    assert ledger.totals["rows_filtered"] == 3 and ledger.totals["rows_retokenised"] == 2
+    assert ledger.refused == {"unknown_prompt": 4}
+    assert ledger.state_dict()["refused"] == {"unknown_prompt": 4}
+    with pytest.raises(KeyError, match="rows_typo"):
+        ledger.add("rows_typo", 1)

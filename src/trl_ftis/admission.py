@@ -253,7 +253,7 @@ class Admission:
             ids = list(ids) + ([int(eos)] if row.ends_with_eos else [])
             total = float(np.sum(np.asarray(row.generator_logps, dtype=np.float64)))
             tokens[id(row)] = (np.asarray(ids, dtype=np.int64), np.full(len(ids), total / len(ids), dtype=np.float64))
-        self.ledger.totals["rows_retokenised"] += len(others) - len(problems)
+        self.ledger.add("rows_retokenised", len(others) - len(problems))
         candidates = [
             c._replace(completion_ids=tokens[id(c.row)][0], generator_logps=tokens[id(c.row)][1], text_level=True)
             if id(c.row) in tokens
@@ -327,7 +327,7 @@ class Admission:
             problems.append("unknown_prompt" if local is None and self.config.require_known_prompts else None)
         unknown = problems.count("unknown_prompt")
         if unknown:
-            self.ledger.refused["unknown_prompt"] += unknown
+            self.ledger.refuse("unknown_prompt", unknown)
         return self.ledger.sift(out, problems)
 
     def _rendered(self, candidates: list[_Candidate]) -> list[AdmittedRow]:

@@ -139,6 +139,17 @@ class PeerRowLedger:
         self.accepted_by_peer.update(row.sender for row in accepted)
         self.refused.update(refused)
 
+    def add(self, total: str, count: float) -> None:
+        """Add `count` to the total `total` (one of [`TOTALS`]: `rows_filtered` after an optimizer step,
+        `rows_retokenised` after a re-tokenisation); `KeyError` for another name."""
+        if total not in self.totals:
+            raise KeyError(f"{total!r} is not a total of the ledger ({', '.join(TOTALS)})")
+        self.totals[total] += count
+
+    def refuse(self, reason: str, count: int = 1) -> None:
+        """Count `count` refusals for `reason` that the swarm did not make (`unknown_prompt`: the admission's)."""
+        self.refused[reason] += count
+
     def step_row_counts(self) -> dict[str, float]:
         """This step's dropped (and changed) peer rows as metrics, and a fresh count for the next step: the total
         (`ftis/peer_rows_dropped`) and one metric per reason seen so far (`ftis/peer_rows_dropped/<reason>`,

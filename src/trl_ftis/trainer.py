@@ -807,7 +807,7 @@ class FTISTrainer(GRPOTrainer):
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
         if self._step % self.current_gradient_accumulation_steps == 0:
             self._metrics["train"]["ftis/peer_rows_filtered"].append(self._filtered_in_step.pop("rows_filtered", 0.0))
-            self._ledger.totals["rows_filtered"] += self._metrics["train"]["ftis/peer_rows_filtered"][-1]
+            self._ledger.add("rows_filtered", self._metrics["train"]["ftis/peer_rows_filtered"][-1])
             for key, count in self._filtered_in_step.items():
                 self._metrics["train"][f"ftis/{key}"].append(count)
             self._filtered_in_step = {}
