@@ -25,6 +25,7 @@ def config(**overrides):
         collaboration_mode="vertical",
         max_peer_rows=None,
         max_peer_ratio=None,
+        max_staleness=2,
     )
     settings.update(overrides)
     return SimpleNamespace(**settings)

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
-from tiny_trainers import tiny_trainer
+from tiny_trainers import exchange_trainer
 from transformers import TrainerCallback
 
 WORKER = "ftis-exchange"
@@ -30,12 +30,7 @@ class Partner(TrainerCallback):
 
 
 def async_trainer(tokenizer, make_args, url, *, callbacks=(), **overrides):
-    settings = {"exchange_url": url, "peer_id": "me", "exchange_mode": "async", "max_steps": 3}
-    settings.update(overrides)
-    trainer = tiny_trainer(tokenizer, make_args(**settings))
-    for callback in callbacks:
-        trainer.add_callback(callback)
-    return trainer
+    return exchange_trainer(tokenizer, make_args, url, "async", callbacks=callbacks, **overrides)
 
 
 def step_entries(trainer):
@@ -166,7 +161,7 @@ def test_async_checkpoints_wait_for_the_round_in_flight(tokenizer, make_args, ur
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"exchange_mode": "later"}, "exchange_mode must be 'sync' or 'async'"),
+        ({"exchange_mode": "later"}, "exchange_mode must be one of 'sync', 'async', 'free'"),
         ({"exchange_mode": "async", "collaboration_mode": "horizontal"}, "cannot be combined"),
     ],
 )

@@ -250,12 +250,14 @@ def test_a_state_file_of_format_1_from_before_this_layout_still_loads(tokenizer)
     """A file as the previous version wrote it (the same keys; no `adaptive_threshold`, no `rows_retokenised`)."""
     state = saved_state(tokenizer)
     del state["adaptive_threshold"], state["totals"]["rows_retokenised"]
+    del state["arrived_peer_rows"], state["arrived_created"]  # added with exchange_mode="free"
     parsed = parse_state(state)
     assert parsed.adaptive_threshold is None and parsed.ledger.totals["rows_retokenised"] == 0
+    assert list(parsed.arrived_rows) == [] and list(parsed.arrived_created) == []
     assert list(saved_state(tokenizer)) == [  # the layout written, key for key, as format 1 has it
         "format", "peer_id", "global_step", "totals", "refused", "dropped", "dropped_since_merge",
         "stripped_since_merge", "accepted_by_peer", "row_count_keys", "sources", "adaptive_threshold",
-        "pending_peer_rows", "swarm",
+        "pending_peer_rows", "swarm", "arrived_peer_rows", "arrived_created",
     ]  # fmt: skip
 
 

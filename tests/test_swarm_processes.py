@@ -90,6 +90,35 @@ def test_async_peers_train_on_each_others_rows_one_round_late(tmp_path):
         assert "nothing new from" not in log
 
 
+def test_free_running_peers_never_make_a_fast_peer_wait_for_a_slow_one(tmp_path):
+    """exchange_mode="free": a small peer (hidden 32) and one about 10x slower (hidden 384), both expected. The fast one
+    runs its 300 steps at its own pace (in lock-step it would wait for the slow one every round: issue 20 measured
+    57.7% of its step time) and still trains on the slow one's rows; the slow one trains on the fast one's newest."""
+    exchange = f"dir://{tmp_path / 'exchange'}"
+    settings = {"exchange_mode": "free", "expected_peers": ["fast", "slow"], "peer_timeout": 120}
+    slow = start_peer(tmp_path, "slow", exchange, hidden_size=384, steps=10, **settings)
+    fast = start_peer(tmp_path, "fast", exchange, hidden_size=32, steps=300, **settings)
+    for process in (slow, fast):
+        assert process.wait(timeout=400) == 0, (tmp_path / "fast.log").read_text()[-3000:] + (
+            tmp_path / "slow.log"
+        ).read_text()[-3000:]
+    quick, slowpoke = summary(tmp_path, "fast"), summary(tmp_path, "slow")
+    assert quick["steps"] == 300 and slowpoke["steps"] == 10
+    # Never waited: the training loop's time on the exchange is a sliver of its run (goal 2%, with room for noise).
+    assert quick["exchange_blocking_seconds"] < 0.05 * quick["train_seconds"], quick
+    assert slowpoke["exchange_blocking_seconds"] < 0.05 * slowpoke["train_seconds"], slowpoke
+    fast_log, slow_log = (tmp_path / "fast.log").read_text(), (tmp_path / "slow.log").read_text()
+    assert "nothing new from" not in fast_log  # never a wait for the slow one, not even a timed-out one
+    # Each trained on the other's rows, no older than max_staleness (2) of the sender's own steps.
+    assert quick["rows_accepted"] > 0 and slowpoke["rows_accepted"] > 0, (quick, slowpoke)
+    assert set(quick["peer_row_ages"]) | set(slowpoke["peer_row_ages"]) <= {"0", "1", "2"}
+    assert "'ftis/peers/slow/age_steps'" in fast_log and "'ftis/peers/fast/age_seconds'" in slow_log
+    assert "'ftis/peer_age/0/is_weight_mean'" in slow_log  # the correction, by age
+    # The fast one's rows reach the slow one in larger numbers (several fresh messages a step) than the slow one's
+    # reach the fast one (at most one message of 16 rows per slow step).
+    assert quick["rows_accepted"] <= 16 * 10 <= slowpoke["rows_accepted"], (quick, slowpoke)
+
+
 def test_three_architectures_one_of_them_lora_train_on_each_others_rows(tmp_path):
     """A Llama, a Qwen2 (LoRA) and a Gemma2 sharing one tokenizer: every peer trains on both others' rows."""
     peers = {"llama": ("llama", 64, False), "qwen2": ("qwen2", 48, True), "gemma2": ("gemma2", 32, False)}

@@ -13,3 +13,14 @@ def tiny_trainer(tokenizer, args, *, hidden_size=64, seed=0, train_size=64, data
     return FTISTrainer(
         model, digit_match_reward, args=args, train_dataset=dataset, processing_class=tokenizer, **kwargs
     )
+
+
+def exchange_trainer(tokenizer, make_args, url, mode, *, callbacks=(), **overrides):
+    """A tiny trainer `"me"` in the swarm at `url` with `exchange_mode=mode` (3 steps unless `overrides` say),
+    with `callbacks` added (stand-in peers publishing as it steps)."""
+    settings = {"exchange_url": url, "peer_id": "me", "exchange_mode": mode, "max_steps": 3}
+    settings.update(overrides)
+    trainer = tiny_trainer(tokenizer, make_args(**settings))
+    for callback in callbacks:
+        trainer.add_callback(callback)
+    return trainer

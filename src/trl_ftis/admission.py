@@ -77,6 +77,10 @@ DROP_REASONS: dict[str, str] = {
     "(decode(encode(text)) != text: characters it cannot represent)",
     "text_special_tokens": "a completion text that this trainer's tokenizer reads as special tokens (a chat-template "
     "marker, padding, end of sequence...) inside the completion",
+    "stale": "exchange_mode='free': queued rows more than max_staleness of their sender's steps old before a step "
+    "took them (or from after the sender's newest round: it restarted from an older checkpoint)",
+    "queue_full": "exchange_mode='free': more rows arrived than the queue holds (4 x the peer-row cap); the oldest "
+    "were dropped",
 }
 """Why a received row is dropped: each is counted in `ftis/peer_rows_dropped/<reason>` (and the total in
 `ftis/peer_rows_dropped`) and warned about once per peer and reason."""
@@ -188,16 +192,20 @@ class Admission:
         return self._rendered(candidates)
 
     def restore(self, rows: Sequence[PeerRow]) -> list[AdmittedRow]:
-        """Rows admitted before and saved in a checkpoint (without their prompt ids), admitted again: their prompts
-        are rendered (a prompt this trainer cannot render is dropped and counted); nothing else is re-checked, and a
-        re-tokenised row keeps its `text_level`."""
-        extra = [row.extra if row.extra is not None else {} for row in rows]
-        return self._rendered(
-            [
-                _Candidate(row, row.completion_ids, row.generator_logps, columns, bool(row.text_level))
-                for row, columns in zip(rows, extra, strict=True)
-            ]
-        )
+        """Rows admitted before and saved in a checkpoint (without their prompt ids), admitted again. A checkpoint's
+        files are as untrusted as a peer's message: ids, log-probs, lengths, prompts and columns are checked as
+        [`admit`] checks them (dropped and counted by the same reasons) and the prompts rendered; they are not
+        re-tokenised, and a re-tokenised row keeps its `text_level`."""
+        rows = list(rows)
+        candidates = [
+            _Candidate(row, row.completion_ids, row.generator_logps, {} if row.extra is None else row.extra,
+                       bool(row.text_level))
+            for row in rows
+        ]
+        problems = row_problems(candidates, self.vocab_limit)
+        problems = [problem or self._shape_problem(c) for c, problem in zip(candidates, problems, strict=True)]
+        candidates = self._strip_reserved_columns(self.ledger.sift(candidates, problems))
+        return self._rendered(candidates)
 
     def _in_own_tokens(self, rows: list[PeerRow]) -> list[_Candidate]:
         """

@@ -101,18 +101,19 @@ def rows_to_json(rows: Sequence[Any]) -> tuple[list[dict[str, Any]], int]:
     return out, unwritable
 
 
-def rows_from_json(records: Any) -> list[PeerRow]:
-    """The rows [`rows_to_json`] wrote, as [`PeerRow`]s; `ValueError` naming the first malformed one."""
+def rows_from_json(records: Any, name: str = "pending_peer_rows", label: str = "pending peer") -> list[PeerRow]:
+    """The rows [`rows_to_json`] wrote (under the state's key `name`), as [`PeerRow`]s; `ValueError` naming the first
+    malformed one."""
     if not isinstance(records, list):
-        raise ValueError("'pending_peer_rows' is not a list")  # noqa: TRY004 - a malformed file, not a wrong argument
+        raise ValueError(f"{name!r} is not a list")  # noqa: TRY004 - a malformed file, not a wrong argument
     rows = []
     for index, record in enumerate(records):
         if not isinstance(record, dict):
-            raise ValueError(f"pending peer row {index} is not an object")  # noqa: TRY004 - a malformed file, not a wrong argument
+            raise ValueError(f"{label} row {index} is not an object")  # noqa: TRY004 - a malformed file, not a wrong argument
         try:
             rows.append(PeerRow(**{**record, "group": _key_from_json(record.get("group"))}))
         except (TypeError, ValueError) as error:
-            raise ValueError(f"pending peer row {index}: {error}") from None
+            raise ValueError(f"{label} row {index}: {error}") from None
     return rows
 
 
@@ -126,6 +127,10 @@ class CheckpointState:
     adaptive_threshold: float | None
     pending_rows: list[PeerRow]
     swarm: Any
+    arrived_rows: list[PeerRow] = ()
+    """`exchange_mode="free"`: the queue of arrived peer rows, oldest first (empty in files of earlier versions)."""
+    arrived_created: list[float] = ()
+    """When each of `arrived_rows` was published (its sender's clock)."""
     """The swarm's state as saved (checked by `Swarm.load_state_dict`), or `None`."""
 
 
@@ -137,10 +142,19 @@ def build_state(
     adaptive_threshold: float | None,
     pending_rows: Sequence[Any],
     swarm: dict[str, Any] | None,
+    arrived_rows: Sequence[Any] = (),
+    arrived_created: Sequence[float] = (),
 ) -> dict[str, Any]:
     """One process's F-TIS state (JSON-serialisable, format [`STATE_FORMAT`]) from what its owners hand over: the
-    ledger's [`PeerRowLedger.state_dict`], the adaptive threshold, the queued rows and the swarm's state (only on the
-    process that holds it). Queued rows that JSON cannot hold are left out, with a warning."""
+    ledger's [`PeerRowLedger.state_dict`], the adaptive threshold, the queued rows, the swarm's state (only on the
+    process that holds it) and, free-running, the arrived rows with when each was published. Queued rows that JSON
+    cannot hold are left out, with a warning."""
+    arrived, created = [], []
+    for row, moment in zip(arrived_rows, arrived_created, strict=True):
+        written, unwritable = rows_to_json([row])
+        if written:
+            arrived.extend(written)
+            created.append(float(moment))
     rows, unwritable = rows_to_json(pending_rows)
     if unwritable:
         logger.warning(
@@ -156,6 +170,8 @@ def build_state(
         "adaptive_threshold": adaptive_threshold,
         "pending_peer_rows": rows,
         "swarm": swarm,
+        "arrived_peer_rows": arrived,
+        "arrived_created": created,
     }
 
 
@@ -168,6 +184,14 @@ def parse_state(state: Any) -> CheckpointState:
         raise ValueError(f"format {state.get('format')!r}, this version reads format {STATE_FORMAT}")
     ledger = PeerRowLedger.parse_state(state)
     rows = rows_from_json(state.get("pending_peer_rows"))
+    arrived = rows_from_json(state.get("arrived_peer_rows", []), "arrived_peer_rows", "arrived peer")
+    created = state.get("arrived_created", [])
+    if not (
+        isinstance(created, list)
+        and len(created) == len(arrived)
+        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in created)
+    ):
+        raise ValueError("'arrived_created' is not a list of finite numbers, one per arrived peer row")
     threshold = state.get("adaptive_threshold")  # absent in files of earlier versions
     if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
         raise ValueError("'adaptive_threshold' is not a finite number")
@@ -177,6 +201,8 @@ def parse_state(state: Any) -> CheckpointState:
         adaptive_threshold=None if threshold is None else float(threshold),
         pending_rows=rows,
         swarm=state.get("swarm"),
+        arrived_rows=arrived,
+        arrived_created=[float(t) for t in created],
     )
 
 

@@ -39,7 +39,8 @@ from .rules import (
 logger = logging.getLogger(__name__)
 
 COLLABORATION_MODES = ("vertical", "horizontal")
-EXCHANGE_MODES = ("sync", "async")  # the round inside the step, or in a background worker (rounds.py)
+# The round inside the step, in a background worker one round late, or free-running: never waiting (rounds.py).
+EXCHANGE_MODES = ("sync", "async", "free")
 
 
 class SwarmCredentials(NamedTuple):
@@ -176,8 +177,14 @@ class FTISConfig(GRPOConfig):
             trains. `"async"`: a background worker (main process) publishes this step's rows and collects, decodes,
             admits and scores the others' while the step computes; they join the next step (one round of lag,
             counted in the staleness metrics and corrected by the truncated weight). Logged either way:
-            `ftis/exchange/blocking_seconds`, the time the training loop waited on the exchange. Not with
-            `collaboration_mode="horizontal"` (it normalises this step's own rows with the same round's peer rows).
+            `ftis/exchange/blocking_seconds`, the time the training loop waited on the exchange. `"free"`: the
+            training loop never waits for another peer: the worker publishes and collects without waiting, and each
+            step trains on its own rows plus the admitted peer rows that have arrived and are at most
+            `max_staleness` of their sender's own steps old (rounds are each sender's steps; no shared clock).
+            `expected_peers` are then never waited for: they are served first by the round budget and counted in
+            `ftis/exchange/peers_missing` once silent for `peer_timeout` seconds (`docs/swarm.md`, "Exchange
+            modes"). Not `"async"` or `"free"` with `collaboration_mode="horizontal"` (it normalises this step's own
+            rows with the same round's peer rows).
         gpu_memory_fraction (`float`, *optional*):
             The share of its GPU's memory this peer may use, in (0, 1]: PyTorch's allocator is capped to it when the
             trainer starts, so that peers sharing a GPU cannot starve each other (the launcher's `gpu_share` passes
@@ -390,7 +397,9 @@ class FTISConfig(GRPOConfig):
         default="sync",
         metadata={
             "help": "'sync': the swarm round runs inside the training step. 'async': a background worker publishes, "
-            "collects and admits while the step computes; the rows join the next step (one round of lag).",
+            "collects and admits while the step computes; the rows join the next step (one round of lag). 'free': "
+            "never wait for another peer; each step trains on the peer rows that have arrived and are at most "
+            "max_staleness of their sender's own steps old.",
             "choices": list(EXCHANGE_MODES),
         },
     )
@@ -556,12 +565,14 @@ class FTISConfig(GRPOConfig):
                 f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
             )
         if self.exchange_mode not in EXCHANGE_MODES:
-            raise ValueError(f"exchange_mode must be 'sync' or 'async', got {self.exchange_mode!r}.")
-        if self.exchange_mode == "async" and self.collaboration_mode == "horizontal":
             raise ValueError(
-                "exchange_mode='async' cannot be combined with collaboration_mode='horizontal': horizontal mode "
-                "normalises this step's own rows together with the same round's peer rows, which async mode only "
-                "has one step later. Use exchange_mode='sync', or the vertical mode."
+                f"exchange_mode must be one of {', '.join(map(repr, EXCHANGE_MODES))}, got {self.exchange_mode!r}."
+            )
+        if self.exchange_mode != "sync" and self.collaboration_mode == "horizontal":
+            raise ValueError(
+                f"exchange_mode={self.exchange_mode!r} cannot be combined with collaboration_mode='horizontal': "
+                "horizontal mode normalises this step's own rows together with the same round's peer rows, which "
+                "only the sync mode has at that step. Use exchange_mode='sync', or the vertical mode."
             )
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:  # also rejects NaN
             raise ValueError(f"gpu_memory_fraction must be a fraction in (0, 1], got {self.gpu_memory_fraction}.")

@@ -135,9 +135,14 @@ class PeerRowLedger:
         self.totals["rows_sent"] += rows_sent
         self.totals["bytes_sent"] += bytes_sent
         self.totals["rows_received"] += rows_received
+        self.record_accepted(accepted)
+        self.refused.update(refused)
+
+    def record_accepted(self, accepted: Sequence[Any]) -> None:
+        """Swarm rows taken to be trained on (rows with a `sender`): in the free-running exchange, when a step takes
+        them from the queue of arrived rows rather than when their round is collected."""
         self.totals["rows_accepted"] += len(accepted)
         self.accepted_by_peer.update(row.sender for row in accepted)
-        self.refused.update(refused)
 
     def add(self, total: str, count: float) -> None:
         """Add `count` to the total `total` (one of [`TOTALS`]: `rows_filtered` after an optimizer step,

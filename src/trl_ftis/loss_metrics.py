@@ -1,4 +1,5 @@
-"""The F-TIS loss metrics (`ftis/own/...`, `ftis/peer/...`, `ftis/peers/<peer>/...`) from the terms of one micro-batch.
+"""The F-TIS loss metrics (`ftis/own/...`, `ftis/peer/...`, `ftis/peers/<peer>/...`, `ftis/peer_age/<k>/...`) from the
+terms of one micro-batch.
 
 Two pure steps around the trainer's two collectives: [`source_sums`] adds up, per source (0: this trainer's own rows;
 k >= 1: the k-th peer of the ledger's `sources`), what the metrics need; the trainer sums and maxes them over its
@@ -60,15 +61,39 @@ def metric_groups(
         groups += [(f"peers/{name}", sums[k + 1], maxes[k + 1]) for k, name in enumerate(sources)]
     out = []
     for name, totals, peaks in groups:
-        n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = totals.tolist()
-        if n_rows == 0:
-            continue
-        values = {"filtered_frac": n_filtered / n_rows, "kl_nonfinite_frac": 1.0 - n_finite / n_rows}
-        if n_tokens > 0:
-            values["is_weight_mean"] = w_sum / n_tokens
-            values["is_weight_max"] = peaks[0].item()
-            values["is_weight_capped_frac"] = n_capped / n_tokens
-        if n_finite > 0:
-            values.update(kl_mean=d_sum / n_finite, kl_max=peaks[1].item())
-        out.append((name, values, n_filtered))
+        values = group_values(totals, peaks)
+        if values is not None:
+            out.append((name, values, totals[1].item()))
     return out
+
+
+def age_buckets(age: torch.Tensor, max_age: int) -> torch.Tensor:
+    """Each row's bucket for [`age_groups`]: 0 for own rows and rows of unknown age (age < 0), `1 + age` for a peer
+    row `age` of its sender's steps old, the last one (`1 + max_age`) for older ones."""
+    return torch.clamp(age.long() + 1, min=0, max=max_age + 1)
+
+
+def age_groups(sums: torch.Tensor, maxes: torch.Tensor) -> list[tuple[str, dict[str, float]]]:
+    """`(peer_age/<k>, metrics)` for each age `k` (in the sender's steps) with peer rows, from [`source_sums`] over
+    [`age_buckets`]: what the truncated weight and the filter do to rows of each age."""
+    out = []
+    for bucket in range(1, sums.shape[0]):
+        values = group_values(sums[bucket], maxes[bucket])
+        if values is not None:
+            out.append((f"peer_age/{bucket - 1}", values))
+    return out
+
+
+def group_values(totals: torch.Tensor, peaks: torch.Tensor) -> dict[str, float] | None:
+    """The metrics of one group from its [`source_sums`] row; `None` when it has no rows."""
+    n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = totals.tolist()
+    if n_rows == 0:
+        return None
+    values = {"filtered_frac": n_filtered / n_rows, "kl_nonfinite_frac": 1.0 - n_finite / n_rows}
+    if n_tokens > 0:
+        values["is_weight_mean"] = w_sum / n_tokens
+        values["is_weight_max"] = peaks[0].item()
+        values["is_weight_capped_frac"] = n_capped / n_tokens
+    if n_finite > 0:
+        values.update(kl_mean=d_sum / n_finite, kl_max=peaks[1].item())
+    return values

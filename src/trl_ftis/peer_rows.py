@@ -155,6 +155,9 @@ class ScoredRow(AdmittedRow):
     """Normalised within the row's group (vertical mode) or the prompt's mixed group (horizontal mode), float64."""
     group_max_length: int
     """The longest completion of the row's group (the filter statistic's denominator)."""
+    age: int | None = None
+    """How many of its sender's steps old the row was when a step took it (the sender's newest delivered round
+    minus the row's round); `None` when not known (rows given to `add_peer_rows`). For the metrics by age only."""
 
 
 def group_advantages(rewards: torch.Tensor, group_index: torch.Tensor, scale_rewards: str = "group") -> torch.Tensor:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import Counter
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -34,6 +36,7 @@ from .peer_rows import (
     select_rows,
     with_group_statistics,
 )
+from .arrivals import ArrivalQueue, Taken
 from .swarm import RoundBudget, RoundResult, Swarm
 
 if TYPE_CHECKING:
@@ -77,6 +80,10 @@ class ExchangeWorker:
         """Block until the round in flight (if any) is done, leaving its result to [`take`]."""
         if self._future is not None:
             self._future.exception()
+
+    def idle(self) -> bool:
+        """Whether no round is in flight or the one in flight is done ([`take`] then returns at once)."""
+        return self._future is None or self._future.done()
 
     def close(self) -> None:
         """Interrupt a round waiting for peers, wait for it (its publish completes) and stop the thread."""
@@ -129,6 +136,7 @@ def connect_swarm(
         public_keys=credentials.public_keys,
         budget=RoundBudget(max_bytes=config.max_round_bytes),
         cross_tokenizer=config.cross_tokenizer,
+        free_running=config.exchange_mode == "free",
         limits=Limits.for_receiver(
             # Another tokenizer may need several of its tokens for one of ours (a character-level one: ~4).
             max_completion_length=(16 if config.cross_tokenizer else 4) * config.max_completion_length,
@@ -143,7 +151,10 @@ class RoundRunner:
 
     `exchange_mode="sync"` runs the round inside the step. `"async"` hands this step's rows to an [`ExchangeWorker`]
     and trains on what the previous step's round collected (one round of lag): the worker publishes, collects,
-    decodes, admits and scores while the step computes. [`lock`] keeps the worker's admission (tokenizer, reward
+    decodes, admits and scores while the step computes. `"free"` never waits: the worker publishes and collects
+    whatever has arrived without waiting for anyone, its admitted rows go into an [`ArrivalQueue`], and each step
+    takes the fresh rows it holds (at most `max_staleness` of their sender's own steps old); a step that finds the
+    worker still busy leaves it running and trains on the queue. [`lock`] keeps the worker's admission (tokenizer, reward
     functions, ledger) apart from the training loop's use of them (generation, scoring, the merge: [`turn`]);
     `ftis/exchange/blocking_seconds` is the time the training loop waited on the exchange: the whole round in sync
     mode; in async mode, waiting for the worker's result and for the lock.
@@ -175,7 +186,17 @@ class RoundRunner:
         self.lock = threading.RLock()
         self.worker: ExchangeWorker | None = None
         self.worker_errors = 0  # rounds the async worker failed
+        self.blocking_seconds = 0.0  # the training loop's waits on the exchange, all steps together
+        self.ages: Counter = Counter()  # rows trained on, by age in their sender's steps
         self._blocked_seconds = 0.0  # waited for the lock since the last round's metrics
+        # exchange_mode="free": the admitted rows waiting for a step (bounded once the first round sets the cap), the
+        # own rows not handed to the worker yet (it was busy), and metrics of a round settled outside a step.
+        self.arrivals = ArrivalQueue(max_rows=0, max_staleness=config.max_staleness)
+        self._unsent: list[tuple[list[PeerRow], int]] = []
+        self._settled_metrics: dict[str, float] = {}
+        # Snapshots of the swarm's view as of the worker's last finished round (the worker changes the swarm's own).
+        self._sender_rounds: dict[str, int] = {}
+        self._regulars: frozenset[str] = frozenset()
 
     @contextmanager
     def turn(self):
@@ -192,20 +213,48 @@ class RoundRunner:
             worker.close()
 
     def wait(self) -> None:
-        """Block until the async worker's round in flight (if any) is done, leaving its result for the next step."""
+        """Block until the worker's round in flight (if any) is done, leaving its result for the next step; in
+        free-running mode its rows are queued at once (a checkpoint written next holds them) and its metrics logged
+        with the next step. A free-running round never waits for peers, so this is short."""
         if self.worker is not None:
             self.worker.wait()
+            if self.config.exchange_mode == "free":
+                self._settled_metrics.update(self.settle())
+
+    def restore_arrivals(self, rows: Sequence[PeerRow], created: Sequence[float], local_rows: int) -> int:
+        """Free-running: queue again the arrived rows a checkpoint saved ([`ArrivalQueue.rows`], oldest first, and
+        when each was published), at most the newest the queue holds for steps of `local_rows` own rows, admitted
+        again ([`Admission.restore`]), rescored and normalised as when they arrived. Returns the rows queued."""
+        cap = self.peer_row_cap(local_rows)
+        budget = self.swarm.budget if self.swarm is not None else RoundBudget()
+        self.arrivals.max_rows = max(4 * cap, 64) if cap is not None else budget.max_rows
+        rows = list(rows)[-self.arrivals.max_rows :] if self.arrivals.max_rows else []
+        created = list(created)[-len(rows) :] if len(created) >= len(rows) else [time.time()] * len(rows)
+        with self.lock:
+            admitted = self.admission.restore(rows)
+            if not self.config.trust_peer_rewards:
+                admitted = self.admission.rescore(admitted)
+            scored = self.admission.guard_statistics(with_group_statistics(admitted, self.scale_rewards))
+            published = {(row.sender, int(row.round or 0)): moment for row, moment in zip(rows, created, strict=True)}
+            for sender, count in self.arrivals.add(scored, published).items():
+                self.ledger.count(sender, "queue_full", count)
+        return len(scored)
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
         """This step's round: the rows to train on (sync: this round's; async: the previous round's), the own rows'
         horizontal statistics and the metrics, with `ftis/exchange/blocking_seconds`."""
         started = time.monotonic()
-        if self.config.exchange_mode == "async":
+        if self.config.exchange_mode == "free":
+            rows, own_statistics, metrics = self.free_round(own_rows, round)
+        elif self.config.exchange_mode == "async":
             rows, own_statistics, metrics = self.async_round(own_rows, round)
         else:
             rows, own_statistics, metrics = self.run_round(own_rows, round)
-        metrics["ftis/exchange/blocking_seconds"] = self._blocked_seconds + time.monotonic() - started
+        blocked = self._blocked_seconds + time.monotonic() - started
+        metrics["ftis/exchange/blocking_seconds"] = blocked
+        self.blocking_seconds += blocked
         self._blocked_seconds = 0.0
+        self.ages.update(int(row.age) for row in rows if row.age is not None)
         return RoundOutcome(rows, own_statistics, metrics)
 
     def async_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
@@ -234,7 +283,104 @@ class RoundRunner:
         for name in metrics:
             if name.endswith("/staleness"):
                 metrics[name] += 1.0  # collected for the previous step, trained on at this one
+        rows = [replace(row, age=row.age + 1) for row in rows]
         return RoundOutcome(rows, own_statistics, metrics)
+
+    # -- exchange_mode="free" ---------------------------------------------------------------------------------------
+    def free_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
+        """`exchange_mode="free"`: hand this step's rows to the worker when it is idle (with those of steps it was
+        busy for), add what its last round admitted to the queue, and take the queue's fresh rows. Never waits for
+        the worker."""
+        if self.worker is None:
+            self.worker = ExchangeWorker(self.swarm.interrupt)
+        cap = self.peer_row_cap(len(own_rows))
+        self.arrivals.max_rows = max(4 * cap, 64) if cap is not None else self.swarm.budget.max_rows
+        metrics = dict(self._settled_metrics)
+        self._settled_metrics = {}
+        if own_rows:
+            self._unsent.append((own_rows, round))
+        # Older own rows would reach every peer stale: only the newest max_staleness + 1 steps are still sent.
+        superseded = self._unsent[: -(self.config.max_staleness + 1)]
+        if superseded:
+            self._unsent = self._unsent[-(self.config.max_staleness + 1) :]
+            metrics["ftis/exchange/rows_superseded"] = float(sum(len(rows) for rows, _ in superseded))
+        if self.worker.idle():
+            metrics.update(self.settle())
+            unsent, self._unsent = self._unsent, []
+            self.worker.submit(self.free_exchange, unsent, round)
+        with self.lock:  # the ledger, which the worker's admission also writes
+            taken = self.arrivals.take(cap, self._sender_rounds, regulars=self._regulars)
+            for sender, count in taken.stale.items():
+                self.ledger.count(sender, "stale", count)
+            self.ledger.record_accepted(taken.rows)
+        metrics.update(self.taken_metrics(taken))
+        return RoundOutcome(taken.rows, None, metrics)
+
+    def settle(self) -> dict[str, float]:
+        """Free-running: add the worker's finished round (if any) to the queue; returns that round's metrics. Called
+        by [`free_round`] and before a checkpoint is written (after [`wait`]), on the training loop's thread."""
+        if self.worker is None or not self.worker.idle():
+            return {}
+        done = self.worker.take()
+        if done is None:
+            return {}
+        error = done.exception()
+        if error is not None:
+            self.worker_errors += 1
+            logger.error(
+                "The exchange worker failed (%s: %s): its round's rows are lost; the next round runs as usual. "
+                "`ftis/exchange/worker_errors` counts the failures.",
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+            return {"ftis/exchange/worker_errors": float(self.worker_errors)}
+        rows, created, metrics, self._sender_rounds, self._regulars = done.result()
+        with self.lock:
+            for sender, count in self.arrivals.add(rows, created).items():
+                self.ledger.count(sender, "queue_full", count)
+        return metrics
+
+    def free_exchange(self, unsent: list[tuple[list[PeerRow], int]], round: int):
+        """The worker's free-running round: publish the own rows handed to it (one message per step), collect what
+        arrived (never waiting), admit and score it. Returns `(rows, created, metrics, sender rounds, regulars)`; the
+        rows are not selected: the queue does that when a step takes them."""
+        swarm = self.swarm
+        bytes_sent = sum(swarm.publish(rows, step) for rows, step in unsent)
+        own_rows = [row for rows, _ in unsent for row in rows]
+        result = swarm.collect(round, max_rows=self.arrivals.max_rows or None)
+        with self.lock:
+            outcome = self.finish_round(own_rows, round, result, bytes_sent, select=False)
+        metrics = dict(outcome.metrics)
+        for name in ("ftis/peer_rows_accepted", *(n for n in metrics if n.endswith("/rows_accepted"))):
+            metrics.pop(name, None)  # counted when a step takes them
+        metrics["ftis/peer_rows_admitted"] = float(len(outcome.rows))
+        return outcome.rows, result.created, metrics, dict(swarm.sender_rounds), result.regulars
+
+    def taken_metrics(self, taken: Taken) -> dict[str, float]:
+        """The rows a free-running step trains on: how many, from whom, and how old (in their sender's steps and in
+        seconds), and what stays queued."""
+        metrics = {
+            "ftis/peer_rows_accepted": float(len(taken.rows)),
+            "ftis/exchange/queued_rows": float(len(self.arrivals)),
+        }
+        ages: dict[str, list[int]] = {}
+        for row in taken.rows:
+            ages.setdefault(row.sender, []).append(int(row.age))
+        if taken.rows:
+            every = [age for values in ages.values() for age in values]
+            seconds = [value for values in taken.age_seconds.values() for value in values]
+            metrics["ftis/exchange/age_steps"] = sum(every) / len(every)
+            metrics["ftis/exchange/age_steps_max"] = float(max(every))
+            metrics["ftis/exchange/age_seconds"] = sum(seconds) / len(seconds)
+        for sender, values in ages.items():
+            seconds = taken.age_seconds.get(sender, [0.0])
+            metrics[f"ftis/peers/{sender}/rows_accepted"] = float(len(values))
+            metrics[f"ftis/peers/{sender}/age_steps"] = sum(values) / len(values)
+            metrics[f"ftis/peers/{sender}/age_seconds"] = sum(seconds) / len(seconds)
+        for sender, count in taken.stale.items():
+            metrics[f"ftis/peers/{sender}/rows_aged_out"] = float(count)
+        return metrics
 
     def run_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
         """Publish, collect, admit, select, score, normalise (in the training loop, or in the worker). Never raises
@@ -247,34 +393,40 @@ class RoundRunner:
         with self.lock:  # the rest uses the tokenizer, the reward functions and the ledger
             return self.finish_round(own_rows, round, result, bytes_sent)
 
-    def finish_round(self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int) -> RoundOutcome:
+    def finish_round(
+        self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int, select: bool = True
+    ) -> RoundOutcome:
         """The collected round's rows to train on, its totals counted and its metrics; never raises because of the
-        rows (an unexpected error drops them all, `internal_error`)."""
+        rows (an unexpected error drops them all, `internal_error`). `select=False` (free-running): every admitted
+        row is returned and none is counted as accepted yet (the queue selects them later)."""
         received = result.rows
         try:
-            rows, own_statistics = self.round_rows(own_rows, result)
+            rows, own_statistics = self.round_rows(own_rows, result, select=select)
         except Exception as error:  # the last line of defence: a round never raises because of what peers sent
             if not self.ledger.warned("*", "internal_error"):
                 logger.exception("Processing the peer rows of round %d failed; training on own rows only.", round)
             self.ledger.count("*", "internal_error", len(received), detail=f"{type(error).__name__}: {error}"[:300])
             rows, own_statistics = [], None
+        if select:  # lock-step: a row's age is the rounds between its own and the one it is trained at
+            rows = [replace(row, age=min(max(result.round - int(row.round or 0), 0), 2**31)) for row in rows]
         self.ledger.record_round(
             rows_sent=len(own_rows),
             bytes_sent=bytes_sent,
             rows_received=len(received),
-            accepted=rows,
+            accepted=rows if select else [],
             refused=result.refused,
         )
         return RoundOutcome(rows, own_statistics, self.round_metrics(result, rows, bytes_sent))
 
-    def round_rows(self, own_rows: list[PeerRow], result: RoundResult):
-        """The received rows (`result.rows`) this round trains on, as [`ScoredRow`]s, and the own rows' statistics in
-        horizontal mode (else `None`)."""
+    def round_rows(self, own_rows: list[PeerRow], result: RoundResult, select: bool = True):
+        """The received rows (`result.rows`) this round trains on (`select`: at most the step's peer-row cap), as
+        [`ScoredRow`]s, and the own rows' statistics in horizontal mode (else `None`)."""
         config = self.config
         rows = self.admission.admit(
             result.rows, local_columns=config.require_known_prompts or not config.trust_peer_rewards
         )
-        rows = select_rows(rows, self.peer_row_cap(len(own_rows)), regulars=result.regulars)
+        if select:
+            rows = select_rows(rows, self.peer_row_cap(len(own_rows)), regulars=result.regulars)
         if not config.trust_peer_rewards:
             rows = self.admission.rescore(rows)
         own_statistics = None

@@ -39,8 +39,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .exchange import ExchangeError, Limits, Message, WireCompletion, WireGroup, decode_message, encode_message
+from .exchange import ExchangeError, Limits, Message, decode_message, encode_message
 from .exchange.transports import Transport, open_transport
+from .peer_messages import message_to_rows, rows_to_message
 from .peer_rows import PeerRow
 from .rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
@@ -63,13 +64,14 @@ __all__ = [
     "RoundBudget",
     "RoundResult",
     "Swarm",
-    "message_to_rows",
+    "message_to_rows",  # re-exported from trl_ftis.peer_messages
     "rows_to_message",
 ]
 
 _MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
 _NO_ROUND = 2**64  # sorts an envelope without a round hint after every hinted one
 _MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
+_ROW_MISSES = 4  # regulars (or newcomers) whose decoded message did not fit in the rows left: then none is read
 
 
 @dataclass(frozen=True)
@@ -77,9 +79,20 @@ class RoundBudget:
     """What one [`Swarm.collect`] may cost, whatever the other writers of the exchange do.
 
     An envelope is examined (hashed, verified, decoded) only while the budget lasts; beyond it, envelopes are
-    dropped unread and counted as `round_budget`. The transport's `sender_hint` decides whose allowance an envelope
-    draws from and in which order envelopes are examined (regulars first, then the rounds nearest this peer's): it
-    is never trusted, and a message whose signed sender differs from its hint is refused (`sender_hint`).
+    dropped unread and counted as `round_budget`. The rows are part of it: once the round's row allowance is spent
+    (`max_rows` rows accepted, or the messages of `_ROW_MISSES` = 4 regulars decoded without fitting in what is
+    left; for newcomers, also their share of the rows, or 4 newcomers' misses), the rest is dropped unread, so what a
+    receiver reads is set by the rows it can use, not by the number of senders in the swarm. The transport's
+    `sender_hint` decides whose allowance an envelope draws from and in which order envelopes are examined: it is
+    never trusted, and a message whose signed sender differs from its hint is refused (`sender_hint`).
+
+    The order ([`Swarm._ordered`]): regulars first, then everyone else; within each, one envelope per sender hint
+    at a time (each sender's round hint nearest this peer's round first, the newest on a tie; the newest when
+    free-running), the senders in an order drawn afresh every round from this peer's id, the round and the hint;
+    envelopes whose round hint is outside the round window, or missing, come last. A receiver that cannot read
+    every sender thus reads another subset each round, and over rounds every sender, while its regulars, when their
+    rows fit, are read every round. A hint buys its writer nothing but a place in this order: one filed under
+    another sender's name takes one of that sender's turns and its allowance, as before, and is then refused.
 
     *Regulars* are the peers this swarm knows: `expected_peers` when given, else the peers of the public-key file,
     else the peers accepted in earlier rounds. Every regular has its own allowance; everyone else (newcomers, and
@@ -156,81 +169,11 @@ class RoundResult:
     """Message bytes examined (hashed, verified, decoded) this round: at most `RoundBudget.max_bytes`."""
     messages_read: int = 0
     """Messages examined this round: at most `RoundBudget.max_messages`."""
-
-
-def rows_to_message(
-    rows: Sequence[PeerRow],
-    *,
-    sender: str,
-    round: int,
-    tokenizer_fingerprint: str,
-    tokenizer_name: str,
-    temperature: float,
-    reward_names: Sequence[str],
-    model: str = "",
-) -> Message:
-    """Pack rows into a wire message; rows sharing `group` share one prompt entry."""
-    groups: list[WireGroup] = []
-    group_index: dict[Any, int] = {}
-    completions = []
-    for row in rows:
-        key = row.group
-        if key not in group_index:
-            group_index[key] = len(groups)
-            groups.append(WireGroup(prompt=row.prompt, extra=dict(row.extra)))
-        per_func = row.rewards_per_func or {}
-        completions.append(
-            WireCompletion(
-                group=group_index[key],
-                completion_ids=np.asarray(row.completion_ids, dtype=np.int32),
-                generator_logps=np.asarray(row.generator_logps, dtype=np.float32),
-                reward=float(row.reward),
-                rewards_per_func=np.asarray([per_func.get(name, math.nan) for name in reward_names], np.float32),
-                text=row.completion_text,
-                ends_with_eos=bool(row.ends_with_eos),
-            )
-        )
-    return Message(
-        sender=sender,
-        round=int(round),
-        tokenizer_fingerprint=tokenizer_fingerprint,
-        tokenizer_name=tokenizer_name,
-        temperature=float(temperature),
-        reward_names=list(reward_names),
-        groups=groups,
-        completions=completions,
-        model=model,
-    )
-
-
-def message_to_rows(message: Message, *, foreign_tokenizer: bool = False) -> list[PeerRow]:
-    """Unpack a decoded message into peer rows; group keys are unique per (sender, round, prompt index).
-    `foreign_tokenizer`: the sender's tokenizer differs from the receiver's (the rows are marked so, to be
-    re-tokenised from their text)."""
-    rows = []
-    for completion in message.completions:
-        group = message.groups[completion.group]
-        rows.append(
-            PeerRow(
-                prompt=group.prompt,
-                # Arrays stay arrays (no per-token Python objects); the merge turns them into tensors directly.
-                completion_ids=completion.completion_ids,
-                generator_logps=completion.generator_logps,
-                reward=float(completion.reward),
-                group=(message.sender, message.round, completion.group),
-                sender=message.sender,
-                rewards_per_func={
-                    name: float(value)
-                    for name, value in zip(message.reward_names, completion.rewards_per_func.tolist(), strict=True)
-                },
-                extra=dict(group.extra),
-                round=message.round,
-                completion_text=completion.text,
-                ends_with_eos=completion.ends_with_eos,
-                foreign_tokenizer=foreign_tokenizer,
-            )
-        )
-    return rows
+    round: int = 0
+    """The swarm round collected (this peer's step plus its `round_offset`, after any catch-up)."""
+    created: dict[tuple[str, int], float] = field(default_factory=dict)
+    """`(sender, round)` -> when the sender says it published the accepted message (its clock: for the age in seconds
+    of its rows, never for a decision)."""
 
 
 class _RoundState:
@@ -250,12 +193,26 @@ class _RoundState:
         self.leads: dict[str, int] = {}  # senders that showed they are live and far ahead, with their round
         self.deferred: list = []  # their messages beyond the window, until `Swarm._align` decides
         self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
+        self.misses: set[str] = set()  # regulars whose decoded message did not fit in the rows left
+        self.newcomer_misses: set[str] = set()  # the same for newcomers (the rows left, or their share of them)
+
+    def rows_spent(self) -> bool:
+        """Whether the round can take no more rows: `max_rows` are taken, or the messages of `_ROW_MISSES`
+        regulars were decoded and did not fit in what is left (an honest swarm's messages are of similar sizes)."""
+        return self.rows >= self.max_rows or len(self.misses) >= _ROW_MISSES
+
+    def newcomer_rows_spent(self) -> bool:
+        """Whether newcomers can get no more rows: their share is taken, or the messages of `_ROW_MISSES` newcomers
+        did not fit (which ends the newcomers' reading only)."""
+        return self.newcomer_rows >= self.newcomer_rows_cap or len(self.newcomer_misses) >= _ROW_MISSES
 
     def examine(self, hint: str | None, size: int) -> str | None:
         """Charge one envelope about to be examined; returns which budget is spent instead (then it is not)."""
         budget = self.budget
         if time.monotonic() > self.until:
             return "time"
+        if self.rows_spent():
+            return "rows_spent"  # nothing more could be taken: reading on would only cost
         if self.messages >= budget.max_messages:
             return "messages"
         if self.bytes + size > budget.max_bytes:
@@ -264,7 +221,9 @@ class _RoundState:
         if regular and self.by_hint[hint] >= self.per_sender:
             return "sender"
         if not regular and (
-            self.newcomer_messages >= budget.newcomer_messages or self.newcomer_bytes + size > self.newcomer_bytes_cap
+            self.newcomer_messages >= budget.newcomer_messages
+            or self.newcomer_bytes + size > self.newcomer_bytes_cap
+            or self.newcomer_rows_spent()
         ):
             return "newcomers"
         self.messages += 1
@@ -280,16 +239,28 @@ class _RoundState:
         """Charge one decoded message's rows to its signed sender; returns which budget is spent instead."""
         if self.accepted[sender] >= self.per_sender:
             return "sender"
-        if self.rows + rows > self.max_rows:
-            return "rows"
         newcomer = sender not in self.regulars
+        if self.rows + rows > self.max_rows:
+            # Sets of signed senders: one sender's misses end nobody's reading, and newcomers' (invented ids among
+            # them) end only the newcomers'.
+            (self.newcomer_misses if newcomer else self.misses).add(sender)
+            return "rows"
         if newcomer and self.newcomer_rows + rows > self.newcomer_rows_cap:
+            self.newcomer_misses.add(sender)
             return "newcomers"
         self.accepted[sender] += 1
         self.rows += rows
         if newcomer:
             self.newcomer_rows += rows
         return None
+
+
+def _sender_rank(receiver: str, round: int, hint: str | None) -> bytes:
+    """A sender hint's place in `receiver`'s order of `round`: a hash, so the order is drawn afresh every round and
+    differs between receivers, reproducibly. Choosing a hint that ranks early buys a newcomer nothing but a place
+    among the newcomers, whose allowance it shares, and a hint naming another sender gets its message refused."""
+    text = f"{receiver!r}|{round}|{hint!r}".encode("utf-8", "backslashreplace")
+    return hashlib.blake2b(text, digest_size=8, person=b"ftis-order").digest()
 
 
 _BUDGET_TEXT = {
@@ -299,6 +270,10 @@ _BUDGET_TEXT = {
     "sender": "this sender's messages this round reached RoundBudget.messages_per_sender",
     "newcomers": "the newcomers' shared allowance (senders not expected, registered or known) is spent",
     "rows": "RoundBudget.max_rows rows were accepted this round",
+    "rows_spent": (
+        "the round's rows (RoundBudget.max_rows, or collect(max_rows=...)) are spent, or the messages of 4 regulars "
+        "did not fit in what is left: later messages are dropped unread"
+    ),
 }
 
 
@@ -340,6 +315,10 @@ class Swarm:
             (their rows come out marked `foreign_tokenizer`, to be re-tokenised by the trainer); token ids are then
             checked against `vocab_limit` only for peers that share this tokenizer. Off: such peers are refused
             (`tokenizer`).
+        free_running: rounds are each sender's own steps, with no shared clock (`exchange_mode="free"`): [`collect`]
+            never waits; a sender's message is fresh while it is at most `max_staleness` of that sender's steps older
+            than the newest message it delivered ([`sender_rounds`]); there is no `ahead` refusal and no catch-up;
+            an expected peer is never waited for and counts as missing once silent for `peer_timeout` seconds.
     """
 
     def __init__(
@@ -367,8 +346,10 @@ class Swarm:
         max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
         budget: RoundBudget | None = None,
         cross_tokenizer: bool = False,
+        free_running: bool = False,
     ):
         self.url = url
+        self.free_running = bool(free_running)
         self.peer_id = peer_id
         self.fingerprint = tokenizer_fingerprint
         self.tokenizer_name = tokenizer_name
@@ -413,6 +394,11 @@ class Swarm:
         # peer collects round r; in round r + 1 it has then delivered already and is not waited for again.
         self._delivered: dict[str, int] = {}
         self._hinted: set[str] = set()
+        # Free-running: the round of each sender's newest delivered message (the latest collect that had one decides,
+        # so a sender that restarted from an older checkpoint is followed back), and when it was last heard from.
+        self.sender_rounds: dict[str, int] = {}
+        self._last_heard: dict[str, float] = {}
+        self._started = time.monotonic()
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
@@ -545,7 +531,8 @@ class Swarm:
 
     @property
     def waits(self) -> bool:
-        return bool(self.expected_peers) or bool(self.num_expected_peers)
+        """Whether a round waits for expected peers (never when free-running)."""
+        return not self.free_running and (bool(self.expected_peers) or bool(self.num_expected_peers))
 
     def regulars(self) -> frozenset[str]:
         """The senders served first, each with its own allowance: `expected_peers` when given, else the peers of
@@ -593,7 +580,8 @@ class Swarm:
                 sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)
-            round = self._align(round, result, state, dropped, fresh)
+            if not self.free_running:  # no shared clock to catch up with
+                round = self._align(round, result, state, dropped, fresh)
             if envelopes and time.monotonic() <= state.until:
                 continue  # drain: a poll is bounded, what is left comes with the next one
             if not self.waits or self._satisfied(fresh) or self._interrupted.is_set():
@@ -607,7 +595,10 @@ class Swarm:
                 self._warn_once("transport", type(error).__name__, f"Waiting on the exchange failed: {error}")
                 time.sleep(min(remaining, 0.5))
         result.waited = time.monotonic() - start
+        result.round = round
         result.bytes_read, result.messages_read = state.bytes, state.messages
+        if self.free_running:
+            self._free_window(result)
         for kind, count in dropped.items():
             self._warn_once(
                 "round_budget",
@@ -615,6 +606,9 @@ class Swarm:
                 f"Round {round}: {count} message(s) dropped (round_budget): {_BUDGET_TEXT[kind]}. Logged once per "
                 "budget; `ftis/exchange/refused/round_budget` counts them every round.",
             )
+        if self.free_running:
+            result.missing = self._silent(fresh)
+            return result
         self._absent -= fresh  # a peer that delivers again is waited for again
         if self.num_expected_peers is not None:
             self._absent_count = min(self._absent_count, max(self.num_expected_peers - len(fresh), 0))
@@ -635,16 +629,45 @@ class Swarm:
             )
         return result
 
-    @staticmethod
-    def _ordered(envelopes, round: int, regulars: frozenset[str]) -> list:
-        """Regulars' envelopes first, then by the distance of their round hint to `round`, then in arrival order.
-        Hints only order the work: a lying hint costs its writer, never another sender, anything but a place."""
+    def _ordered(self, envelopes, round: int, regulars: frozenset[str]) -> list:
+        """The order in which a poll's envelopes are examined ([`RoundBudget`]): regulars' first, then everyone
+        else's; within each, one envelope per sender hint at a time (its round hint nearest `round` first, the newest
+        on a tie; the newest when free-running), the senders in an order drawn for this round ([`_sender_rank`]);
+        envelopes whose round hint is outside the window, or missing, last (by distance, then arrival).
+
+        When the round's rows run out before the poll does, the senders read are another subset every round, so
+        every sender is read over rounds. Hints only order the work: a lying hint costs its writer, never another
+        sender, anything but a place."""
+        free = bool(getattr(self, "free_running", False))  # no shared round: the receiver's round says nothing
+
+        def late(hint) -> bool:
+            if not isinstance(hint, int):
+                return True
+            return not free and (round - hint > self.max_staleness or hint - round > self.max_rounds_ahead)
+
+        timely = [(index, envelope) for index, envelope in enumerate(envelopes) if not late(envelope.round_hint)]
+        if free:
+            timely.sort(key=lambda item: (-item[1].round_hint, item[0]))
+        else:
+            timely.sort(key=lambda item: (abs(item[1].round_hint - round), -item[1].round_hint, item[0]))
+        turn: dict[int, int] = {}  # envelope index -> its place among its sender hint's envelopes
+        turns: Counter = Counter()
+        ranks: dict = {}
+        for index, envelope in timely:
+            hint = envelope.sender_hint
+            turn[index] = turns[hint]
+            turns[hint] += 1
+            if hint not in ranks:
+                ranks[hint] = _sender_rank(self.peer_id, round, hint)
 
         def key(item):
             index, envelope = item
+            tier = envelope.sender_hint not in regulars
+            if index in turn:
+                return (tier, 0, turn[index], ranks[envelope.sender_hint], index)
             hint = envelope.round_hint
             distance = abs(hint - round) if isinstance(hint, int) else _NO_ROUND
-            return (envelope.sender_hint not in regulars, distance, index)
+            return (tier, 1, distance, b"", index)
 
         return [envelope for _, envelope in sorted(enumerate(envelopes), key=key)]
 
@@ -719,6 +742,50 @@ class Swarm:
                 fresh.add(sender)
         return round
 
+    def _free_window(self, result: RoundResult) -> None:
+        """Free-running: keep each sender's rows of at most `max_staleness` of its own steps before its newest message
+        in this poll (that round becomes its [`sender_rounds`] entry); older ones are dropped as `stale`."""
+        newest: dict[str, int] = {}
+        for row in result.rows:
+            newest[row.sender] = max(newest.get(row.sender, row.round), row.round)
+        stale_messages: set[tuple[str, int]] = set()
+        kept = []
+        for row in result.rows:
+            age = newest[row.sender] - row.round
+            if age > self.max_staleness:
+                result.peers[row.sender].rows_stale += 1
+                stale_messages.add((row.sender, row.round))
+            else:
+                kept.append(row)
+        result.rows = kept
+        result.refused["stale"] += len(stale_messages)
+        if not result.refused["stale"]:
+            del result.refused["stale"]
+        for sender, round in newest.items():
+            if sender in self.sender_rounds or len(self.sender_rounds) < _MAX_KNOWN_PEERS:
+                self.sender_rounds[sender] = round
+        now = time.monotonic()
+        for sender in {row.sender for row in kept}:
+            if sender in self._last_heard or len(self._last_heard) < _MAX_KNOWN_PEERS:
+                self._last_heard[sender] = now
+            rounds = {row.round for row in kept if row.sender == sender}
+            result.peers[sender].staleness.extend(newest[sender] - r for r in sorted(rounds))
+
+    def _silent(self, fresh: set[str]) -> list[str]:
+        """Free-running: the expected peers not heard from for `peer_timeout` seconds (never waited for)."""
+        now = time.monotonic()
+
+        def silent(peer: str) -> bool:
+            return now - self._last_heard.get(peer, self._started) > self.peer_timeout
+
+        if self.expected_peers:
+            return [peer for peer in self.expected_peers if silent(peer)]
+        if self.num_expected_peers:
+            heard = sum(not silent(peer) for peer in self._last_heard)
+            if heard < self.num_expected_peers and now - self._started > self.peer_timeout:
+                return [f"{self.num_expected_peers - heard} of {self.num_expected_peers} peers"]
+        return []
+
     def _outside_window(self, message_round: int, round: int) -> str | None:
         if round - message_round > self.max_staleness:
             return "stale"
@@ -728,6 +795,11 @@ class Swarm:
 
     def _forget(self, round: int) -> None:
         """Drop the digests of messages that fell out of the window: they are refused as stale anyway."""
+        if self.free_running:  # no shared round: keep the newest digests, a window's worth per known sender
+            keep = max(64, 2 * (self.max_staleness + 1) * (len(self.known_peers) + 1))
+            if len(self._seen) > keep:
+                self._seen = dict(list(self._seen.items())[-keep:])
+            return
         oldest = round - self.max_staleness
         if any(seen < oldest for seen in self._seen.values()):
             self._seen = {digest: seen for digest, seen in self._seen.items() if seen >= oldest}
@@ -744,7 +816,8 @@ class Swarm:
         if hint == self.peer_id:
             return None  # our own message (or one written under our name: it can only get itself skipped)
         if (
-            isinstance(envelope.round_hint, int)
+            not self.free_running
+            and isinstance(envelope.round_hint, int)
             and envelope.round_hint - round > self.max_rounds_ahead
             and not self._may_lead(hint, state.regulars)
         ):
@@ -812,7 +885,11 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
-        if self._note_round(sender, message.round, round, state) and self._outside_window(message.round, round):
+        if (
+            not self.free_running
+            and self._note_round(sender, message.round, round, state)
+            and self._outside_window(message.round, round)
+        ):
             state.deferred.append((envelope, digest, message))  # a live peer far ahead: `_align` decides
             return None
         return self._take(envelope, digest, message, round, result, state, dropped)
@@ -843,7 +920,8 @@ class Swarm:
         """Accept a verified, decoded message of a compatible peer when its round is in the window and the round's
         budget allows; returns its sender when accepted."""
         sender, rows = message.sender, len(message.completions)
-        outside = self._outside_window(message.round, round)
+        # Free-running: judged against the sender's own newest round once the poll is over (`_free_window`).
+        outside = None if self.free_running else self._outside_window(message.round, round)
         if outside is not None:
             stats = result.peers[sender]
             stats.rows_received += rows
@@ -866,12 +944,14 @@ class Swarm:
         stats = result.peers[sender]
         stats.bytes_received += envelope.size
         stats.rows_received += rows
+        result.created[(sender, message.round)] = message.created
         if message.model and len(self.peer_models) < 1000:  # bounded like the warnings
             self.peer_models[sender] = message.model
         if sender not in self.known_peers and len(self.known_peers) < _MAX_KNOWN_PEERS:
             self.known_peers.add(sender)
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)
-        stats.staleness.append(round - message.round)
+        if not self.free_running:
+            stats.staleness.append(round - message.round)
         result.rows.extend(
             message_to_rows(message, foreign_tokenizer=message.tokenizer_fingerprint != self.fingerprint)
         )
@@ -884,8 +964,8 @@ class Swarm:
         """What a resumed run needs to go on as this one would, as JSON-serialisable values: the peers seen and their
         models, the expected peers not waited for, the digests of the messages accepted in the round window (read
         again after a restart, they are refused as duplicates instead of trained on twice), the round alignment
-        (`round_offset` and each sender's newest round), the newest round each sender delivered, and the
-        unpublished-row counts. Transport cursors are not
+        (`round_offset` and each sender's newest round), the newest round each sender delivered, each sender's
+        free-running round ([`sender_rounds`]) and the unpublished-row counts. Transport cursors are not
         part of it: a restarted peer reads what the exchange still holds."""
         return {
             "peer_id": self.peer_id,
@@ -898,6 +978,7 @@ class Swarm:
             "round_offset": self.round_offset,
             "newest": dict(self._newest),
             "delivered": dict(self._delivered),
+            "sender_rounds": dict(self.sender_rounds),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -923,6 +1004,7 @@ class Swarm:
         newest = field("newest", dict, counts)
         # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
         delivered = field("delivered", dict, counts) if "delivered" in state else {}
+        sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
         try:
             digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
         except ValueError:
@@ -943,6 +1025,7 @@ class Swarm:
         self.round_offset = offset
         self._newest = dict(list(newest.items())[:_MAX_KNOWN_PEERS])
         self._delivered = dict(list(delivered.items())[:_MAX_KNOWN_PEERS])
+        self.sender_rounds = dict(list(sender_rounds.items())[:_MAX_KNOWN_PEERS])
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
         # Bounded: a flood of messages with made-up sender names must not grow memory (they are still counted).

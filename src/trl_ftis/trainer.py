@@ -50,7 +50,7 @@ from .config import FTISConfig, SwarmCredentials
 from .generator_logps import GeneratorLogpsRecorder, records_raw_logits
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
-from .loss_metrics import metric_groups, source_sums
+from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums
 from .model_card import ftis_model_card_section
 from .objective import ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
@@ -490,6 +490,7 @@ class FTISTrainer(GRPOTrainer):
         output["ftis_gen_logps"] = torch.zeros(completion_mask.shape, dtype=torch.float32, device=device)
         output["ftis_gen_valid"] = torch.zeros(batch, dtype=torch.bool, device=device)
         output["ftis_source"] = torch.zeros(batch, dtype=torch.long, device=device)
+        output["ftis_age"] = torch.full((batch,), -1, dtype=torch.long, device=device)  # own rows: no age
         output["ftis_text_level"] = torch.zeros(batch, dtype=torch.bool, device=device)
         return output
 
@@ -652,6 +653,11 @@ class FTISTrainer(GRPOTrainer):
             "ftis_gen_logps": peer.generator_logps,
             "ftis_gen_valid": torch.ones(len(peer), dtype=torch.bool, device=device),
             "ftis_source": torch.tensor([self._ledger.source_index(s) for s in peer.senders], device=device),
+            "ftis_age": torch.tensor(
+                [-1 if getattr(row, "age", None) is None else min(max(int(row.age), -1), 2**31) for row in rows],
+                dtype=torch.long,
+                device=device,
+            ),
             "ftis_group_max_len": peer.group_max_lengths,
             "ftis_text_level": peer.text_level,
         }
@@ -767,15 +773,27 @@ class FTISTrainer(GRPOTrainer):
             self._metrics["train"]["ftis/kl_threshold"].append(threshold)
             observed = quantile_threshold(terms.filter_statistic, advantages, source > 0, args.filter_target_fraction)
             self._adaptive_threshold = update_threshold(self._adaptive_threshold, observed, args.threshold_momentum)
-        self._log_ftis_metrics(terms, mask.bool(), source)
+        self._log_ftis_metrics(terms, mask.bool(), source, inputs.get("ftis_age"))
 
-    def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor) -> None:
-        """Statistics of the F-TIS terms for own rows, all peer rows and each peer (`trl_ftis.loss_metrics`); two
-        collectives, run by every process whatever its rows (the source list is the same everywhere)."""
-        mode = "train" if self.model.training else "eval"
-        sums, maxes = source_sums(terms, mask, source, len(self._ledger.sources) + 1)
+    def _reduced_sums(self, terms, mask: torch.Tensor, index: torch.Tensor, groups: int):
+        """[`source_sums`] over `groups` groups, summed and maxed over every process (two collectives)."""
+        sums, maxes = source_sums(terms, mask, index, groups)
         sums = self.accelerator.reduce(sums, reduction="sum").cpu()
         maxes = self.accelerator.gather(maxes.unsqueeze(0)).amax(dim=0).cpu()
+        return sums, maxes
+
+    def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor, age: torch.Tensor | None) -> None:
+        """Statistics of the F-TIS terms for own rows, all peer rows, each peer (`trl_ftis.loss_metrics`) and, in a
+        swarm, peer rows by age in their sender's steps (`ftis/peer_age/<k>/...`); collectives run by every process
+        whatever its rows (the source list is the same everywhere)."""
+        mode = "train" if self.model.training else "eval"
+        if age is not None and self.args.exchange_url is not None:
+            buckets = self.args.max_staleness + 2  # own or unknown, then ages 0 .. max_staleness (older: the last)
+            sums, maxes = self._reduced_sums(terms, mask, age_buckets(age, self.args.max_staleness), buckets)
+            for name, values in age_groups(sums, maxes):
+                for metric, value in values.items():
+                    self._metrics[mode][f"ftis/{name}/{metric}"].append(value)
+        sums, maxes = self._reduced_sums(terms, mask, source, len(self._ledger.sources) + 1)
         for name, values, n_filtered in metric_groups(sums, maxes, self._ledger.sources):
             if mode == "train" and name != "own":
                 key = "rows_filtered" if name == "peer" else f"{name}/rows_filtered"
@@ -819,8 +837,8 @@ class FTISTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # Written first: the Trainer's own files (trainer_state.json last) complete the checkpoint.
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        # exchange_mode="async": the swarm's state is read once its worker's round is done (the rows of that round
-        # are trained on at the next step of this run, but are not in the checkpoint).
+        # Async: the swarm's state is read once its worker's round is done (the rows of that round are trained on at
+        # the next step of this run, but are not in the checkpoint); free-running: they are queued, and saved.
         self._rounds.wait()
         with self._rounds.lock:
             state = build_state(
@@ -830,6 +848,8 @@ class FTISTrainer(GRPOTrainer):
                 adaptive_threshold=self._adaptive_threshold,
                 pending_rows=self._pending,
                 swarm=self.swarm.state_dict() if self.swarm is not None else None,
+                arrived_rows=[row.to_peer_row() for row in self._rounds.arrivals.rows()],
+                arrived_created=self._rounds.arrivals.created(),
             )
         write_state_file(folder, self.args.process_index, state)
         return super()._save_checkpoint(model, trial)
@@ -852,13 +872,19 @@ class FTISTrainer(GRPOTrainer):
             self._ledger.load_state_dict(parsed.ledger)
             self._adaptive_threshold = parsed.adaptive_threshold
             self._pending = self._admission.restore(parsed.pending_rows) + self._pending
+        arrived = 0
+        if parsed.arrived_rows and self.accelerator.is_main_process:  # the queue lives with the swarm client
+            arrived = self._rounds.restore_arrivals(
+                parsed.arrived_rows, parsed.arrived_created, local_rows=self.args.generation_batch_size
+            )
         if self.accelerator.is_main_process:
             warn_unread_states(checkpoint, self.args.world_size)
         logger.warning(  # a warning so that a restarted peer's log shows it by default
-            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s)).",
+            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s), %d arrived).",
             parsed.global_step,
             path,
             len(parsed.pending_rows),
+            arrived,
         )
         return True
 
@@ -907,12 +933,16 @@ class FTISTrainer(GRPOTrainer):
         Returns:
             `dict[str, Any]`: `peer_id`, `steps`, `rows_sent`, `rows_received`, `rows_accepted`, `rows_filtered`,
             `bytes_sent`, `rows_retokenised` (rows of peers with another tokenizer, re-tokenised: `cross_tokenizer`),
-            `reward` (the last logged), `exchange_worker_errors` (rounds an async exchange worker failed), `refused`
+            `reward` (the last logged), `exchange_worker_errors` (rounds an async exchange worker failed),
+            `exchange_blocking_seconds` (the training loop's waits on the exchange, all steps together),
+            `train_seconds` (the Trainer's `train_runtime`), `peer_row_ages` (swarm rows trained on, by age in their
+            sender's steps: `"0"`, `"1"`, ...), `refused`
             (counts by reason), `dropped` (received or added rows dropped, by reason: [`DROP_REASONS`]), `peers`
             (every peer whose rows were merged or whose messages were accepted), `peer_models` and `exchange_url`
             (password redacted).
         """
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
+        runtimes = [entry["train_runtime"] for entry in self.state.log_history if "train_runtime" in entry]
         return {
             "peer_id": self.args.peer_id,
             "steps": self.state.global_step,
@@ -921,6 +951,9 @@ class FTISTrainer(GRPOTrainer):
             "refused": dict(self._ledger.refused),
             "dropped": dict(self._ledger.dropped_totals),
             "exchange_worker_errors": self._rounds.worker_errors,
+            "exchange_blocking_seconds": self._rounds.blocking_seconds,
+            "train_seconds": runtimes[-1] if runtimes else None,
+            "peer_row_ages": {str(age): count for age, count in sorted(self._rounds.ages.items())},
             "peers": sorted(set(self._ledger.sources) | (self.swarm.known_peers if self.swarm is not None else set())),
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,

@@ -1,0 +1,88 @@
+"""Peer rows to wire messages and back: the one place that maps [`trl_ftis.PeerRow`] fields onto
+[`trl_ftis.exchange.Message`] fields (the swarm publishes and collects with these; checkpoints never use them)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .exchange import Message, WireCompletion, WireGroup
+from .peer_rows import PeerRow
+
+
+def rows_to_message(
+    rows: Sequence[PeerRow],
+    *,
+    sender: str,
+    round: int,
+    tokenizer_fingerprint: str,
+    tokenizer_name: str,
+    temperature: float,
+    reward_names: Sequence[str],
+    model: str = "",
+) -> Message:
+    """Pack rows into a wire message; rows sharing `group` share one prompt entry."""
+    groups: list[WireGroup] = []
+    group_index: dict[Any, int] = {}
+    completions = []
+    for row in rows:
+        key = row.group
+        if key not in group_index:
+            group_index[key] = len(groups)
+            groups.append(WireGroup(prompt=row.prompt, extra=dict(row.extra)))
+        per_func = row.rewards_per_func or {}
+        completions.append(
+            WireCompletion(
+                group=group_index[key],
+                completion_ids=np.asarray(row.completion_ids, dtype=np.int32),
+                generator_logps=np.asarray(row.generator_logps, dtype=np.float32),
+                reward=float(row.reward),
+                rewards_per_func=np.asarray([per_func.get(name, math.nan) for name in reward_names], np.float32),
+                text=row.completion_text,
+                ends_with_eos=bool(row.ends_with_eos),
+            )
+        )
+    return Message(
+        sender=sender,
+        round=int(round),
+        tokenizer_fingerprint=tokenizer_fingerprint,
+        tokenizer_name=tokenizer_name,
+        temperature=float(temperature),
+        reward_names=list(reward_names),
+        groups=groups,
+        completions=completions,
+        model=model,
+    )
+
+
+def message_to_rows(message: Message, *, foreign_tokenizer: bool = False) -> list[PeerRow]:
+    """Unpack a decoded message into peer rows; group keys are unique per (sender, round, prompt index).
+    `foreign_tokenizer`: the sender's tokenizer differs from the receiver's (the rows are marked so, to be
+    re-tokenised from their text)."""
+    rows = []
+    for completion in message.completions:
+        group = message.groups[completion.group]
+        rows.append(
+            PeerRow(
+                prompt=group.prompt,
+                # Arrays stay arrays (no per-token Python objects); the merge turns them into tensors directly.
+                completion_ids=completion.completion_ids,
+                generator_logps=completion.generator_logps,
+                reward=float(completion.reward),
+                group=(message.sender, message.round, completion.group),
+                sender=message.sender,
+                rewards_per_func={
+                    name: float(value)
+                    for name, value in zip(message.reward_names, completion.rewards_per_func.tolist(), strict=True)
+                },
+                extra=dict(group.extra),
+                round=message.round,
+                completion_text=completion.text,
+                ends_with_eos=completion.ends_with_eos,
+                foreign_tokenizer=foreign_tokenizer,
+            )
+        )
+    return rows
