@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
@@ -66,6 +68,31 @@ class TinyPeerArguments:
         default=0, metadata={"help": "Held-out problems for greedy accuracy before/after (0: skip)."}
     )
     reward: str = field(default="exact", metadata={"help": "Reward: 'exact' (1 if correct) or 'digit_match' (dense)."})
+    step_delay: float = field(
+        default=0.0,
+        metadata={
+            "help": "Seconds to sleep after each optimizer step: a slower peer (a bigger model, slower hardware) "
+            "without the CPU it would take, for benchmarks of peers at different speeds (0: none)."
+        },
+    )
+
+    start_at: float = field(
+        default=0.0,
+        metadata={
+            "help": "Unix time at which to start training, once the model is built: peers of a benchmark start "
+            "together, whatever their start-up times (0: at once)."
+        },
+    )
+
+
+class StepDelay(TrainerCallback):
+    """Sleeps `seconds` after each optimizer step (`--step_delay`)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        time.sleep(self.seconds)
 
 
 def main() -> None:
@@ -113,7 +140,10 @@ def main() -> None:
         train_dataset=addition_dataset(peer_args.train_size, seed=seed, split="train"),
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
+        callbacks=[StepDelay(peer_args.step_delay)] if peer_args.step_delay > 0 else None,
     )
+    if peer_args.start_at > time.time():
+        time.sleep(peer_args.start_at - time.time())
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
 

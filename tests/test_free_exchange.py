@@ -10,39 +10,37 @@ from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 from tiny_trainers import exchange_trainer
 from transformers import TrainerCallback
 
+from trl_ftis import PeerRow
 from trl_ftis.arrivals import ArrivalQueue
-from trl_ftis.peer_rows import ScoredRow
 
 
-def scored(sender, round, count=2, index=0):
-    """`count` scored rows of one group of `sender`'s round `round`."""
+def received(sender, round, count=2, index=0):
+    """`count` received rows of one group of `sender`'s round `round`."""
     return [
-        ScoredRow(
+        PeerRow(
             prompt="1+2=",
-            prompt_ids=(1, 2),
             completion_ids=[3],
             generator_logps=[-0.5],
             reward=float(k),
             group=(sender, round, index),
             sender=sender,
-            rewards_per_func=None,
-            extra={},
             round=round,
-            text_level=False,
-            advantage=0.0,
-            group_max_length=1,
         )
         for k in range(count)
     ]
 
 
+def ages(taken):
+    return [(row.round, taken.ages[(row.sender, row.group)][0]) for row in taken.rows]
+
+
 # -- the arrival queue -----------------------------------------------------------------------------------------------
 def test_the_queue_gives_fresh_rows_newest_first_and_keeps_the_rest_for_later():
     queue = ArrivalQueue(max_rows=100, max_staleness=2)
-    queue.add(scored("a", 5) + scored("a", 6) + scored("a", 7), now=100.0)
+    queue.add(received("a", 5) + received("a", 6) + received("a", 7), now=100.0)
     taken = queue.take(4, {"a": 7}, now=101.0)
     # Two groups fit the cap: rounds 7 and 6 (ages 0 and 1), round 5 stays queued.
-    assert [(row.round, row.age) for row in taken.rows] == [(7, 0), (7, 0), (6, 1), (6, 1)]
+    assert ages(taken) == [(7, 0), (7, 0), (6, 1), (6, 1)]
     assert len(queue) == 2 and not taken.stale
     # The sender moved on to its step 8: round 5 is 3 of its steps old now, more than max_staleness.
     taken = queue.take(4, {"a": 8}, now=102.0)
@@ -52,31 +50,30 @@ def test_the_queue_gives_fresh_rows_newest_first_and_keeps_the_rest_for_later():
 def test_ages_are_counted_in_each_senders_own_steps_and_seconds():
     queue = ArrivalQueue(max_rows=100, max_staleness=2)
     # A fast sender at its step 90 and a slow one at its step 3: no shared counter.
-    queue.add(scored("fast", 89), created={("fast", 89): 95.0}, now=100.0)
-    queue.add(scored("slow", 3), created={("slow", 3): 90.0}, now=100.0)
+    queue.add(received("fast", 89), created={("fast", 89): 95.0}, now=100.0)
+    queue.add(received("slow", 3), created={("slow", 3): 90.0}, now=100.0)
     taken = queue.take(None, {"fast": 90, "slow": 3}, now=100.0)
-    assert sorted((row.sender, row.age) for row in taken.rows) == [("fast", 1)] * 2 + [("slow", 0)] * 2
-    assert taken.age_seconds == {"fast": [5.0, 5.0], "slow": [10.0, 10.0]}
+    assert taken.ages == {("fast", ("fast", 89, 0)): (1, 5.0), ("slow", ("slow", 3, 0)): (0, 10.0)}
 
 
 def test_rows_from_after_a_senders_newest_round_are_stale_it_restarted():
     queue = ArrivalQueue(max_rows=100, max_staleness=2)
-    queue.add(scored("a", 9))
+    queue.add(received("a", 9))
     taken = queue.take(None, {"a": 4})  # its newest message is of step 4 now: resumed from an older checkpoint
     assert taken.rows == [] and taken.stale == {"a": 2}
 
 
 def test_the_queue_is_bounded_dropping_the_oldest_arrivals():
     queue = ArrivalQueue(max_rows=4, max_staleness=2)
-    assert not queue.add(scored("a", 1) + scored("a", 2), now=1.0)
-    dropped = queue.add(scored("b", 1), now=2.0)
+    assert not queue.add(received("a", 1) + received("a", 2), now=1.0)
+    dropped = queue.add(received("b", 1), now=2.0)
     assert dropped == {"a": 2} and len(queue) == 4
     assert sorted({(row.sender, row.round) for row in queue.rows()}) == [("a", 2), ("b", 1)]
 
 
 def test_a_step_shares_its_cap_fairly_between_senders():
     queue = ArrivalQueue(max_rows=100, max_staleness=2)
-    queue.add(scored("fast", 10) + scored("fast", 11) + scored("fast", 12) + scored("slow", 2))
+    queue.add(received("fast", 10) + received("fast", 11) + received("fast", 12) + received("slow", 2))
     taken = queue.take(4, {"fast": 12, "slow": 2})
     assert sorted({(row.sender, row.round) for row in taken.rows}) == [("fast", 12), ("slow", 2)]
 
@@ -199,13 +196,19 @@ def test_a_free_running_checkpoint_holds_the_queue_and_resume_admits_it_again(to
     state = json.loads(state_file.read_text())
     assert len(state["arrived_peer_rows"]) == len(state["arrived_created"]) > 0
     queued = len(state["arrived_peer_rows"])
-    # A hostile edit: one arrived row gets a token id outside the vocabulary.
-    state["arrived_peer_rows"][0]["completion_ids"] = [10**9, 1, 2]
+    # A hostile edit: the newest arrived row gets a token id outside the vocabulary.
+    state["arrived_peer_rows"][-1]["completion_ids"] = [10**9, 1, 2]
     state_file.write_text(json.dumps(state))
     resumed = free_trainer(tokenizer, make_args, url, output_dir=str(out), max_peer_rows=8)
     assert resumed.load_ftis_state(out / "checkpoint-2")
-    assert len(resumed._rounds.arrivals) == queued - 1  # admitted again: the bad row dropped and counted
+    assert len(resumed._rounds.arrivals) == queued  # queued as they were: admitted when a step takes them
+    newest = max(row["round"] for row in state["arrived_peer_rows"])
+    taken = resumed._rounds.arrivals.take(None, {"partner": newest})
+    admitted = resumed._rounds.admit_taken(taken)
+    # Admitted like any arrived row: the hostile one dropped and counted, the others trained on.
     assert resumed._ledger.dropped_totals["bad_ids"] == 1
+    assert len(admitted) == len(taken.rows) - 1 > 0
+    assert all(row.age in (0, 1, 2) for row in admitted)
     state["arrived_created"] = ["soon"] * queued
     state_file.write_text(json.dumps(state))
     with pytest.raises(ValueError, match="arrived_created"):

@@ -1,8 +1,9 @@
 """The rows that arrived and wait for a step to train on them (`exchange_mode="free"`).
 
-In the free-running exchange no step waits for a peer: the exchange worker admits and scores whatever arrived, and
-[`ArrivalQueue`] keeps it until a step takes it. Each step takes the fresh rows, newest first and shared fairly
-between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row cap; rows left over join a later step while
+In the free-running exchange no step waits for a peer: the exchange worker collects whatever arrived (checked and
+decoded by the swarm, not admitted yet), and [`ArrivalQueue`] keeps it until a step takes it. Each step takes the
+fresh rows, newest first and shared fairly between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row
+cap, and admits only those: a step's cost is set by the rows it trains on. Rows left over join a later step while
 they are fresh. A row's age is counted in its sender's own steps: the sender's newest delivered round
 ([`trl_ftis.swarm.Swarm.sender_rounds`]) minus the row's round. Rows older than `max_staleness` of them, or from
 rounds after the sender's newest (it restarted from an older checkpoint since), are dropped as `stale`; when more
@@ -17,16 +18,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from .peer_rows import ScoredRow, select_rows
+from .peer_rows import PeerRow, select_rows
 
 
 @dataclass(frozen=True)
 class Arrival:
-    """One group of admitted, scored rows of one sender and round, with when it was sampled and received."""
+    """One group of received rows of one sender and round, with when it was sampled and received."""
 
-    rows: tuple[ScoredRow, ...]
+    rows: tuple[PeerRow, ...]
     sender: str
     round: int
     created: float
@@ -39,17 +40,18 @@ class Arrival:
 class Taken:
     """What one step takes from the queue."""
 
-    rows: list[ScoredRow]
-    """The rows to train on, each with its `age` (in its sender's steps) set."""
-    age_seconds: dict[str, list[float]]
-    """Per sender, the age in seconds of each taken row (since the sender published it; 0 when its clock is ahead)."""
+    rows: list[PeerRow]
+    """The rows to train on (to be admitted), whole groups."""
+    ages: dict[tuple[str, object], tuple[int, float]]
+    """`(sender, group)` -> the group's age in its sender's steps, and in seconds since the sender published it (0
+    when the sender's clock is ahead of this one)."""
     stale: Counter
     """Rows dropped as too old, per sender."""
 
 
 class ArrivalQueue:
     """
-    Admitted peer rows waiting to be trained on, bounded in rows.
+    Received peer rows waiting to be trained on, bounded in rows.
 
     Args:
         max_rows (`int`): the most rows held; beyond it the oldest groups are dropped (`queue_full`).
@@ -67,7 +69,7 @@ class ArrivalQueue:
         """Rows held."""
         return sum(len(arrival.rows) for arrival in self._arrivals)
 
-    def rows(self) -> list[ScoredRow]:
+    def rows(self) -> list[PeerRow]:
         """Every row held, oldest arrival first (what a checkpoint saves)."""
         return [row for arrival in self._arrivals for row in arrival.rows]
 
@@ -76,13 +78,13 @@ class ArrivalQueue:
         return [arrival.created for arrival in self._arrivals for _ in arrival.rows]
 
     def add(
-        self, rows: Sequence[ScoredRow], created: Mapping[tuple[str, int], float] | None = None, now: float | None = None
+        self, rows: Sequence[PeerRow], created: Mapping[tuple[str, int], float] | None = None, now: float | None = None
     ) -> Counter:
         """Queue `rows` (whole groups; `created[(sender, round)]`: when the sender published them). Returns the rows
         dropped to stay within `max_rows`, per sender (the oldest arrivals first, then the oldest rounds)."""
         now = time.time() if now is None else now
         created = created or {}
-        groups: dict[tuple, list[ScoredRow]] = {}
+        groups: dict[tuple, list[PeerRow]] = {}
         for row in rows:
             groups.setdefault((row.sender, row.group), []).append(row)
         for (sender, _), members in groups.items():
@@ -135,10 +137,8 @@ class ArrivalQueue:
         chosen = select_rows([row for arrival in fresh for row in arrival.rows], max_rows, regulars=regulars)
         taken_arrivals = {id(by_row[id(row)]) for row in chosen}
         self._arrivals = [arrival for arrival in fresh if id(arrival) not in taken_arrivals]
-        age_seconds: dict[str, list[float]] = {}
-        rows = []
+        group_ages = {}
         for row in chosen:
             arrival = by_row[id(row)]
-            rows.append(replace(row, age=ages[id(arrival)]))
-            age_seconds.setdefault(row.sender, []).append(max(now - arrival.created, 0.0))
-        return Taken(rows, age_seconds, stale)
+            group_ages[(row.sender, row.group)] = (ages[id(arrival)], max(now - arrival.created, 0.0))
+        return Taken(chosen, group_ages, stale)

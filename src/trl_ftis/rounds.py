@@ -187,6 +187,7 @@ class RoundRunner:
         self.worker: ExchangeWorker | None = None
         self.worker_errors = 0  # rounds the async worker failed
         self.blocking_seconds = 0.0  # the training loop's waits on the exchange, all steps together
+        self.admission_seconds = 0.0  # free-running: admitting the rows taken (work, not a wait), all steps together
         self.ages: Counter = Counter()  # rows trained on, by age in their sender's steps
         self._blocked_seconds = 0.0  # waited for the lock since the last round's metrics
         # exchange_mode="free": the admitted rows waiting for a step (bounded once the first round sets the cap), the
@@ -223,22 +224,15 @@ class RoundRunner:
 
     def restore_arrivals(self, rows: Sequence[PeerRow], created: Sequence[float], local_rows: int) -> int:
         """Free-running: queue again the arrived rows a checkpoint saved ([`ArrivalQueue.rows`], oldest first, and
-        when each was published), at most the newest the queue holds for steps of `local_rows` own rows, admitted
-        again ([`Admission.restore`]), rescored and normalised as when they arrived. Returns the rows queued."""
-        cap = self.peer_row_cap(local_rows)
-        budget = self.swarm.budget if self.swarm is not None else RoundBudget()
-        self.arrivals.max_rows = max(4 * cap, 64) if cap is not None else budget.max_rows
-        rows = list(rows)[-self.arrivals.max_rows :] if self.arrivals.max_rows else []
-        created = list(created)[-len(rows) :] if len(created) >= len(rows) else [time.time()] * len(rows)
-        with self.lock:
-            admitted = self.admission.restore(rows)
-            if not self.config.trust_peer_rewards:
-                admitted = self.admission.rescore(admitted)
-            scored = self.admission.guard_statistics(with_group_statistics(admitted, self.scale_rewards))
-            published = {(row.sender, int(row.round or 0)): moment for row, moment in zip(rows, created, strict=True)}
-            for sender, count in self.arrivals.add(scored, published).items():
-                self.ledger.count(sender, "queue_full", count)
-        return len(scored)
+        when each was published), at most the newest the queue holds for steps of `local_rows` own rows. They are
+        not admitted yet: like every arrived row, they are when a step takes them. Returns the rows queued."""
+        self.arrivals.max_rows = self.queue_bound(self.peer_row_cap(local_rows))
+        rows = list(rows)[-self.arrivals.max_rows :]
+        created = list(created)[-len(rows) :] if rows and len(created) >= len(rows) else [time.time()] * len(rows)
+        published = {(row.sender, int(row.round or 0)): moment for row, moment in zip(rows, created, strict=True)}
+        for sender, count in self.arrivals.add(rows, published).items():
+            self.ledger.count(sender, "queue_full", count)
+        return len(self.arrivals)
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
         """This step's round: the rows to train on (sync: this round's; async: the previous round's), the own rows'
@@ -251,6 +245,8 @@ class RoundRunner:
         else:
             rows, own_statistics, metrics = self.run_round(own_rows, round)
         blocked = self._blocked_seconds + time.monotonic() - started
+        if self.config.exchange_mode == "free":  # admitting the rows taken is work, not a wait
+            blocked -= metrics.get("ftis/exchange/admission_seconds", 0.0)
         metrics["ftis/exchange/blocking_seconds"] = blocked
         self.blocking_seconds += blocked
         self._blocked_seconds = 0.0
@@ -288,13 +284,14 @@ class RoundRunner:
 
     # -- exchange_mode="free" ---------------------------------------------------------------------------------------
     def free_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
-        """`exchange_mode="free"`: hand this step's rows to the worker when it is idle (with those of steps it was
-        busy for), add what its last round admitted to the queue, and take the queue's fresh rows. Never waits for
-        the worker."""
+        """`exchange_mode="free"`: hand this step's rows to the worker when it is idle (with those of the steps it was
+        busy for), queue what its last collect received, take the queue's fresh rows and admit them. Never waits for
+        the worker or for a peer; the admission is the cost of the rows this step trains on
+        (`ftis/exchange/admission_seconds`), not a wait."""
         if self.worker is None:
             self.worker = ExchangeWorker(self.swarm.interrupt)
         cap = self.peer_row_cap(len(own_rows))
-        self.arrivals.max_rows = max(4 * cap, 64) if cap is not None else self.swarm.budget.max_rows
+        self.arrivals.max_rows = self.queue_bound(cap)
         metrics = dict(self._settled_metrics)
         self._settled_metrics = {}
         if own_rows:
@@ -308,17 +305,46 @@ class RoundRunner:
             metrics.update(self.settle())
             unsent, self._unsent = self._unsent, []
             self.worker.submit(self.free_exchange, unsent, round)
-        with self.lock:  # the ledger, which the worker's admission also writes
-            taken = self.arrivals.take(cap, self._sender_rounds, regulars=self._regulars)
-            for sender, count in taken.stale.items():
-                self.ledger.count(sender, "stale", count)
-            self.ledger.record_accepted(taken.rows)
-        metrics.update(self.taken_metrics(taken))
-        return RoundOutcome(taken.rows, None, metrics)
+        admitting = time.monotonic()
+        taken = self.arrivals.take(cap, self._sender_rounds, regulars=self._regulars)
+        for sender, count in taken.stale.items():
+            self.ledger.count(sender, "stale", count)
+        with self.lock:  # the tokenizer and reward functions (no worker uses them in this mode: never contended)
+            rows = self.admit_taken(taken)
+            self.ledger.record_accepted(rows)
+        admission = time.monotonic() - admitting
+        self.admission_seconds += admission
+        metrics["ftis/exchange/admission_seconds"] = admission
+        metrics.update(self.taken_metrics(rows, taken))
+        return RoundOutcome(rows, None, metrics)
+
+    def queue_bound(self, cap: int | None) -> int:
+        """The rows the arrival queue holds: 4 x the step's peer-row cap (at least 64), or the round budget's rows."""
+        if cap is not None:
+            return max(4 * cap, 64)
+        return self.swarm.budget.max_rows if self.swarm is not None else RoundBudget().max_rows
+
+    def admit_taken(self, taken: Taken) -> list[ScoredRow]:
+        """The rows a step took from the queue, admitted, rescored and normalised as a lock-step round's, each with
+        its age; never raises because of the rows (an unexpected error drops them all, `internal_error`)."""
+        try:
+            config = self.config
+            rows = self.admission.admit(
+                taken.rows, local_columns=config.require_known_prompts or not config.trust_peer_rewards
+            )
+            if not config.trust_peer_rewards:
+                rows = self.admission.rescore(rows)
+            scored = self.admission.guard_statistics(with_group_statistics(rows, self.scale_rewards))
+        except Exception as error:  # the last line of defence: a step never raises because of what peers sent
+            if not self.ledger.warned("*", "internal_error"):
+                logger.exception("Processing the arrived peer rows failed; this step trains on own rows only.")
+            self.ledger.count("*", "internal_error", len(taken.rows), detail=f"{type(error).__name__}: {error}"[:300])
+            return []
+        return [replace(row, age=taken.ages.get((row.sender, row.group), (0, 0.0))[0]) for row in scored]
 
     def settle(self) -> dict[str, float]:
-        """Free-running: add the worker's finished round (if any) to the queue; returns that round's metrics. Called
-        by [`free_round`] and before a checkpoint is written (after [`wait`]), on the training loop's thread."""
+        """Free-running: queue what the worker's finished collect received (if any) and count its totals; returns
+        its metrics. Called by [`free_round`] and by [`wait`] (before a checkpoint), on the training loop's thread."""
         if self.worker is None or not self.worker.idle():
             return {}
         done = self.worker.take()
@@ -328,56 +354,61 @@ class RoundRunner:
         if error is not None:
             self.worker_errors += 1
             logger.error(
-                "The exchange worker failed (%s: %s): its round's rows are lost; the next round runs as usual. "
+                "The exchange worker failed (%s: %s): the rows it collected are lost; the next round runs as usual. "
                 "`ftis/exchange/worker_errors` counts the failures.",
                 type(error).__name__,
                 error,
                 exc_info=error,
             )
             return {"ftis/exchange/worker_errors": float(self.worker_errors)}
-        rows, created, metrics, self._sender_rounds, self._regulars = done.result()
-        with self.lock:
-            for sender, count in self.arrivals.add(rows, created).items():
-                self.ledger.count(sender, "queue_full", count)
+        result, rows_sent, bytes_sent, self._sender_rounds = done.result()
+        self._regulars = result.regulars
+        self.ledger.record_round(
+            rows_sent=rows_sent,
+            bytes_sent=bytes_sent,
+            rows_received=len(result.rows),
+            accepted=[],
+            refused=result.refused,
+        )
+        for sender, count in self.arrivals.add(result.rows, result.created).items():
+            self.ledger.count(sender, "queue_full", count)
+        metrics = self.round_metrics(result, [], bytes_sent)
+        for name in [n for n in metrics if n == "ftis/peer_rows_accepted" or n.endswith("/rows_accepted")]:
+            del metrics[name]  # counted when a step takes them
         return metrics
 
     def free_exchange(self, unsent: list[tuple[list[PeerRow], int]], round: int):
-        """The worker's free-running round: publish the own rows handed to it (one message per step), collect what
-        arrived (never waiting), admit and score it. Returns `(rows, created, metrics, sender rounds, regulars)`; the
-        rows are not selected: the queue does that when a step takes them."""
+        """The worker's free-running round: publish the own rows handed to it (one message per step) and collect what
+        arrived, never waiting. Only the swarm is used (no tokenizer, reward function or ledger: the training loop
+        admits what it takes). Returns `(result, rows sent, bytes sent, each sender's newest round)`."""
         swarm = self.swarm
         bytes_sent = sum(swarm.publish(rows, step) for rows, step in unsent)
-        own_rows = [row for rows, _ in unsent for row in rows]
         result = swarm.collect(round, max_rows=self.arrivals.max_rows or None)
-        with self.lock:
-            outcome = self.finish_round(own_rows, round, result, bytes_sent, select=False)
-        metrics = dict(outcome.metrics)
-        for name in ("ftis/peer_rows_accepted", *(n for n in metrics if n.endswith("/rows_accepted"))):
-            metrics.pop(name, None)  # counted when a step takes them
-        metrics["ftis/peer_rows_admitted"] = float(len(outcome.rows))
-        return outcome.rows, result.created, metrics, dict(swarm.sender_rounds), result.regulars
+        return result, sum(len(rows) for rows, _ in unsent), bytes_sent, dict(swarm.sender_rounds)
 
-    def taken_metrics(self, taken: Taken) -> dict[str, float]:
+    def taken_metrics(self, rows: Sequence[ScoredRow], taken: Taken) -> dict[str, float]:
         """The rows a free-running step trains on: how many, from whom, and how old (in their sender's steps and in
         seconds), and what stays queued."""
         metrics = {
-            "ftis/peer_rows_accepted": float(len(taken.rows)),
+            "ftis/peer_rows_accepted": float(len(rows)),
             "ftis/exchange/queued_rows": float(len(self.arrivals)),
         }
-        ages: dict[str, list[int]] = {}
-        for row in taken.rows:
-            ages.setdefault(row.sender, []).append(int(row.age))
-        if taken.rows:
-            every = [age for values in ages.values() for age in values]
-            seconds = [value for values in taken.age_seconds.values() for value in values]
+        steps: dict[str, list[int]] = {}
+        seconds: dict[str, list[float]] = {}
+        for row in rows:
+            age, age_seconds = taken.ages.get((row.sender, row.group), (0, 0.0))
+            steps.setdefault(row.sender, []).append(age)
+            seconds.setdefault(row.sender, []).append(age_seconds)
+        if rows:
+            every = [age for values in steps.values() for age in values]
+            every_seconds = [value for values in seconds.values() for value in values]
             metrics["ftis/exchange/age_steps"] = sum(every) / len(every)
             metrics["ftis/exchange/age_steps_max"] = float(max(every))
-            metrics["ftis/exchange/age_seconds"] = sum(seconds) / len(seconds)
-        for sender, values in ages.items():
-            seconds = taken.age_seconds.get(sender, [0.0])
+            metrics["ftis/exchange/age_seconds"] = sum(every_seconds) / len(every_seconds)
+        for sender, values in steps.items():
             metrics[f"ftis/peers/{sender}/rows_accepted"] = float(len(values))
             metrics[f"ftis/peers/{sender}/age_steps"] = sum(values) / len(values)
-            metrics[f"ftis/peers/{sender}/age_seconds"] = sum(seconds) / len(seconds)
+            metrics[f"ftis/peers/{sender}/age_seconds"] = sum(seconds[sender]) / len(seconds[sender])
         for sender, count in taken.stale.items():
             metrics[f"ftis/peers/{sender}/rows_aged_out"] = float(count)
         return metrics

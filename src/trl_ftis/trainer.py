@@ -848,7 +848,7 @@ class FTISTrainer(GRPOTrainer):
                 adaptive_threshold=self._adaptive_threshold,
                 pending_rows=self._pending,
                 swarm=self.swarm.state_dict() if self.swarm is not None else None,
-                arrived_rows=[row.to_peer_row() for row in self._rounds.arrivals.rows()],
+                arrived_rows=self._rounds.arrivals.rows(),
                 arrived_created=self._rounds.arrivals.created(),
             )
         write_state_file(folder, self.args.process_index, state)
@@ -935,6 +935,7 @@ class FTISTrainer(GRPOTrainer):
             `bytes_sent`, `rows_retokenised` (rows of peers with another tokenizer, re-tokenised: `cross_tokenizer`),
             `reward` (the last logged), `exchange_worker_errors` (rounds an async exchange worker failed),
             `exchange_blocking_seconds` (the training loop's waits on the exchange, all steps together),
+            `exchange_admission_seconds` (free-running: admitting the rows the steps took, work that is not a wait),
             `train_seconds` (the Trainer's `train_runtime`), `peer_row_ages` (swarm rows trained on, by age in their
             sender's steps: `"0"`, `"1"`, ...), `refused`
             (counts by reason), `dropped` (received or added rows dropped, by reason: [`DROP_REASONS`]), `peers`
@@ -952,6 +953,7 @@ class FTISTrainer(GRPOTrainer):
             "dropped": dict(self._ledger.dropped_totals),
             "exchange_worker_errors": self._rounds.worker_errors,
             "exchange_blocking_seconds": self._rounds.blocking_seconds,
+            "exchange_admission_seconds": self._rounds.admission_seconds,
             "train_seconds": runtimes[-1] if runtimes else None,
             "peer_row_ages": {str(age): count for age, count in sorted(self._rounds.ages.items())},
             "peers": sorted(set(self._ledger.sources) | (self.swarm.known_peers if self.swarm is not None else set())),
