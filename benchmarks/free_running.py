@@ -320,11 +320,26 @@ def learning_run(mode, ratio, seed, cache, fast_step, work):
     ]
 
 
+def calibrate_learning(cache: Path) -> float:
+    """The step time of a learning peer (warm model, 64 own rows), both peers alone and pinned as in the runs."""
+    from warm_models import warm_checkpoint
+
+    model = str(warm_checkpoint(cache, "big", 0))
+    work = Path(tempfile.mkdtemp(prefix="ftis-learn-"))
+    try:
+        settings = {**LEARNING, "max_steps": 20, "eval_size": 0, "model_name_or_path": model}
+        got = run_peers({"fast": settings, "slow": settings}, work / "out", {"fast": 0, "slow": 1})
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return statistics.median(s["train_seconds"] / s["steps"] for s in got.values())
+
+
 def part_learning(args, sink):
     cache = Path(args.cache)
     seeds = range(args.seeds)
     records = []
-    fast_step = args.fast_step
+    fast_step = args.fast_step or calibrate_learning(cache)
+    print(f"learning: fast step {fast_step * 1000:.0f} ms (alone; the slow peer sleeps 9x it at R = 10)", flush=True)
     for seed in seeds:
         for ratio in (1, 10):
             modes = ["sync", "free"] if (seed + ratio) % 2 == 0 else ["free", "sync"]
@@ -404,7 +419,9 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--seeds", type=int, default=4)
-    parser.add_argument("--fast-step", type=float, default=0.07, help="learning: the fast peer's step time (s)")
+    parser.add_argument(
+        "--fast-step", type=float, default=None, help="learning: the fast peer's step time in s (default: measured)"
+    )
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "ftis-warm-models"))
     parser.add_argument("--summary-only", action="store_true", help="summarise the raw records, run nothing")
     args = parser.parse_args()
