@@ -51,7 +51,6 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEER = ROOT / "examples" / "tiny_peer.py"
 RESULTS = HERE / "results"
-START_SECONDS = 20.0  # a peer process imports and builds its model in well under this (2 per core)
 TARGET_SECONDS = 8.0  # training time of the slow peer in the speed part
 OWN_ROWS = 16  # own rows a step in the speed part (per_device_train_batch_size)
 sys.path.insert(0, str(HERE))
@@ -94,10 +93,13 @@ def command(peer_id: str, out: Path, settings: dict) -> list[str]:
     return argv
 
 
-def run_peers(peers: dict[str, dict], out: Path, cores: dict[str, int], timeout: float = 900) -> dict[str, dict]:
+def run_peers(
+    peers: dict[str, dict], out: Path, cores: dict[str, int], timeout: float = 900, start_seconds: float = 20.0
+) -> dict[str, dict]:
     """Start every peer (pinned; they all begin training at the same moment, `--start_at`, so that start-up times
-    do not count), wait for all; their summaries, with the log tail when one fails."""
-    start_at = time.time() + START_SECONDS
+    do not count: `start_seconds` is well over a peer's start-up), wait for all; their summaries, with the log tail
+    when one fails."""
+    start_at = time.time() + start_seconds
     peers = {peer: {**settings, "start_at": round(start_at, 3)} for peer, settings in peers.items()}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("FTIS_SWARM_SECRET", None)
@@ -299,7 +301,7 @@ def learning_run(mode, ratio, seed, cache, fast_step, work):
         if peer == "slow" and ratio > 1:
             settings["step_delay"] = round((ratio - 1) * fast_step, 4)
         specs[peer] = settings
-    summaries = run_peers(specs, work / "out", {"fast": 0, "slow": 1})
+    summaries = run_peers(specs, work / "out", {"fast": 0, "slow": 1}, start_seconds=12.0)
     return [
         {
             "part": "learning",
