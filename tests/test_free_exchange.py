@@ -219,3 +219,34 @@ def test_a_free_running_checkpoint_holds_the_queue_and_resume_admits_it_again(to
 def test_horizontal_mode_needs_the_sync_exchange(make_args, mode):
     with pytest.raises(ValueError, match="cannot be combined"):
         make_args(exchange_mode=mode, collaboration_mode="horizontal")
+
+
+class HostilePartner(TrainerCallback):
+    """A partner whose every other group is malformed: a chat prompt with a numeric role, and garbage files."""
+
+    def __init__(self, swarm, folder):
+        self.swarm, self.folder, self.round = swarm, folder, 0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        good = rows("partner", count=8, group=f"g{self.round}", round=self.round)
+        bad = rows("partner", count=8, group=f"b{self.round}", round=self.round, prompt=[{"role": 5, "content": "x"}])
+        self.swarm.publish(good + bad, self.round)
+        (self.folder / f"{self.round:010d}.partner.garbage.ftis").write_bytes(b"\x00" * 64)
+        self.round += 1
+
+
+def test_free_running_rows_go_through_the_same_admission_and_budgets(tokenizer, make_args, tmp_path):
+    folder = tmp_path / "exchange"
+    url = f"dir://{folder}"
+    partner = make_swarm(url, "partner", tokenizer)
+    trainer = free_trainer(tokenizer, make_args, url, callbacks=[HostilePartner(partner, folder)])
+    merged = []
+    original = trainer._merge_peer_rows
+    trainer._merge_peer_rows = lambda output, batch: merged.append(batch) or original(output, batch)
+    trainer.train()
+    summary = trainer.summary()
+    assert summary["steps"] == 4
+    assert summary["dropped"].get("bad_chat_prompt", 0) >= 8  # taken from the queue, refused by the admission
+    assert sum(summary["refused"].values()) >= 1  # the garbage files, refused by the swarm as in lock-step
+    trained = [row for batch in merged for row in batch]
+    assert trained and all(isinstance(row.prompt, str) for row in trained)

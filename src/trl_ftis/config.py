@@ -117,7 +117,8 @@ class FTISConfig(GRPOConfig):
             tests). `None`: train alone.
         peer_timeout (`float`, *optional*, defaults to `60.0`):
             Seconds a round waits for the expected peers before training on what arrived. Without expected peers a
-            round never waits.
+            round never waits. With `exchange_mode="free"` nothing waits: an expected peer silent for this long is
+            counted in `ftis/exchange/peers_missing`.
         expected_peers (`list[str]`, *optional*):
             Peer ids a round waits for (up to `peer_timeout`); this peer's own id may be among them (it is ignored).
             Others are accepted whenever their messages arrive.
@@ -131,7 +132,9 @@ class FTISConfig(GRPOConfig):
         max_staleness (`int`, *optional*, defaults to `2`):
             Messages from rounds older than `current_round - max_staleness` are dropped. A peer that finds the swarm
             more than this many rounds ahead (it joined late, stalled or resumed an older checkpoint) moves its round
-            forward to the swarm's (`docs/swarm.md`, "Catching up").
+            forward to the swarm's (`docs/swarm.md`, "Catching up"). With `exchange_mode="free"`, counted in each
+            sender's own steps: rows more than this many of their sender's steps older than its newest message are
+            dropped (`stale`).
         max_peer_rows (`int`, *optional*):
             At most this many peer rows per generation batch (whole groups, shared fairly between peers).
         max_peer_ratio (`float`, *optional*, defaults to `4.0`):
@@ -328,7 +331,10 @@ class FTISConfig(GRPOConfig):
     )
     max_staleness: int = field(
         default=DEFAULT_MAX_STALENESS,
-        metadata={"help": "Drop messages from rounds older than current_round - max_staleness."},
+        metadata={
+            "help": "Drop messages from rounds older than current_round - max_staleness (free-running: more than "
+            "max_staleness of their sender's own steps older than its newest message)."
+        },
     )
     max_peer_rows: int | None = field(
         default=None,
