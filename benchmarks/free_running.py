@@ -117,22 +117,44 @@ def run_peers(
     return {peer_id: json.loads((out / peer_id / "ftis_summary.json").read_text()) for peer_id in peers}
 
 
-def t_interval(values: list[float]) -> tuple[float, float, float]:
-    from scipy import stats
+def t_cdf(x: float, df: int) -> float:
+    """Student's t distribution function (Simpson's rule over the density; no SciPy in the project's dependencies)."""
+    if x < 0:
+        return 1.0 - t_cdf(-x, df)
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
 
+    def density(t):
+        return math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+
+    steps = 4000
+    h = x / steps
+    total = density(0.0) + density(x) + sum((4 if k % 2 else 2) * density(k * h) for k in range(1, steps))
+    return 0.5 + total * h / 3
+
+
+def t_quantile(p: float, df: int) -> float:
+    low, high = 0.0, 1000.0
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if t_cdf(middle, df) < p else (low, middle)
+    return (low + high) / 2
+
+
+def t_interval(values: list[float]) -> tuple[float, float, float]:
+    """Mean and 95% t-interval."""
     mean = statistics.fmean(values)
     if len(values) < 2:
         return mean, math.nan, math.nan
-    half = stats.t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
+    half = t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
     return mean, mean - half, mean + half
 
 
 def t_pvalue(values: list[float]) -> float:
-    from scipy import stats
-
+    """Two-sided one-sample t-test of mean 0."""
     if len(values) < 2 or statistics.stdev(values) == 0:
         return math.nan
-    return float(stats.ttest_1samp(values, 0.0).pvalue)
+    t = statistics.fmean(values) / (statistics.stdev(values) / math.sqrt(len(values)))
+    return 2 * (1 - t_cdf(abs(t), len(values) - 1))
 
 
 def holm(pvalues: dict[str, float]) -> dict[str, float]:

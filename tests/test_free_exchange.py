@@ -222,14 +222,14 @@ def test_horizontal_mode_needs_the_sync_exchange(make_args, mode):
 
 
 class HostilePartner(TrainerCallback):
-    """A partner whose every other group is malformed: a chat prompt with a numeric role, and garbage files."""
+    """A partner whose every other group is malformed (a chat role no template has), and garbage files."""
 
     def __init__(self, swarm, folder):
         self.swarm, self.folder, self.round = swarm, folder, 0
 
     def on_step_begin(self, args, state, control, **kwargs):
         good = rows("partner", count=8, group=f"g{self.round}", round=self.round)
-        bad = rows("partner", count=8, group=f"b{self.round}", round=self.round, prompt=[{"role": 5, "content": "x"}])
+        bad = rows("partner", count=8, group=f"b{self.round}", round=self.round, prompt=[{"role": "wizard", "content": "x"}])
         self.swarm.publish(good + bad, self.round)
         (self.folder / f"{self.round:010d}.partner.garbage.ftis").write_bytes(b"\x00" * 64)
         self.round += 1
