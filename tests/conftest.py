@@ -1,6 +1,7 @@
 """Shared fixtures: one torch thread, no Hugging Face Hub, tiny local models."""
 
 import os
+import uuid
 
 # Before torch/transformers are imported by any test module.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -84,3 +85,17 @@ def scripted_lm():
 
 # Registers the session-scoped `redis_url` fixture (a throwaway redis-server; tests skip when none can start).
 from redis_server import redis_url  # noqa: E402,F401
+
+
+@pytest.fixture(params=["memory", "dir"])
+def url(request, tmp_path):
+    """A fresh exchange on each transport that needs no server (modules with a memory-only `url` define their own)."""
+    if request.param == "memory":
+        return f"memory://{request.module.__name__}-{uuid.uuid4().hex}"
+    return f"dir://{tmp_path / 'exchange'}"
+
+
+@pytest.fixture
+def memory_url(request):
+    """A fresh in-process exchange."""
+    return f"memory://{request.module.__name__}-{uuid.uuid4().hex}"

@@ -6,7 +6,6 @@ every round (regulars first), so over rounds every sender is read; and a hint st
 """
 
 import logging
-import uuid
 
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
@@ -19,16 +18,7 @@ from trl_ftis.swarm import rows_to_message
 SECRET = "members-only"
 
 
-@pytest.fixture(params=["memory", "dir"])
-def url(request, tmp_path):
-    if request.param == "memory":
-        return f"memory://many-{uuid.uuid4().hex}"
-    return f"dir://{tmp_path / 'exchange'}"
-
-
-@pytest.fixture
-def memory_url():
-    return f"memory://many-{uuid.uuid4().hex}"
+# `url` (memory:// and dir://) and `memory_url` come from conftest.py.
 
 
 def publish(tokenizer, url, sender, round=0, *, count=4, prompt=None, signed_as=None, round_hint=None):

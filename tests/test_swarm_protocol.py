@@ -10,7 +10,6 @@ import hmac
 import logging
 import os
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -38,16 +37,7 @@ from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget, rows_to_messag
 SECRET = "members-only"
 
 
-@pytest.fixture(params=["memory", "dir"])
-def url(request, tmp_path):
-    if request.param == "memory":
-        return f"memory://protocol-{uuid.uuid4().hex}"
-    return f"dir://{tmp_path / 'exchange'}"
-
-
-@pytest.fixture
-def memory_url():
-    return f"memory://protocol-{uuid.uuid4().hex}"
+# `url` (memory:// and dir://) and `memory_url` come from conftest.py.
 
 
 def message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", created=None):
