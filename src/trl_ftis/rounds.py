@@ -328,12 +328,7 @@ class RoundRunner:
         """The rows a step took from the queue, admitted, rescored and normalised as a lock-step round's, each with
         its age; never raises because of the rows (an unexpected error drops them all, `internal_error`)."""
         try:
-            config = self.config
-            rows = self.admission.admit(
-                taken.rows, local_columns=config.require_known_prompts or not config.trust_peer_rewards
-            )
-            if not config.trust_peer_rewards:
-                rows = self.admission.rescore(rows)
+            rows = self.rescored(self.admitted(taken.rows))
             scored = self.admission.guard_statistics(with_group_statistics(rows, self.scale_rewards))
         except Exception as error:  # the last line of defence: a step never raises because of what peers sent
             if not self.ledger.warned("*", "internal_error"):
@@ -424,48 +419,49 @@ class RoundRunner:
         with self.lock:  # the rest uses the tokenizer, the reward functions and the ledger
             return self.finish_round(own_rows, round, result, bytes_sent)
 
-    def finish_round(
-        self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int, select: bool = True
-    ) -> RoundOutcome:
+    def finish_round(self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int) -> RoundOutcome:
         """The collected round's rows to train on, its totals counted and its metrics; never raises because of the
-        rows (an unexpected error drops them all, `internal_error`). `select=False` (free-running): every admitted
-        row is returned and none is counted as accepted yet (the queue selects them later)."""
+        rows (an unexpected error drops them all, `internal_error`)."""
         received = result.rows
         try:
-            rows, own_statistics = self.round_rows(own_rows, result, select=select)
+            rows, own_statistics = self.round_rows(own_rows, result)
         except Exception as error:  # the last line of defence: a round never raises because of what peers sent
             if not self.ledger.warned("*", "internal_error"):
                 logger.exception("Processing the peer rows of round %d failed; training on own rows only.", round)
             self.ledger.count("*", "internal_error", len(received), detail=f"{type(error).__name__}: {error}"[:300])
             rows, own_statistics = [], None
-        if select:  # lock-step: a row's age is the rounds between its own and the one it is trained at
-            rows = [replace(row, age=min(max(result.round - int(row.round or 0), 0), 2**31)) for row in rows]
+        # A row's age: the rounds between its own and the one it is trained at (async adds its one round of lag).
+        rows = [replace(row, age=min(max(result.round - int(row.round or 0), 0), 2**31)) for row in rows]
         self.ledger.record_round(
             rows_sent=len(own_rows),
             bytes_sent=bytes_sent,
             rows_received=len(received),
-            accepted=rows if select else [],
+            accepted=rows,
             refused=result.refused,
         )
         return RoundOutcome(rows, own_statistics, self.round_metrics(result, rows, bytes_sent))
 
-    def round_rows(self, own_rows: list[PeerRow], result: RoundResult, select: bool = True):
-        """The received rows (`result.rows`) this round trains on (`select`: at most the step's peer-row cap), as
-        [`ScoredRow`]s, and the own rows' statistics in horizontal mode (else `None`)."""
-        config = self.config
-        rows = self.admission.admit(
-            result.rows, local_columns=config.require_known_prompts or not config.trust_peer_rewards
-        )
-        if select:
-            rows = select_rows(rows, self.peer_row_cap(len(own_rows)), regulars=result.regulars)
-        if not config.trust_peer_rewards:
-            rows = self.admission.rescore(rows)
+    def round_rows(self, own_rows: list[PeerRow], result: RoundResult):
+        """The received rows (`result.rows`) this round trains on, as [`ScoredRow`]s, and the own rows' statistics in
+        horizontal mode (else `None`)."""
+        rows = select_rows(self.admitted(result.rows), self.peer_row_cap(len(own_rows)), regulars=result.regulars)
+        rows = self.rescored(rows)
         own_statistics = None
-        if config.collaboration_mode == "horizontal":
+        if self.config.collaboration_mode == "horizontal":
             own_statistics, scored = self.horizontal_statistics(own_rows, rows)
         else:
             scored = with_group_statistics(rows, self.scale_rewards)
         return self.admission.guard_statistics(scored), own_statistics
+
+    def admitted(self, rows: Sequence[PeerRow]) -> list[AdmittedRow]:
+        """Received rows through the admission, with this trainer's own columns for a known prompt when the rewards
+        are recomputed (or known prompts are required)."""
+        config = self.config
+        return self.admission.admit(rows, local_columns=config.require_known_prompts or not config.trust_peer_rewards)
+
+    def rescored(self, rows: list[AdmittedRow]) -> list[AdmittedRow]:
+        """Admitted rows with this trainer's own rewards, unless `trust_peer_rewards`."""
+        return rows if self.config.trust_peer_rewards else self.admission.rescore(rows)
 
     def peer_row_cap(self, local_rows: int) -> int | None:
         """The most peer rows a step with `local_rows` own rows trains on (`max_peer_rows`, `max_peer_ratio`)."""
