@@ -403,7 +403,7 @@ class Swarm:
                 "budget; `ftis/exchange/refused/round_budget` counts them every round.",
             )
         if self.free_running:
-            result.missing = self._silent(fresh)
+            result.missing = self._silent()
             return result
         self._absent -= fresh  # a peer that delivers again is waited for again
         if self.num_expected_peers is not None:
@@ -583,7 +583,7 @@ class Swarm:
             rounds = {row.round for row in kept if row.sender == sender}
             result.peers[sender].staleness.extend(newest[sender] - r for r in sorted(rounds))
 
-    def _silent(self, fresh: set[str]) -> list[str]:
+    def _silent(self) -> list[str]:
         """Free-running: the expected peers not heard from for `peer_timeout` seconds (never waited for)."""
         now = time.monotonic()
 
