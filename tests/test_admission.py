@@ -147,6 +147,19 @@ def test_restored_rows_get_their_prompts_rendered_again_and_keep_text_level(toke
     assert gate.ledger.dropped == {"bad_prompt": 1}
 
 
+def test_restored_rows_are_checked_as_received_rows_are_a_checkpoint_is_untrusted(tokenizer):
+    gate = admission(tokenizer, context_length=64)
+    saved = [row.to_peer_row() for row in gate.admit(rows("a", 5))]
+    saved[0].completion_ids = [10**9, 1, 2]  # an id outside the vocabulary, edited into the file
+    saved[1].generator_logps = [0.5, -1.0, -0.25]  # a positive log-prob
+    saved[2].completion_ids, saved[2].generator_logps = [1] * 7, [-0.5] * 7  # longer than max_completion_length
+    saved[3].extra = {"answer": "46", "prompts": ["smuggled"]}  # a column named like a reward-function argument
+    back = gate.restore(saved)
+    assert gate.ledger.dropped == {"bad_ids": 1, "bad_logps": 1, "too_long": 1}
+    assert len(back) == 2 and all("prompts" not in row.extra for row in back)
+    assert gate.ledger.stripped == {"reserved_column": 1}
+
+
 def test_admitted_rows_are_frozen(tokenizer):
     (row,) = admission(tokenizer).admit(rows("a", 1))
     with pytest.raises(AttributeError):
