@@ -20,6 +20,7 @@ from trl_ftis.checkpoint import (
     rows_to_json,
     state_path,
 )
+from trl_ftis.collaboration import PeerValue, StepClock
 from trl_ftis.ledger import PeerRowLedger
 
 
@@ -187,6 +188,8 @@ def saved_state(tokenizer, url=None):
         adaptive_threshold=3.5,
         pending_rows=rows("q", 2),
         swarm=swarm.state_dict(),
+        time=StepClock().state_dict(),
+        peer_value=PeerValue().state_dict(),
     )
     return json.loads(json.dumps(state))  # as read back from the file
 
@@ -251,13 +254,15 @@ def test_a_state_file_of_format_1_from_before_this_layout_still_loads(tokenizer)
     state = saved_state(tokenizer)
     del state["adaptive_threshold"], state["totals"]["rows_retokenised"]
     del state["arrived_peer_rows"], state["arrived_created"]  # added with exchange_mode="free"
+    del state["time"], state["peer_value"]  # added with the collaboration ledger
     parsed = parse_state(state)
     assert parsed.adaptive_threshold is None and parsed.ledger.totals["rows_retokenised"] == 0
     assert list(parsed.arrived_rows) == [] and list(parsed.arrived_created) == []
+    assert parsed.time is None and parsed.peer_value is None
     assert list(saved_state(tokenizer)) == [  # the layout written, key for key, as format 1 has it
         "format", "peer_id", "global_step", "totals", "refused", "dropped", "dropped_since_merge",
         "stripped_since_merge", "accepted_by_peer", "row_count_keys", "sources", "adaptive_threshold",
-        "pending_peer_rows", "swarm", "arrived_peer_rows", "arrived_created",
+        "pending_peer_rows", "swarm", "arrived_peer_rows", "arrived_created", "time", "peer_value",
     ]  # fmt: skip
 
 

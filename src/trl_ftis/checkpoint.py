@@ -12,7 +12,9 @@ module saves and reads what the state's owners hand it, and needs no trainer:
 * the swarm's state ([`Swarm.state_dict`]): peers seen and their models, who is not waited for, and the digests of
   the messages accepted in the round window, so that a restarted peer that reads them again from the exchange does
   not train on them twice;
-* the peer rows queued by `FTISTrainer.add_peer_rows` and not yet merged ([`rows_to_json`]).
+* the peer rows queued by `FTISTrainer.add_peer_rows` and not yet merged ([`rows_to_json`]);
+* what collaboration bought so far (`trl_ftis.collaboration`): the step clock's totals and the value of peer rows,
+  so that a resumed run's summary covers the whole run.
 
 [`build_state`] writes the dict, [`parse_state`] checks one (a malformed dict raises `ValueError` before anything is
 restored; the swarm's part is checked by `Swarm.load_state_dict` itself). A checkpoint without the file (written by
@@ -34,6 +36,7 @@ from typing import Any
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from .collaboration import PeerValue, StepClock
 from .files import plain_json, write_json_atomic
 from .ledger import LedgerState, PeerRowLedger
 from .peer_rows import PeerRow
@@ -131,7 +134,10 @@ class CheckpointState:
     """`exchange_mode="free"`: the queue of arrived peer rows, oldest first (empty in files of earlier versions)."""
     arrived_created: list[float] = ()
     """When each of `arrived_rows` was published (its sender's clock)."""
-    """The swarm's state as saved (checked by `Swarm.load_state_dict`), or `None`."""
+    time: dict[str, Any] | None = None
+    """The step clock's state ([`StepClock.state_dict`], checked), or `None` in files of earlier versions."""
+    peer_value: dict[str, Any] | None = None
+    """The peer-value state ([`PeerValue.state_dict`], checked), or `None` in files of earlier versions."""
 
 
 def build_state(
@@ -144,6 +150,8 @@ def build_state(
     swarm: dict[str, Any] | None,
     arrived_rows: Sequence[Any] = (),
     arrived_created: Sequence[float] = (),
+    time: dict[str, Any] | None = None,
+    peer_value: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One process's F-TIS state (JSON-serialisable, format [`STATE_FORMAT`]) from what its owners hand over: the
     ledger's [`PeerRowLedger.state_dict`], the adaptive threshold, the queued rows, the swarm's state (only on the
@@ -172,6 +180,8 @@ def build_state(
         "swarm": swarm,
         "arrived_peer_rows": arrived,
         "arrived_created": created,
+        "time": time,
+        "peer_value": peer_value,
     }
 
 
@@ -195,6 +205,12 @@ def parse_state(state: Any) -> CheckpointState:
     threshold = state.get("adaptive_threshold")  # absent in files of earlier versions
     if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
         raise ValueError("'adaptive_threshold' is not a finite number")
+    # Checked by loading them into scratch owners: the trainer's own are changed only once everything passed.
+    clock_state, value_state = state.get("time"), state.get("peer_value")  # absent in files of earlier versions
+    if clock_state is not None:
+        StepClock().load_state_dict(clock_state)
+    if value_state is not None:
+        PeerValue().load_state_dict(value_state)
     return CheckpointState(
         global_step=state.get("global_step"),
         ledger=ledger,
@@ -203,6 +219,8 @@ def parse_state(state: Any) -> CheckpointState:
         swarm=state.get("swarm"),
         arrived_rows=arrived,
         arrived_created=[float(t) for t in created],
+        time=clock_state,
+        peer_value=value_state,
     )
 
 

@@ -3,8 +3,10 @@ with its own rows. (Named apart from `trl_ftis.tasks.generation`, the evaluation
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
-from transformers import GenerationConfig, LogitsProcessor
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 # Options that make `generate` insert logits processors *before* user-supplied ones. With any of them set, a recorder
 # would see processed scores, which differ from the learner's full-softmax log-probs.
@@ -63,3 +65,24 @@ class GeneratorLogpsRecorder(LogitsProcessor):
         if not steps:
             return torch.zeros((sequences.shape[0], 0), dtype=torch.float32, device=sequences.device)
         return torch.stack(steps, dim=1)
+
+
+@contextmanager
+def generate_with(model, recorder: GeneratorLogpsRecorder):
+    """Temporarily route `model.generate` through `recorder` (a pass-through logits processor); yields a dict whose
+    `"logps"` holds the recorded per-token log-probs (on the CPU) once `generate` has run."""
+    original = model.generate
+    recorded: dict[str, torch.Tensor] = {}
+
+    def generate(*args, **kwargs):
+        processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+        processors.append(recorder)
+        sequences = original(*args, logits_processor=processors, **kwargs)
+        recorded["logps"] = recorder.finish(sequences).cpu()
+        return sequences
+
+    model.generate = generate
+    try:
+        yield recorded
+    finally:
+        del model.generate  # back to the class method

@@ -13,17 +13,23 @@ from collections.abc import Sequence
 
 import torch
 
+from .collaboration import effective_fraction
 from .objective import FTISTerms
 
 
 def source_sums(
     terms: FTISTerms, mask: torch.Tensor, source: torch.Tensor, num_sources: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per source, `(rows, filtered, tokens, Σ weight, capped tokens, Σ finite statistic, finite statistics)` (shape
-    `(num_sources, 7)`) and `(max weight, max finite statistic)` (shape `(num_sources, 2)`, `-inf` when none)."""
+    """Per source, `(rows, filtered, tokens, Σ weight, capped tokens, Σ finite statistic, finite statistics, Σ row
+    weight, Σ row weight²)` (shape `(num_sources, 9)`) and `(max weight, max finite statistic)` (shape
+    `(num_sources, 2)`, `-inf` when none). A row's weight is the mean truncated weight over its tokens, 0 when the
+    filter zeroed its advantage or it has no tokens: the weight its advantage carries into the loss, from which the
+    effective sample size `(Σw)² / Σw²` follows."""
     source = source.long()
     finite = torch.isfinite(terms.filter_statistic)
     weights = torch.where(mask, terms.weights, torch.zeros_like(terms.weights))
+    tokens = mask.sum(-1).float()
+    row_weights = torch.where(terms.keep, weights.sum(-1).float() / tokens.clamp(min=1), torch.zeros_like(tokens))
     per_row = torch.stack(
         [
             torch.ones_like(finite, dtype=torch.float32),
@@ -33,6 +39,8 @@ def source_sums(
             (terms.capped & mask).sum(-1).float(),
             torch.where(finite, terms.filter_statistic, torch.zeros_like(terms.filter_statistic)).float(),
             finite.float(),
+            row_weights,
+            row_weights * row_weights,
         ],
         dim=1,
     )
@@ -67,6 +75,19 @@ def metric_groups(
     return out
 
 
+def value_sums(sums: torch.Tensor, sources: Sequence[str]) -> list[tuple[str | None, dict[str, float]]]:
+    """`(source, totals)` for own rows (source `None`) and each peer with rows, from [`source_sums`] over every process: the keyword
+    arguments of `trl_ftis.collaboration.PeerValue.record_loss` (rows, Σ row weight, Σ row weight², rows filtered)."""
+    out = []
+    for index, name in enumerate([None, *sources]):
+        n_rows, n_filtered, *_, row_w, row_w2 = sums[index].tolist()
+        if n_rows > 0:
+            out.append(
+                (name, {"rows": n_rows, "weight_sum": row_w, "weight_square_sum": row_w2, "filtered": n_filtered})
+            )
+    return out
+
+
 def age_buckets(age: torch.Tensor, max_age: int) -> torch.Tensor:
     """Each row's bucket for [`age_groups`]: 0 for own rows and rows of unknown age (age < 0), `1 + age` for a peer
     row `age` of its sender's steps old, the last one (`1 + max_age`) for older ones."""
@@ -86,10 +107,14 @@ def age_groups(sums: torch.Tensor, maxes: torch.Tensor) -> list[tuple[str, dict[
 
 def group_values(totals: torch.Tensor, peaks: torch.Tensor) -> dict[str, float] | None:
     """The metrics of one group from its [`source_sums`] row; `None` when it has no rows."""
-    n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite = totals.tolist()
+    n_rows, n_filtered, n_tokens, w_sum, n_capped, d_sum, n_finite, row_w, row_w2 = totals.tolist()
     if n_rows == 0:
         return None
-    values = {"filtered_frac": n_filtered / n_rows, "kl_nonfinite_frac": 1.0 - n_finite / n_rows}
+    values = {
+        "filtered_frac": n_filtered / n_rows,
+        "kl_nonfinite_frac": 1.0 - n_finite / n_rows,
+        "ess_frac": effective_fraction(row_w, row_w2, n_rows),
+    }
     if n_tokens > 0:
         values["is_weight_mean"] = w_sum / n_tokens
         values["is_weight_max"] = peaks[0].item()

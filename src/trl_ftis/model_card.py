@@ -25,6 +25,7 @@ def ftis_model_card_section(
     peers: Sequence[str],
     accepted_by_peer: Mapping[str, int],
     peer_models: Mapping[str, str],
+    collaboration: Mapping[str, Any] | None = None,
 ) -> str:
     """The Markdown section `FTISTrainer.create_model_card` adds to TRL's card (before its citations).
 
@@ -36,6 +37,8 @@ def ftis_model_card_section(
         peers (`Sequence[str]`): every peer it learned from ([`PeerRowLedger.peers`]).
         accepted_by_peer (`Mapping[str, int]`): the swarm rows trained on, per peer.
         peer_models (`Mapping[str, str]`): the models the peers reported (`Swarm.peer_models`).
+        collaboration (`Mapping[str, Any]`, *optional*): `FTISTrainer.collaboration()`: the time split and the value
+            of the peer rows, shown as a table of their own.
     """
     rows = [
         ("variant", f"`{args.variant}`"),
@@ -82,7 +85,52 @@ def ftis_model_card_section(
             ],
             "",
         ]
+    if collaboration is not None:
+        lines += _collaboration_lines(collaboration)
     return "\n".join(lines) + "\n"
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
+def _fraction(value: Any) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _collaboration_lines(collaboration: Mapping[str, Any]) -> list[str]:
+    """The card's "What collaboration bought" section: where the training time went and what peer rows were worth."""
+    times, value = collaboration["time_seconds"], collaboration["peer_value"]
+    lines = [
+        "### What collaboration bought",
+        "",
+        "| time (this process) | seconds |",
+        "|---|---|",
+        *[
+            f"| {name} | {_seconds(times[name])} |"
+            for name in ("step", "generation", "scoring", "exchange", "training", "other")
+        ],
+        f"| generation share f | {_fraction(collaboration['generation_share'])} |",
+        "",
+    ]
+    if value["rows_in_loss"]:
+        lines += [
+            (
+                "| peer | rows in the loss | effective sample size fraction | filtered | worth (own rows) | "
+                "own generation stood in for |"
+            ),
+            "|---|---|---|---|---|---|",
+            *[
+                f"| {_card_peer(name)} | {entry['rows_in_loss']} | {_fraction(entry['ess_frac'])} | "
+                f"{_fraction(entry['filtered_frac'])} | {entry['rows_worth'] or 0:.0f} | "
+                f"{_seconds(entry['generation_seconds_stood_in'])} |"
+                for name, entry in value["peers"].items()
+                if entry["rows_in_loss"]
+            ],
+            "",
+        ]
+    lines += [_card_cell(collaboration["collaboration"]), ""]
+    return lines
 
 
 _CARD_ESCAPES = {

@@ -31,6 +31,22 @@ from trl.trainer.utils import pad
 from .objective import group_max_len
 from .rules import MAX_LOGP
 
+UNMERGEABLE_FIELDS = (
+    "tool_mask",
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+    "num_images",
+    "num_tiles",
+)
+"""Batch fields that peer rows cannot provide (multimodal inputs, tool masks): merging into a batch with any of them
+is refused clearly."""
+
 MAX_ABS_ADVANTAGE = 1e7
 """Largest `|advantage|` a peer row may bring into the loss (the trainer drops a row beyond it, reason
 `advantage_too_large`). Group-normalised advantages are below `sqrt(group size)`; only `scale_rewards="none"` with

@@ -19,18 +19,17 @@ a round's rows out between the job's processes) and the merge into TRL's batch s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import textwrap
+import time
 from collections.abc import Callable, Iterable, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 from accelerate.utils import broadcast_object_list, gather_object
-from transformers import LogitsProcessorList, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -46,14 +45,23 @@ from .checkpoint import (
     warn_unread_states,
     write_state_file,
 )
+from .collaboration import (
+    PeerValue,
+    StepClock,
+    StepClockCallback,
+    SummaryCallback,
+    collaboration_report,
+    merge_counts,
+)
 from .config import FTISConfig, SwarmCredentials
-from .generator_logps import GeneratorLogpsRecorder, records_raw_logits
+from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_logits
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
-from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums
+from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
 from .model_card import ftis_model_card_section
 from .objective import ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
+    UNMERGEABLE_FIELDS,
     AdmittedRow,
     PeerRow,
     ScoredRow,
@@ -64,28 +72,13 @@ from .peer_rows import (
     with_group_statistics,
 )
 from .rounds import RoundRunner, connect_swarm
-from .rules import SUMMARY_FILE, redact_url
+from .rules import redact_url
 from .scoring import RewardScorer
 from .swarm import Swarm
 
 logger = logging.getLogger(__name__)
 
 RowListener = Callable[[list[PeerRow]], None]
-
-# Batch fields that peer rows cannot provide (multimodal inputs, tool masks): merging them is refused clearly.
-_UNMERGEABLE_FIELDS = (
-    "tool_mask",
-    "pixel_values",
-    "image_grid_thw",
-    "pixel_attention_mask",
-    "spatial_shapes",
-    "image_sizes",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "image_position_ids",
-    "num_images",
-    "num_tiles",
-)
 
 
 class FTISTrainer(GRPOTrainer):
@@ -202,6 +195,9 @@ class FTISTrainer(GRPOTrainer):
         self._last_rewards_per_func: torch.Tensor | None = None
         self._filtered_in_step: dict[str, float] = {}
         self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
+        self._clock = StepClock()  # where each optimizer step's time goes (`ftis/time/...`)
+        self._value = PeerValue()  # what reached the loss, per source, and the weight it carried
+        self._prepare_seconds = 0.0  # time in `_prepare_inputs`, which `training_step` subtracts from its own
         # Read once, before the model is loaded: a wrong key file fails now, naming it.
         credentials = args.swarm_credentials() if args.exchange_url is not None else None
         if args.cast_lm_head_to_fp32 and peft_config is not None and _ties_embeddings(model):
@@ -262,7 +258,10 @@ class FTISTrainer(GRPOTrainer):
         self._rounds = RoundRunner(
             config=args, swarm=swarm, admission=self._admission, ledger=self._ledger, scale_rewards=self.scale_rewards
         )
-        self.add_callback(_SummaryCallback(self))
+        self.add_callback(SummaryCallback(self.summary, self.accelerator.is_main_process))
+        self.add_callback(
+            StepClockCallback(self._clock, lambda name, value: self._metrics["train"][name].append(value))
+        )
 
     @property
     def swarm(self) -> Swarm | None:
@@ -404,13 +403,17 @@ class FTISTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     # Generation: record own generator log-probs when someone listens
     # ------------------------------------------------------------------------------------------------------------
+    def _generate(self, prompts: list):
+        with self._clock.measure("generation"):
+            return super()._generate(prompts)
+
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         recorder = self._recorder
         if recorder is None or self.use_vllm or self.use_transformers_continuous_batching or self.tools:
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        with self._generate_with(recorder) as recorded:
+        with generate_with(self.accelerator.unwrap_model(self.model_wrapped), recorder) as recorded:
             completion_ids, logprobs = super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
@@ -418,29 +421,10 @@ class FTISTrainer(GRPOTrainer):
         self._recorded_logps = [per_token[i, : len(ids)].tolist() for i, ids in enumerate(completion_ids)]
         return completion_ids, logprobs
 
-    @contextmanager
-    def _generate_with(self, recorder: GeneratorLogpsRecorder):
-        """Temporarily route the model's `generate` through `recorder` (a pass-through logits processor)."""
-        model = self.accelerator.unwrap_model(self.model_wrapped)
-        original = model.generate
-        recorded: dict[str, torch.Tensor] = {}
-
-        def generate(*args, **kwargs):
-            processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
-            processors.append(recorder)
-            sequences = original(*args, logits_processor=processors, **kwargs)
-            recorded["logps"] = recorder.finish(sequences).cpu()
-            return sequences
-
-        model.generate = generate
-        try:
-            yield recorded
-        finally:
-            del model.generate  # back to the class method
-
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # TRL does not keep raw rewards in the batch; the rows handed to listeners need them.
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        with self._clock.measure("scoring"):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._last_rewards_per_func = rewards_per_func
         return rewards_per_func
 
@@ -475,7 +459,8 @@ class FTISTrainer(GRPOTrainer):
         with self._rounds.lock:
             rows, self._pending = self._pending, []
         if in_swarm:
-            rows = rows + self._exchange_round(own_rows, output)
+            with self._clock.measure("exchange"):
+                rows = rows + self._exchange_round(own_rows, output)
         with self._rounds.turn():
             return self._merge_peer_rows(output, rows)
 
@@ -609,18 +594,24 @@ class FTISTrainer(GRPOTrainer):
         keep = len(rows) - len(rows) % self.args.steps_per_generation
         self._ledger.count_trimmed(row.sender for row in rows[keep:])
         rows = rows[:keep]
-        total_rows = self.accelerator.reduce(torch.tensor(float(len(rows)), device=self.accelerator.device), "sum")
-        total_rows = total_rows.item()
-        self._metrics["train"]["ftis/peer_rows"].append(total_rows)
-        for name, value in self._ledger.step_row_counts().items():
-            self._metrics["train"][name].append(value)
         # Per-peer loss metrics are reductions over a source list that must be the same on every process.
         senders = sorted({row.sender for row in rows})
         if self.accelerator.num_processes > 1:
             senders = sorted(set(gather_object(senders)))
         self._ledger.add_sources(senders)
+        # Rows and completion tokens per source (0: own) merged into this batch, over every process: one collective.
+        own = (output["completion_mask"].shape[0], int(output["completion_mask"].sum()))
+        counts = merge_counts(own, rows, self._ledger.source_index, len(self._ledger.sources) + 1)
+        counts = torch.tensor(counts, device=self.accelerator.device)
+        counts = self.accelerator.reduce(counts, reduction="sum").cpu()
+        names = [None, *self._ledger.sources]  # None: own rows (PeerValue's OWN)
+        self._value.record_merge({name: tuple(counts[k].tolist()) for k, name in enumerate(names)})
+        total_rows = counts[1:, 0].sum().item()
+        self._metrics["train"]["ftis/peer_rows"].append(total_rows)
+        for name, value in self._ledger.step_row_counts().items():
+            self._metrics["train"][name].append(value)
         if rows:
-            unsupported = [key for key in _UNMERGEABLE_FIELDS if output.get(key) is not None]
+            unsupported = [key for key in UNMERGEABLE_FIELDS if output.get(key) is not None]
             if unsupported:
                 raise ValueError(
                     f"Peer rows cannot be merged into batches with {unsupported}: F-TIS peers exchange text-only, "
@@ -794,6 +785,9 @@ class FTISTrainer(GRPOTrainer):
                 for metric, value in values.items():
                     self._metrics[mode][f"ftis/{name}/{metric}"].append(value)
         sums, maxes = self._reduced_sums(terms, mask, source, len(self._ledger.sources) + 1)
+        if mode == "train":
+            for name, totals in value_sums(sums, self._ledger.sources):
+                self._value.record_loss(name, **totals)
         for name, values, n_filtered in metric_groups(sums, maxes, self._ledger.sources):
             if mode == "train" and name != "own":
                 key = "rows_filtered" if name == "peer" else f"{name}/rows_filtered"
@@ -820,8 +814,19 @@ class FTISTrainer(GRPOTrainer):
             if self.swarm is not None:
                 self.swarm.close()
 
+    def _prepare_inputs(self, generation_batch):
+        start = time.perf_counter()
+        try:
+            return super()._prepare_inputs(generation_batch)
+        finally:
+            self._prepare_seconds += time.perf_counter() - start
+
     def training_step(self, model, inputs, num_items_in_batch):
+        # `training` is the micro-batch's forward and backward: training_step without its `_prepare_inputs` (where
+        # generation, scoring and the exchange happen, timed by themselves).
+        start, prepared = time.perf_counter(), self._prepare_seconds
         loss = super().training_step(model, inputs, num_items_in_batch)
+        self._clock.add("training", time.perf_counter() - start - (self._prepare_seconds - prepared))
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
         if self._step % self.current_gradient_accumulation_steps == 0:
             self._metrics["train"]["ftis/peer_rows_filtered"].append(self._filtered_in_step.pop("rows_filtered", 0.0))
@@ -850,6 +855,8 @@ class FTISTrainer(GRPOTrainer):
                 swarm=self.swarm.state_dict() if self.swarm is not None else None,
                 arrived_rows=self._rounds.arrivals.rows(),
                 arrived_created=self._rounds.arrivals.created(),
+                time=self._clock.state_dict(),
+                peer_value=self._value.state_dict(),
             )
         write_state_file(folder, self.args.process_index, state)
         return super()._save_checkpoint(model, trial)
@@ -871,6 +878,10 @@ class FTISTrainer(GRPOTrainer):
         with self._rounds.lock:
             self._ledger.load_state_dict(parsed.ledger)
             self._adaptive_threshold = parsed.adaptive_threshold
+            if parsed.time is not None:
+                self._clock.load_state_dict(parsed.time)
+            if parsed.peer_value is not None:
+                self._value.load_state_dict(parsed.peer_value)
             self._pending = self._admission.restore(parsed.pending_rows) + self._pending
         arrived = 0
         if parsed.arrived_rows and self.accelerator.is_main_process:  # the queue lives with the swarm client
@@ -921,6 +932,7 @@ class FTISTrainer(GRPOTrainer):
             peers=self._ledger.peers(),
             accepted_by_peer=self._ledger.accepted_by_peer,
             peer_models=self.swarm.peer_models if self.swarm is not None else {},
+            collaboration=self.collaboration(),
         )
         marker = "## Citations"
         text = text.replace(marker, section + marker, 1) if marker in text else text + "\n" + section
@@ -940,7 +952,7 @@ class FTISTrainer(GRPOTrainer):
             sender's steps: `"0"`, `"1"`, ...), `refused`
             (counts by reason), `dropped` (received or added rows dropped, by reason: [`DROP_REASONS`]), `peers`
             (every peer whose rows were merged or whose messages were accepted), `peer_models` and `exchange_url`
-            (password redacted).
+            (password redacted); then the entries of [`collaboration`] (`time_seconds`, `generation_share`, ...).
         """
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
         runtimes = [entry["train_runtime"] for entry in self.state.log_history if "train_runtime" in entry]
@@ -959,7 +971,16 @@ class FTISTrainer(GRPOTrainer):
             "peers": sorted(set(self._ledger.sources) | (self.swarm.known_peers if self.swarm is not None else set())),
             "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
+            **self.collaboration(),
         }
+
+    def collaboration(self) -> dict[str, Any]:
+        """What collaboration bought so far (`trl_ftis.collaboration.collaboration_report`): `time_seconds` (this
+        process's optimizer steps split into `generation`, `scoring`, `exchange`, `training`, `other`),
+        `generation_share` (f), `own_generation`, `peer_value` (in total and per peer: rows accepted, rows in the loss,
+        tokens, effective sample size fraction, filtered fraction, own rows they are worth, own generation seconds
+        they stood in for) and `collaboration`, the same as one sentence."""
+        return collaboration_report(self._clock, self._value, self._ledger.accepted_by_peer, self._ledger.peers())
 
 
 def _ties_embeddings(model) -> bool:
@@ -970,17 +991,3 @@ def _ties_embeddings(model) -> bool:
     else:
         config = model.config
     return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
-
-
-class _SummaryCallback(TrainerCallback):
-    """Writes `ftis_summary.json` (main process) when training ends."""
-
-    def __init__(self, trainer: FTISTrainer):
-        self.trainer = trainer
-
-    def on_train_end(self, args, state, control, **kwargs):
-        trainer = self.trainer
-        if trainer.accelerator.is_main_process:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            path = Path(args.output_dir) / SUMMARY_FILE
-            path.write_text(json.dumps(trainer.summary(), indent=2, default=str))

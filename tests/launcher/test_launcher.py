@@ -101,7 +101,10 @@ def _config(tmp_path, peers, **top):
             {"script": "p.py", "peers": [{"id": "a", "env": {"FOO": {"x": 1}}}]},
             ["peers[0] (id 'a')", "env.FOO", "dict"],
         ),
-        ({"script": "p.py", "peers": [{"id": "a", "env": {"FOO": [1, 2]}}]}, ["peers[0] (id 'a'): `env.FOO` must be a string or a number, got list [1, 2]"]),
+        (
+            {"script": "p.py", "peers": [{"id": "a", "env": {"FOO": [1, 2]}}]},
+            ["peers[0] (id 'a'): `env.FOO` must be a string or a number, got list [1, 2]"],
+        ),
         ({"script": "p.py", "peers": [{"id": "a", "env": {"FOO": True}}]}, ["env.FOO", "quote it"]),
         ({"script": "p.py", "env": {"FOO": None}, "peers": [{"id": "a"}]}, ["top level", "env.FOO", "NoneType"]),
         (
@@ -116,7 +119,10 @@ def _config(tmp_path, peers, **top):
             {"script": "p.py", "peers": [{"id": "a", "args": {"output_dir": "x"}}]},
             ["peers[0] (id 'a'): `args.output_dir` is set by the launcher"],
         ),
-        ({"script": "p.py", "args": {"lr": {"a": 1}}, "peers": [{"id": "a"}]}, ["top level: `args.lr` must be a string, number, boolean, null or a list of those, got dict"]),
+        (
+            {"script": "p.py", "args": {"lr": {"a": 1}}, "peers": [{"id": "a"}]},
+            ["top level: `args.lr` must be a string, number, boolean, null or a list of those, got dict"],
+        ),
         ({"script": "p.py", "args": {"--lr": 1}, "peers": [{"id": "a"}]}, ["not a valid argument name"]),
         (
             {"script": "p.py", "peers": [{"id": "a", "model": "m", "args": {"model_name_or_path": "n"}}]},
@@ -406,16 +412,22 @@ def test_real_run_streams_logs_and_writes_summary(tmp_path, pid_dir, monkeypatch
     table = text[text.index("peer   ") :]
     assert "rows_sent" in table and "rows_filtered" in table
     alpha_row = next(line for line in table.splitlines() if line.startswith("alpha"))
-    assert alpha_row.split()[:2] == ["alpha", "ok"] and alpha_row.split()[-6:] == [
+    assert "generation_share" in table and "peer_rows_worth" in table and "generation_saved_s" in table
+    # The last columns: the ledger's, read from nested entries of the peer's summary file.
+    assert alpha_row.split()[:2] == ["alpha", "ok"] and alpha_row.split()[-10:] == [
         "20",
         "160",
         "320",
         "300",
         "20",
         "0.8125",
+        "0.25",
+        "150",
+        "12.5",
+        "3",
     ]
     b_row = next(line for line in table.splitlines() if line.startswith("b "))
-    assert b_row.split()[-6:] == ["7", "-", "-", "-", "-", "0.5"]
+    assert b_row.split()[-10:] == ["7", "-", "-", "-", "-", "0.5", "-", "-", "-", "-"]
     assert "note: c3: could not read" in table
 
     summary = json.loads((run / "summary.json").read_text())

@@ -29,7 +29,7 @@ from trl_ftis.launcher import SwarmConfigError, build_commands, dry_run, load_sw
 from trl_ftis.launcher.slurm import TERMINAL_STATES, LogTail, squeue
 from trl_ftis.launcher.slurm_jobs import PeerJob, RedisJob, answers_ping
 from trl_ftis.launcher.slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, parse_slurm_time
-from trl_ftis.launcher.summary import format_summary_table
+from trl_ftis.launcher.summary import SUMMARY_FIELDS, format_summary_table
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = str(ROOT / "tests" / "fixtures" / "swarm_peer.py")
@@ -363,7 +363,7 @@ def test_missing_slurm_commands_are_refused_before_submitting(tmp_path, monkeypa
 
 def test_summary_table_has_a_job_column_for_slurm_rows():
     row = {"id": "a", "status": "ok", "exit_code": 0, "wall_time_s": 3.0, "note": None, "job_id": "1234"}
-    row.update(dict.fromkeys(("steps", "rows_sent", "rows_received", "rows_accepted", "rows_filtered", "reward")))
+    row.update(dict.fromkeys(SUMMARY_FIELDS))
     table = format_summary_table([row])
     assert table.splitlines()[0].split()[:4] == ["peer", "status", "job", "exit"] and "1234" in table
     del row["job_id"]

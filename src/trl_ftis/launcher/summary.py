@@ -24,7 +24,26 @@ __all__ = [
     "summary_rows",
 ]
 
-SUMMARY_FIELDS = ("steps", "rows_sent", "rows_received", "rows_accepted", "rows_filtered", "reward")
+SUMMARY_FIELDS = (
+    "steps",
+    "rows_sent",
+    "rows_received",
+    "rows_accepted",
+    "rows_filtered",
+    "reward",
+    "generation_share",
+    "peer_rows_worth",
+    "generation_saved_s",
+    "exchange_s",
+)
+"""The columns of the table (and fields of `summary.json`), from each peer's own summary file: see
+[`SUMMARY_SOURCES`]."""
+SUMMARY_SOURCES = {
+    "peer_rows_worth": ("peer_value", "rows_worth"),
+    "generation_saved_s": ("peer_value", "generation_seconds_stood_in"),
+    "exchange_s": ("time_seconds", "exchange"),
+}
+"""Where a column that is not a top-level key of the peer's summary file is read (a path of keys)."""
 
 
 def describe_code(code: int | None) -> str:
@@ -72,7 +91,15 @@ def read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None
         return None, f"could not read {path}: {exc}"
     if not isinstance(data, dict):
         return None, f"{path} does not hold a JSON object; not shown"
-    return {key: data.get(key) for key in SUMMARY_FIELDS}, None
+    return {key: _lookup(data, SUMMARY_SOURCES.get(key, (key,))) for key in SUMMARY_FIELDS}, None
+
+
+def _lookup(data: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
 
 
 def summary_rows(states: list[PeerState]) -> list[dict]:
