@@ -25,7 +25,13 @@ from transformers import PrinterCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 from trl_ftis import FTISTrainer  # noqa: E402
-from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup, tiny_grpo_config  # noqa: E402
+from trl_ftis.demo.tiny import (  # noqa: E402
+    build_char_tokenizer,
+    build_tiny_llama,
+    supervised_warmup,
+    tiny_grpo_config,
+    warmup_dev_problems,
+)
 from trl_ftis.tasks.addition import (  # noqa: E402
     addition_dataset,
     addition_problems,
@@ -46,9 +52,12 @@ def main() -> None:
     started = time.time()
 
     tokenizer = build_char_tokenizer()
+    # Three disjoint sets: the warm-up's training problems, its early-stopping set (the dev split, which the warm-up
+    # leaves out of its batches) and the held-out problems every accuracy below is measured on.
+    dev = warmup_dev_problems(100, seed=options.seed)
     warmup_set = addition_problems(4000, seed=100 + options.seed)
-    held_out = addition_problems(options.eval_size, seed=200 + options.seed, exclude={p["prompt"] for p in warmup_set})
-    dev = held_out[:100]
+    seen = {p["prompt"] for p in warmup_set} | {p["prompt"] for p in dev}
+    held_out = addition_problems(options.eval_size, seed=200 + options.seed, exclude=seen)
 
     print("== warm-up: two Llamas learn a little addition by supervised steps")
     models = {}

@@ -25,7 +25,13 @@ from transformers import TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
-from trl_ftis.demo.tiny import TINY_TOKENIZERS, build_tiny_causal_lm, build_tokenizer, supervised_warmup  # noqa: E402
+from trl_ftis.demo.tiny import (  # noqa: E402
+    TINY_TOKENIZERS,
+    build_tiny_causal_lm,
+    build_tokenizer,
+    supervised_warmup,
+    warmup_dev_problems,
+)
 from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.addition import (  # noqa: E402
     addition_dataset,
@@ -127,7 +133,7 @@ def main() -> None:
             train,
             steps=peer_args.sft_warmup_steps,
             target_accuracy=peer_args.sft_target_accuracy,
-            dev_problems=addition_problems(100, seed=seed + 1, split="test"),
+            dev_problems=warmup_dev_problems(100, seed=seed + 1),  # never in the held-out split
             seed=peer_args.model_seed,
             eval_every=25,
         )

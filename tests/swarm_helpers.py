@@ -1,4 +1,7 @@
-"""Helpers shared by the swarm tests: a round client on the tiny character tokenizer, and rows to publish."""
+"""Helpers shared by the swarm tests: a round client on the tiny character tokenizer, rows to publish, and a stand-in
+partner that publishes as a trainer steps."""
+
+from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
 from trl_ftis.exchange import tokenizer_fingerprint
@@ -36,3 +39,14 @@ def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
         )
         for k in range(count)
     ]
+
+
+class LockStepPartner(TrainerCallback):
+    """Another peer: publishes 8 rows of 3 tokens (group `g<round>`) for the trainer's round when each step begins."""
+
+    def __init__(self, swarm):
+        self.swarm = swarm
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        round = state.global_step
+        self.swarm.publish(rows("partner", count=8, group=f"g{round}", round=round), round)

@@ -7,7 +7,7 @@ import time
 import uuid
 
 import pytest
-from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
+from swarm_helpers import LockStepPartner, make_swarm  # tests/ is on sys.path
 from tiny_trainers import exchange_trainer
 from transformers import TrainerCallback
 
@@ -16,17 +16,6 @@ WORKER = "ftis-exchange"
 
 def worker_threads():
     return [thread for thread in threading.enumerate() if thread.name.startswith(WORKER)]
-
-
-class Partner(TrainerCallback):
-    """Another peer: publishes 8 rows (group `g<round>`) for the trainer's round when each step begins."""
-
-    def __init__(self, swarm):
-        self.swarm = swarm
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        round = state.global_step
-        self.swarm.publish(rows("partner", count=8, group=f"g{round}", round=round), round)
 
 
 def async_trainer(tokenizer, make_args, url, *, callbacks=(), **overrides):
@@ -44,7 +33,7 @@ def url():
 
 def test_async_rows_join_the_next_step_and_the_worker_ends_with_train(tokenizer, make_args, url):
     partner = make_swarm(url, "partner", tokenizer)
-    trainer = async_trainer(tokenizer, make_args, url, callbacks=[Partner(partner)], expected_peers=["partner"])
+    trainer = async_trainer(tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], expected_peers=["partner"])
     merged = []
     original = trainer._merge_peer_rows
     trainer._merge_peer_rows = lambda output, rows: merged.append([r.group for r in rows]) or original(output, rows)
@@ -62,7 +51,7 @@ def test_async_rows_join_the_next_step_and_the_worker_ends_with_train(tokenizer,
 
 def test_sync_mode_logs_the_whole_round_as_blocking(tokenizer, make_args, url):
     partner = make_swarm(url, "partner", tokenizer)
-    trainer = async_trainer(tokenizer, make_args, url, callbacks=[Partner(partner)], exchange_mode="sync")
+    trainer = async_trainer(tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], exchange_mode="sync")
     trainer.train()
     entries = step_entries(trainer)
     assert [entry["ftis/peer_rows"] for entry in entries] == [8, 8, 8]  # no lag
@@ -118,7 +107,7 @@ def test_the_worker_stops_when_train_raises_and_a_waiting_round_is_interrupted(t
 
 def test_a_failing_worker_is_reported_and_training_goes_on(tokenizer, make_args, url, monkeypatch, caplog):
     partner = make_swarm(url, "partner", tokenizer)
-    trainer = async_trainer(tokenizer, make_args, url, callbacks=[Partner(partner)], max_steps=4)
+    trainer = async_trainer(tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], max_steps=4)
     finish = trainer._rounds.finish_round
 
     def fail_in_round_1(own_rows, round, result, bytes_sent):
@@ -143,7 +132,7 @@ def test_async_checkpoints_wait_for_the_round_in_flight(tokenizer, make_args, ur
         tokenizer,
         make_args,
         url,
-        callbacks=[Partner(partner)],
+        callbacks=[LockStepPartner(partner)],
         save_strategy="steps",
         save_steps=1,
         output_dir=str(tmp_path / "out"),

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_trainers import tiny_trainer
+from swarm_helpers import LockStepPartner, make_swarm
+from tiny_trainers import exchange_trainer, tiny_trainer
 
 from trl_ftis.collaboration import (
     OWN,
@@ -268,3 +269,22 @@ def test_a_checkpoint_with_a_malformed_ledger_is_refused_naming_the_field(tokeni
     with pytest.raises(ValueError, match=r"ftis_state_0.json: 'peer_value.own.tokens' is not a finite number"):
         fresh.load_ftis_state(tmp_path / "run" / "checkpoint-1")
     assert fresh.summary()["own_generation"]["rows"] == 0
+
+
+def test_a_swarm_peer_sees_what_its_partner_supplied_and_what_the_exchange_took(tokenizer, make_args, memory_url):
+    partner = make_swarm(memory_url, "partner", tokenizer)
+    trainer = exchange_trainer(
+        tokenizer, make_args, memory_url, "sync", callbacks=[LockStepPartner(partner)], expected_peers=["partner"]
+    )
+    trainer.train()
+    summary = trainer.summary()
+    supplied = summary["peer_value"]["peers"]["partner"]
+    assert supplied["rows_accepted"] == supplied["rows_in_loss"] == 24  # 3 steps x 8 rows, all trained on
+    assert supplied["tokens"] == 72 and summary["peer_value"]["tokens"] == 72
+    assert summary["rows_accepted"] == 24
+    steps = [entry for entry in trainer.state.log_history if "ftis/time/exchange" in entry]
+    assert len(steps) == 3 and all(entry["ftis/time/exchange"] > 0 for entry in steps)
+    assert summary["time_seconds"]["exchange"] == pytest.approx(sum(e["ftis/time/exchange"] for e in steps), rel=1e-4)
+    # The wait is part of the exchange's time, which the step's split accounts for.
+    assert summary["time_seconds"]["exchange"] >= summary["exchange_blocking_seconds"]
+    assert summary["collaboration"].startswith("peers supplied 24 rows (72 tokens), worth about")

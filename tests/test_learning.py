@@ -4,7 +4,7 @@ import torch
 from transformers import PrinterCallback
 
 from trl_ftis import FTISTrainer
-from trl_ftis.demo.tiny import build_tiny_llama, supervised_warmup, tiny_grpo_config
+from trl_ftis.demo.tiny import build_tiny_llama, supervised_warmup, tiny_grpo_config, warmup_dev_problems
 from trl_ftis.tasks.addition import addition_dataset, addition_problems, exact_answer_reward, greedy_accuracy
 
 GRPO_STEPS = 80
@@ -23,9 +23,10 @@ def warmed(tokenizer, hidden_size, train, dev, seed):
 def test_ftis_on_a_smaller_peers_rows_improves_held_out_accuracy(tokenizer, tmp_path):
     torch.manual_seed(0)
     train = addition_problems(3000, seed=11)
-    held_out = addition_problems(400, seed=12, exclude={p["prompt"] for p in train})
-    learner = warmed(tokenizer, 64, train, held_out[:100], seed=0)
-    peer = warmed(tokenizer, 32, train, held_out[:100], seed=1)
+    dev = warmup_dev_problems(100, seed=13)  # early stopping on problems the evaluation never sees
+    held_out = addition_problems(400, seed=12, exclude={p["prompt"] for p in train + dev})
+    learner = warmed(tokenizer, 64, train, dev, seed=0)
+    peer = warmed(tokenizer, 32, train, dev, seed=1)
     before = greedy_accuracy(learner, tokenizer, held_out)
 
     # The peer samples (and learns) first; round k of the learner then trains on the peer's round-k rows.

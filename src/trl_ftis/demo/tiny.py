@@ -8,11 +8,14 @@ size 64 and 2 layers learns 2-digit addition ([`trl_ftis.tasks.addition`], `"23+
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Sequence
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+logger = logging.getLogger(__name__)
 
 ALPHABET = "0123456789+-*=QA: "
 #: Every printable ASCII character plus newline: enough for GSM8K-style text (anything else becomes `<unk>`).
@@ -228,6 +231,15 @@ def tiny_grpo_config(output_dir: str, *, max_steps: int, seed: int = 0, config_c
     return config_class(**settings)
 
 
+def warmup_dev_problems(n: int, *, seed: int, digits: int = 2) -> list[dict]:
+    """`n` distinct addition problems of the early-stopping split (`trl_ftis.tasks.addition.in_dev_split`) drawn
+    with `seed`: the dev set of [`supervised_warmup`], disjoint from every held-out evaluation set (`split="test"`);
+    [`supervised_warmup`] leaves them out of its own training batches."""
+    from ..tasks.addition import addition_problems
+
+    return addition_problems(n, seed=seed, digits=digits, split="dev")
+
+
 def supervised_warmup(
     model: LlamaForCausalLM,
     tokenizer: PreTrainedTokenizerFast,
@@ -246,10 +258,25 @@ def supervised_warmup(
 
     Stops after `steps` steps, or earlier once greedy accuracy on `dev_problems` reaches `target_accuracy`
     (GRPO needs a non-zero starting reward, and a model that already solves the task leaves nothing to learn).
+    Draw `dev_problems` with [`warmup_dev_problems`]: they are then disjoint from every held-out evaluation set
+    (`split="test"`); dev problems inside that split are used but warned about, since stopping on them selects the
+    starting model on the evaluation problems. Problems of `dev_problems` are left out of the training batches.
     Returns the number of steps taken.
     """
-    from ..tasks.addition import greedy_accuracy
+    from ..tasks.addition import greedy_accuracy, in_test_split
     from .supervised import supervised_steps
+
+    if dev_problems:
+        held_out = sum(in_test_split(p["prompt"]) for p in dev_problems)
+        if held_out:
+            logger.warning(
+                "%d of the %d early-stopping problems are in the addition task's held-out split, which evaluations "
+                "draw from: draw them with trl_ftis.demo.tiny.warmup_dev_problems.",
+                held_out,
+                len(dev_problems),
+            )
+        dev_prompts = {p["prompt"] for p in dev_problems}
+        problems = [p for p in problems if p["prompt"] not in dev_prompts]
 
     def batches():
         generator = torch.Generator().manual_seed(seed)

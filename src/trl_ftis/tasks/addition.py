@@ -22,6 +22,14 @@ def in_test_split(prompt: str) -> bool:
     return zlib.crc32(prompt.encode()) % 10 == 0
 
 
+def in_dev_split(prompt: str) -> bool:
+    """An early-stopping (dev) split: about a tenth of the problems outside the held-out split ([`in_test_split`]),
+    chosen by a second hash, so that no evaluation set drawn with `split="test"` ever shares a problem with it,
+    whatever the seeds (782 problems with 2 digits). It is part of the training side: a warm-up that stops on it
+    leaves its problems out of its own training batches (`trl_ftis.demo.tiny.supervised_warmup`)."""
+    return not in_test_split(prompt) and zlib.crc32(f"warm-up dev:{prompt}".encode()) % 9 == 0
+
+
 def addition_problems(
     n: int, *, seed: int, digits: int = 2, exclude: set[str] | None = None, split: str | None = None
 ) -> list[dict]:
@@ -29,10 +37,12 @@ def addition_problems(
 
     Prompts in `exclude` are skipped. `split="train"` or `"test"` draws only from that side of the fixed
     split of [`in_test_split`] (about 810 test problems with 2 digits), so every peer and every seed is
-    evaluated on problems no training stream contains.
+    evaluated on problems no training stream contains; `split="dev"` only from the early-stopping split
+    [`in_dev_split`] (on the training side, disjoint from `"test"`).
     """
-    if split not in (None, "train", "test"):
-        raise ValueError(f"split must be None, 'train' or 'test', got {split!r}.")
+    if split not in (None, "train", "test", "dev"):
+        raise ValueError(f"split must be None, 'train', 'test' or 'dev', got {split!r}.")
+    in_split = {None: None, "train": lambda p: not in_test_split(p), "test": in_test_split, "dev": in_dev_split}[split]
     rng = random.Random(seed)
     low, high = 10 ** (digits - 1), 10**digits - 1
     exclude = exclude or set()
@@ -45,7 +55,7 @@ def addition_problems(
             raise ValueError(f"Could not draw {n} distinct {digits}-digit problems (split={split!r}).")
         a, b = rng.randint(low, high), rng.randint(low, high)
         prompt = f"{a}+{b}="
-        if prompt in seen or prompt in exclude or (split is not None and in_test_split(prompt) != (split == "test")):
+        if prompt in seen or prompt in exclude or (in_split is not None and not in_split(prompt)):
             continue
         seen.add(prompt)
         problems.append({"prompt": prompt, "answer": str(a + b)})
