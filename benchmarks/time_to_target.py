@@ -1,0 +1,909 @@
+"""Time to target (issue 21, part 2): does joining a two-peer swarm reach a held-out accuracy target sooner in wall time
+than training alone, in a generation-bound regime? A pre-registered experiment (`benchmarks/time_to_target.md`).
+
+    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --quick            # 1 seed, short runs: a smoke test
+    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --pilot            # seeds 100, 101: fixes TARGET
+    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py | tee benchmarks/results/time_to_target.txt   # the grid
+    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --seeds 0-3 --slots alone homog-sync   # a piece
+    python benchmarks/time_to_target.py --summary-only | tee benchmarks/results/time_to_target.txt
+
+Task and model. Carry-chain addition of two 2-digit numbers ([`trl_ftis.tasks.carry_chain`]): the prompt
+`"37+86="` (6 characters) is answered by the chain `"7+6=13,3+8+1=12;123"` (up to 20 tokens with EOS), so a step is
+generation-bound. The learner is a tiny Llama (hidden 64, 2 layers, character tokenizer), warmed up per seed by
+supervised steps to a 25% accuracy on 200 dev problems (checked every 10 steps; the dev split `in_dev_split`, disjoint
+from the held-out split and left out of the warm-up's training problems; cached under /tmp, built once per seed);
+GRPO with the carry-chain reward
+(1.0 for the exact answer + 0.5 x the fraction of right steps), 8 completions a prompt, up to 20 completion tokens,
+beta 0, constant learning rate `LR`. Own rows a step: `OWN_ROWS` = 32 (4 prompts x 8). Measured generation share f
+(TRL's `_generate` seconds / step seconds, one pinned process): 0.52 at 64 rows, 0.60 at 32 rows (random weights,
+20 tokens; /tmp/profile_findings.md of the run that chose these settings).
+
+Pre-registration (verbatim in `benchmarks/time_to_target.md`, written before the grid was run).
+
+Hypotheses. H1: a homogeneous two-peer swarm reaches the target sooner in wall time than the same model alone with
+as many rows a step (A_N). H2: ... sooner than alone with the same own generation (A_N/2). H3, H4: the same for the
+heterogeneous co-training swarm (the big learner next to a hidden-32 model, both training), judged on the big peer.
+Each for exchange_mode "sync" and "free".
+
+Equal hardware. One pinned core per process (`taskset -c 0` / `-c 1`, OMP_NUM_THREADS=1); always exactly two
+training processes on the machine at once: the swarm's two peers together, or the two alone arms together. Slots
+per seed: [A_N + A_N/2 together], [homog sync], [homog free], [hetero free], [hetero sync]; their order is ABBA
+across seeds (even seeds in that order, odd seeds reversed), and the cores of the two processes swap between even
+and odd seeds. Each process logs its wall and CPU time (`time.process_time`, `resource.getrusage`). Start-up is
+not timed: the processes of a slot start training together (each waits, once built, for the other).
+
+Arms (per paired seed: the same warm model per seed in every arm; distinct prompt streams per peer, per seed):
+    A_N       alone, 2 x OWN_ROWS = 64 rows a step (as many rows as a swarm peer trains on)
+    A_N/2     alone, OWN_ROWS = 32 rows a step (the same own generation as a swarm peer)
+    homog     two peers `a`, `b`, the same warm model, own prompt streams and sampling seeds, each generating
+              OWN_ROWS and training on its own rows + the partner's (sent rows count); sync and free
+    hetero    the big learner (`big`) next to a hidden-32 warm model (`small`), both training; judged on `big`;
+              free, and one lock-step (sync) run
+Each run trains for the budget: `BUDGET_SECONDS` of training clock; every process stops on its own clock a second
+after it (a lock-step peer whose partner has stopped waits `PEER_TIMEOUT` s at its last step, outside the budget).
+
+End point. Model weights are snapshot (in memory, written after training) every `CHECKPOINT_SECONDS` of training
+clock (the snapshot time is excluded from the clock) and evaluated OFFLINE after all training (a separate phase: no
+clock contains evaluation) by greedy exact-final-answer accuracy on the whole held-out split of 2-digit problems
+(`carry_chain.in_test_split`, 822 problems). Time to target = the training-clock seconds at the first of two
+consecutive checkpoint evaluations at or above `TARGET`, the same rule for every arm. `TARGET` was fixed beforehand
+from pilot seeds 100, 101 (never reused): the highest accuracy on a 0.01 grid at which A_N/2's median pilot time
+to target (the same rule) is at most half the budget: 0.35.
+Runs that never reach it are censored at the budget (time = `BUDGET_SECONDS`, a lower bound) and counted.
+Secondary: accuracy at the budget (the last checkpoint at or before it), own generated tokens to target.
+
+Analysis. >= 12 paired seeds (0-11). Per seed and swarm arm, the log ratio of times to target (homog: the mean of
+the two peers' log times, which are not independent), against A_N and against A_N/2: geometric-mean ratios with 95%
+t-intervals on the log ratios, sign counts, and Holm-adjusted p-values (two-sided one-sample t-tests on the log
+ratios) over the 8 comparisons (4 swarm arms x 2 alone arms). Censored runs: time = budget (a lower bound on the
+true time), counted per arm; a pair with both runs censored has ratio 1 and is counted as such. Decomposition of
+each ratio: wall ratio = step-time ratio (seconds per step over the steps that ended within the budget, swarm /
+alone) x steps ratio (steps to target, swarm / alone). Against A_N the step-time ratio is compared with the prediction 1 - f(1 - 1/P) + r (P = 2,
+f the measured generation share of A_N, r = exchange seconds / step seconds of the swarm peer, both within the
+budget, from the per-step logs `step_log` and `time_log`); against A_N/2 it is
+reported as measured. Batch scaling beta = steps_to_target(A_N/2) / steps_to_target(A_N). Partner value phi = the
+value of a peer row relative to an own row, from the accuracy gains over the warm model at equal steps (the last
+step all three arms reached, accuracy interpolated by step): phi = (gain_swarm - gain_A_N/2) / (gain_A_N -
+gain_A_N/2), the ratio of mean gains over seeds, with a bootstrap interval over seeds (2000 resamples).
+
+Success / refutation (pre-registered): "the value claim is supported where both wall-time ratios have upper bounds
+below 1 with point estimates <= 0.9; refuted at this scale where the ratio against A_N/2 has a lower bound above
+0.9; otherwise inconclusive, with the decomposition showing which factor fell short."
+
+Outputs. Raw records, one JSON line per run (kind "run") and per evaluated checkpoint (kind "checkpoint"), plus one
+per warm model (kind "warm", its accuracy at step 0), to `benchmarks/results/time_to_target.jsonl` (`-pilot`,
+`-quick`); the printed summary is saved with `tee` into `benchmarks/results/time_to_target.txt`. Resumable: a slot
+whose run records are in the file is skipped, and so is a checkpoint already evaluated; the snapshots wait under
+`--work` (default /tmp/ftis-ttt-work) until evaluated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+sys.path.insert(0, str(HERE))
+
+# ---- the pre-registered settings -------------------------------------------------------------------------------
+DIGITS = 2
+MAX_COMPLETION = 20  # carry_chain.max_chain_tokens(2): the longest 2-digit chain and EOS
+BIG_HIDDEN, SMALL_HIDDEN, LAYERS = 64, 32, 2
+NUM_GENERATIONS = 8
+OWN_ROWS = 32  # own rows a step of a swarm peer and of A_N/2 (4 prompts x 8); A_N has 2 x OWN_ROWS
+LR = 2e-4  # the tiny models' GRPO default; 1e-3 collapsed to 0 accuracy and 3e-4 fell in a one-seed check
+BUDGET_SECONDS = 30.0  # training clock of every run; censoring point
+CHECKPOINT_SECONDS = 2.0  # a weight snapshot every this many seconds of training clock
+MAX_STEPS = 2000  # cap on any run's steps (every run stops on its clock; `--steps` lowers the cap)
+#: A lock-step round waits at most this long for the partner: far above a step (0.2-0.7 s), so it only matters after
+#: the partner has stopped at the end of the budget (the last step of the later peer then waits this long, outside
+#: the budget).
+PEER_TIMEOUT = 10
+WARM = {"big": (BIG_HIDDEN, 0.25), "small": (SMALL_HIDDEN, 0.15)}  # hidden size, warm-up dev accuracy target
+PILOT_SEEDS = (100, 101)
+GRID_SEEDS = tuple(range(12))
+QUICK_SEEDS = (900,)
+#: Fixed from the pilot (seeds 100, 101; benchmarks/results/time_to_target-pilot.jsonl): the highest accuracy, on a
+#: 0.01 grid, at which A_N/2's median pilot time to target (the same two-consecutive rule) is at most half the budget
+#: (0.35: 10 s and 18 s; at 0.36 it is 24 s and 18 s). Warm held-out accuracy of the pilot models: 0.27 and 0.33.
+TARGET = 0.35
+SLOTS = ("alone", "homog-sync", "homog-free", "hetero-free", "hetero-sync")
+#: The judged runs: arm -> (slot, peers judged).
+ARMS = {
+    "A_N": ("alone", ("A_N",)),
+    "A_N/2": ("alone", ("A_N/2",)),
+    "homog-sync": ("homog-sync", ("a", "b")),
+    "homog-free": ("homog-free", ("a", "b")),
+    "hetero-free": ("hetero-free", ("big",)),
+    "hetero-sync": ("hetero-sync", ("big",)),
+}
+SWARM_ARMS = ("homog-sync", "homog-free", "hetero-free", "hetero-sync")
+ALONE_ARMS = ("A_N", "A_N/2")
+LR_OVERRIDE = None
+
+
+# ---- warm models ------------------------------------------------------------------------------------------------
+def tokenizer():
+    from trl_ftis.demo.tiny import build_char_tokenizer
+    from trl_ftis.tasks.carry_chain import CARRY_CHAIN_ALPHABET
+
+    return build_char_tokenizer(alphabet=CARRY_CHAIN_ALPHABET)
+
+
+def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
+    """Model `name` ("big" or "small") of `seed`, warmed up by supervised carry-chain steps to its dev target (up to
+    1200 steps, checked every 10), built on first use under a temporary name and renamed."""
+    path = Path(cache) / f"carry-{name}-seed{seed}"
+    if (path / "config.json").exists():
+        return path
+    import torch
+
+    from trl_ftis.demo.tiny import build_tiny_llama
+    from trl_ftis.tasks.carry_chain import carry_chain_problems, carry_chain_warmup
+
+    torch.set_num_threads(1)
+    hidden, target = WARM[name]
+    tok = tokenizer()
+    # Early stopping on the dev split, disjoint from the held-out evaluation split, and never trained on.
+    dev = carry_chain_problems(200, seed=2000 + seed, split="dev", digits=DIGITS)
+    problems = carry_chain_problems(
+        4000, seed=1000 + seed, split="train", digits=DIGITS, exclude={p["prompt"] for p in dev}
+    )
+    model = build_tiny_llama(tok, hidden_size=hidden, num_layers=LAYERS, seed=seed)
+    start = time.time()
+    steps, accuracy = carry_chain_warmup(
+        model, tok, problems, steps=1200, batch_size=64, lr=3e-3, seed=seed, target_accuracy=target,
+        dev_problems=dev, eval_every=10,
+    )  # fmt: skip
+    print(f"warm {name} seed {seed}: {steps} steps, dev {accuracy}, {time.time() - start:.0f} s", flush=True)
+    temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    model.save_pretrained(temporary)
+    (temporary / "warmup.json").write_text(json.dumps({"steps": steps, "dev_accuracy": accuracy}))
+    if path.exists():
+        import shutil
+
+        shutil.rmtree(temporary)
+    else:
+        os.replace(temporary, path)
+    return path
+
+
+def held_out(size: int | None = None) -> list[dict]:
+    """The whole held-out split of 2-digit problems (822), in a fixed order; the first `size` with `size`."""
+    from trl_ftis.tasks.carry_chain import carry_chain, in_test_split
+
+    problems = [
+        {"prompt": f"{a}+{b}=", "answer": str(a + b), "chain": carry_chain(a, b)}
+        for a in range(10, 100)
+        for b in range(10, 100)
+        if in_test_split(f"{a}+{b}=")
+    ]
+    random.Random(0).shuffle(problems)
+    return problems[:size] if size else problems
+
+
+# ---- one training process -----------------------------------------------------------------------------------------
+def peer(spec_path: str) -> None:
+    """One training process of a slot; `spec` (JSON) says what to train. Writes `run.json` and the snapshots."""
+    spec = json.loads(Path(spec_path).read_text())
+    import torch
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from trl_ftis import FTISTrainer
+    from trl_ftis.demo.tiny import tiny_grpo_config
+    from trl_ftis.tasks.carry_chain import carry_chain_dataset, carry_chain_reward
+
+    torch.set_num_threads(1)
+    tok = tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(spec["checkpoint"])
+    settings = {
+        "per_device_train_batch_size": spec["rows"],
+        "num_generations": NUM_GENERATIONS,
+        "max_completion_length": MAX_COMPLETION,
+        "learning_rate": spec["lr"],
+        "beta": 0.0,
+        "seed": spec["sampling_seed"],
+    }
+    if spec.get("exchange_url"):
+        settings.update(
+            exchange_url=spec["exchange_url"],
+            peer_id=spec["peer"],
+            expected_peers=spec["expected_peers"],
+            exchange_mode=spec["mode"],
+            peer_timeout=PEER_TIMEOUT,
+        )
+    out = Path(spec["out"])
+    args = tiny_grpo_config(str(out / "trainer"), max_steps=spec["max_steps"], **settings)
+    trainer = FTISTrainer(
+        model,
+        carry_chain_reward,
+        args=args,
+        train_dataset=carry_chain_dataset(6000, seed=spec["stream_seed"], split="train", digits=DIGITS),
+        processing_class=tok,
+    )
+    state = {"own_tokens": 0, "generation": 0.0, "start": None, "paused": 0.0, "next": 0.0}
+    snapshots, step_ends = [], []
+    generate, generate_and_score = trainer._generate, trainer._generate_and_score_completions
+
+    def timed_generate(prompts):
+        started = time.perf_counter()
+        try:
+            return generate(prompts)
+        finally:
+            state["generation"] += time.perf_counter() - started
+
+    def counting(inputs):
+        output = generate_and_score(inputs)  # own rows first, then the merged peer rows
+        state["own_tokens"] += int(output["completion_mask"][: len(inputs)].sum().item())
+        return output
+
+    trainer._generate, trainer._generate_and_score_completions = timed_generate, counting
+
+    def clock() -> float:
+        return time.perf_counter() - state["start"] - state["paused"]
+
+    def snapshot(step: int) -> None:
+        paused = time.perf_counter()
+        snapshots.append(
+            {
+                "index": len(snapshots),
+                "step": step,
+                "clock": clock(),
+                "own_tokens": state["own_tokens"],
+                "generation_seconds": state["generation"],
+                "weights": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
+            }
+        )
+        state["paused"] += time.perf_counter() - paused
+
+    class Budget(TrainerCallback):
+        def on_train_begin(self, cb_args, cb_state, control, **kwargs):
+            # Start together: each process marks itself ready (built), then waits for the slot's other process.
+            barrier = Path(spec["barrier"])
+            (barrier / f"{spec['peer'].replace('/', '_')}.ready").write_text("")
+            deadline = time.time() + 300
+            while len(list(barrier.glob("*.ready"))) < spec["processes"] and time.time() < deadline:
+                time.sleep(0.01)
+            state["start"] = time.perf_counter()
+            state["cpu0"], state["usage0"] = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+            state["next"] = CHECKPOINT_SECONDS * spec["checkpoint_scale"]
+
+        def on_step_end(self, cb_args, cb_state, control, **kwargs):
+            now = clock()
+            step_ends.append([cb_state.global_step, round(now, 4), round(state["generation"], 4)])
+            if now >= state["next"]:
+                snapshot(cb_state.global_step)
+                while state["next"] <= now:
+                    state["next"] += CHECKPOINT_SECONDS * spec["checkpoint_scale"]
+            if spec["stop_seconds"] is not None and now >= spec["stop_seconds"]:
+                control.should_training_stop = True
+
+    trainer.add_callback(Budget())
+    trainer.train()
+    wall = clock()
+    cpu = time.process_time() - state["cpu0"]
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    if not snapshots or snapshots[-1]["step"] != trainer.state.global_step:
+        snapshot(trainer.state.global_step)
+    for item in snapshots:
+        torch.save(item.pop("weights"), out / f"ckpt-{item['index']}.pt")
+    summary_path = out / "trainer" / "ftis_summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    steps = trainer.state.global_step
+    run = {
+        "steps": steps,
+        "train_clock": wall,
+        "cpu_seconds": cpu,
+        "user_seconds": usage.ru_utime - state["usage0"].ru_utime,
+        "system_seconds": usage.ru_stime - state["usage0"].ru_stime,
+        "involuntary_switches": usage.ru_nivcsw - state["usage0"].ru_nivcsw,
+        "generation_seconds": state["generation"],
+        "own_tokens": state["own_tokens"],
+        "seconds_per_step": wall / max(steps, 1),
+        "generation_share": state["generation"] / wall if wall > 0 else None,
+        "summary_time_seconds": summary.get("time_seconds"),
+        "summary_generation_share": summary.get("generation_share"),
+        "exchange_blocking_seconds": summary.get("exchange_blocking_seconds"),
+        "rows_accepted": summary.get("rows_accepted"),
+        "snapshots": snapshots,
+        # Per step: [step, clock at its end, generation seconds so far]; and the trainer's own split of each step
+        # [step, step seconds, exchange seconds] (`ftis/time/*` in the log history), so that the summary measures
+        # step time, f and r within the budget (a lock-step peer's last step may wait for a stopped partner).
+        "step_log": step_ends,
+        "time_log": [
+            [entry["step"], entry["ftis/time/step"], entry.get("ftis/time/exchange", 0.0)]
+            for entry in trainer.state.log_history
+            if "ftis/time/step" in entry
+        ],
+    }
+    (out / "run.json").write_text(json.dumps(run))
+
+
+# ---- the slots ------------------------------------------------------------------------------------------------------
+def slot_specs(slot: str, seed: int, cache: Path, work: Path, quick: bool) -> dict[str, dict]:
+    """The two processes of `slot` for `seed`: peer name -> spec (cores assigned by the caller)."""
+    big = str(warm_checkpoint(cache, "big", seed))
+    budget = BUDGET_SECONDS / (6 if quick else 1)
+    exchange = f"dir://{work / 'exchange'}"
+    base = {
+        "seed": seed,
+        "lr": LR_OVERRIDE or LR,
+        "checkpoint_scale": 1 / (4 if quick else 1),
+        "exchange_url": None,
+        "mode": None,
+    }
+
+    def spec(peer_id, checkpoint, rows, stream, sampling, **extra):
+        return {
+            **base,
+            "slot": slot,
+            "peer": peer_id,
+            "checkpoint": checkpoint,
+            "rows": rows,
+            "stream_seed": 10_000 * (seed + 1) + stream,
+            "sampling_seed": 100 * seed + sampling,
+            "out": str(work / peer_id.replace("/", "_")),
+            **extra,
+        }
+
+    clocked = {"max_steps": MAX_STEPS, "stop_seconds": budget + 1.0}
+    if slot == "alone":
+        return {
+            "A_N": spec("A_N", big, 2 * OWN_ROWS, 0, 0, **clocked),
+            "A_N/2": spec("A_N/2", big, OWN_ROWS, 0, 0, **clocked),
+        }
+    family, mode = slot.split("-")
+    swarm = {"exchange_url": exchange, "mode": mode, **clocked}
+    if family == "homog":
+        ids = ["a", "b"]
+        return {
+            "a": spec("a", big, OWN_ROWS, 0, 0, expected_peers=ids, **swarm),
+            "b": spec("b", big, OWN_ROWS, 1, 1, expected_peers=ids, **swarm),
+        }
+    small = str(warm_checkpoint(cache, "small", seed))
+    ids = ["big", "small"]
+    return {
+        "big": spec("big", big, OWN_ROWS, 0, 0, expected_peers=ids, **swarm),
+        "small": spec("small", small, OWN_ROWS, 1, 1, expected_peers=ids, **swarm),
+    }
+
+
+def run_slot(slot: str, seed: int, cache: Path, work: Path, quick: bool, seed_index: int) -> list[dict]:
+    """Train the two processes of a slot together, pinned one a core; their run records."""
+    if work.exists():  # a slot run before and not recorded: start afresh (its exchange folder included)
+        import shutil
+
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    specs = slot_specs(slot, seed, cache, work, quick)
+    names = list(specs)
+    cores = {names[0]: seed_index % 2, names[1]: 1 - seed_index % 2}  # swap cores between even and odd seeds
+    barrier = work / "barrier"
+    barrier.mkdir(parents=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("FTIS_SWARM_SECRET", None)
+    processes = {}
+    began = time.time()
+    for name, spec in specs.items():
+        spec.update(barrier=str(barrier), processes=len(specs))
+        out = Path(spec["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "spec.json").write_text(json.dumps(spec))
+        log = open(out / "log.txt", "w")  # noqa: SIM115 - closed with the process
+        argv = ["taskset", "-c", str(cores[name]), sys.executable, __file__, "--peer", str(out / "spec.json")]
+        processes[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    for name, process in processes.items():
+        if process.wait(timeout=900) != 0:
+            raise SystemExit(
+                f"{slot} seed {seed} {name} failed:\n" + (Path(specs[name]["out"]) / "log.txt").read_text()[-3000:]
+            )
+    records = []
+    for name, spec in specs.items():
+        run = json.loads((Path(spec["out"]) / "run.json").read_text())
+        records.append(
+            {
+                "kind": "run",
+                "seed": seed,
+                "slot": slot,
+                "peer": name,
+                "core": cores[name],
+                "rows": spec["rows"],
+                "lr": spec["lr"],
+                "model": Path(spec["checkpoint"]).name,
+                "out": spec["out"],
+                "slot_wall_seconds": time.time() - began,
+                **run,
+            }
+        )
+    return records
+
+
+# ---- offline evaluation -----------------------------------------------------------------------------------------------
+def evaluate_worker(job_path: str) -> None:
+    """Evaluate the checkpoints listed in `job` (JSON), one JSON line per checkpoint on stdout."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trl_ftis.tasks.carry_chain import carry_chain_accuracy
+
+    torch.set_num_threads(1)
+    job = json.loads(Path(job_path).read_text())
+    tok, problems = tokenizer(), held_out(job["eval_size"])
+    models = {}
+    for item in job["items"]:
+        if item["model"] not in models:
+            model = AutoModelForCausalLM.from_pretrained(item["model"])
+            models[item["model"]] = (model, {k: v.clone() for k, v in model.state_dict().items()})
+        model, warm = models[item["model"]]
+        model.load_state_dict(torch.load(item["weights"]) if item.get("weights") else warm)
+        accuracy = carry_chain_accuracy(model, tok, problems, max_new_tokens=MAX_COMPLETION)
+        print(json.dumps({**item["record"], "accuracy": accuracy, "eval_size": len(problems)}), flush=True)
+
+
+def evaluate_pending(records: list[dict], sink, cache: Path, eval_size: int | None) -> list[dict]:
+    """Evaluate every snapshot (and warm model) without an evaluation record, in two pinned worker processes."""
+    done = {(r["seed"], r["slot"], r["peer"], r["index"]) for r in records if r["kind"] == "checkpoint"}
+    warm_done = {(r["seed"], r["model"]) for r in records if r["kind"] == "warm"}
+    items = []
+    for run in [r for r in records if r["kind"] == "run"]:
+        judged = any(run["slot"] == slot and run["peer"] in peers for slot, peers in ARMS.values())
+        if not judged:
+            continue
+        for snap in run["snapshots"]:
+            if (run["seed"], run["slot"], run["peer"], snap["index"]) in done:
+                continue
+            weights = Path(run["out"]) / f"ckpt-{snap['index']}.pt"
+            record = {"kind": "checkpoint", "seed": run["seed"], "slot": run["slot"], "peer": run["peer"], **snap}
+            items.append({"model": str(cache / run["model"]), "weights": str(weights), "record": record})
+        if (run["seed"], run["model"]) not in warm_done:
+            warm_done.add((run["seed"], run["model"]))
+            record = {"kind": "warm", "seed": run["seed"], "model": run["model"]}
+            items.append({"model": str(cache / run["model"]), "weights": None, "record": record})
+    if not items:
+        return []
+    print(f"evaluating {len(items)} checkpoints offline", flush=True)
+    work = Path(tempfile.mkdtemp(prefix="ftis-ttt-eval-"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    processes = []
+    for core in (0, 1):
+        job = work / f"job{core}.json"
+        job.write_text(json.dumps({"eval_size": eval_size, "items": items[core::2]}))
+        argv = ["taskset", "-c", str(core), sys.executable, __file__, "--evaluate", str(job)]
+        log = open(work / f"out{core}.jsonl", "w")  # noqa: SIM115 - a file, not a pipe: no worker blocks on output
+        processes.append((subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log), log))
+    for process, log in processes:
+        code = process.wait()
+        log.close()
+        if code != 0:
+            raise SystemExit("evaluation failed")
+    new = []
+    for core in (0, 1):
+        for line in (work / f"out{core}.jsonl").read_text().splitlines():
+            if line.startswith("{"):
+                record = json.loads(line)
+                sink.write(json.dumps(record) + "\n")
+                new.append(record)
+    sink.flush()
+    return new
+
+
+# ---- the summary ------------------------------------------------------------------------------------------------------
+def curves(records: list[dict]) -> dict:
+    """(seed, slot, peer) -> checkpoints sorted by clock, each with its accuracy; plus the warm accuracy at 0."""
+    warm = {(r["seed"], r["model"]): r["accuracy"] for r in records if r["kind"] == "warm"}
+    runs = {(r["seed"], r["slot"], r["peer"]): r for r in records if r["kind"] == "run"}
+    out = {}
+    for r in records:
+        if r["kind"] == "checkpoint":
+            out.setdefault((r["seed"], r["slot"], r["peer"]), []).append(r)
+    for key, points in out.items():
+        points.sort(key=lambda p: p["clock"])
+        run = runs.get(key)
+        if run is not None and (key[0], run["model"]) in warm:
+            points.insert(0, {"step": 0, "clock": 0.0, "own_tokens": 0, "accuracy": warm[(key[0], run["model"])]})
+    return out
+
+
+def time_to_target(points: list[dict], target: float, budget: float) -> dict:
+    """The first of two consecutive checkpoints (step > 0) at or above `target`, within the budget; censored at
+    the budget when none."""
+    trained = [p for p in points if p["step"] > 0 and p["clock"] <= budget + 1e-9]
+    for first, second in itertools.pairwise(trained):
+        if first["accuracy"] >= target and second["accuracy"] >= target:
+            return {
+                "seconds": first["clock"],
+                "steps": first["step"],
+                "tokens": first["own_tokens"],
+                "censored": False,
+            }
+    last = trained[-1] if trained else {"step": 0, "own_tokens": 0}
+    return {"seconds": budget, "steps": last["step"], "tokens": last["own_tokens"], "censored": True}
+
+
+def accuracy_at(points: list[dict], budget: float) -> float | None:
+    before = [p for p in points if p["clock"] <= budget + 1e-9]
+    return before[-1]["accuracy"] if before else None
+
+
+def accuracy_at_step(points: list[dict], step: float) -> float | None:
+    """Accuracy at `step`, linearly interpolated between checkpoints (by step)."""
+    for left, right in itertools.pairwise(points):
+        if left["step"] <= step <= right["step"]:
+            if right["step"] == left["step"]:
+                return right["accuracy"]
+            w = (step - left["step"]) / (right["step"] - left["step"])
+            return left["accuracy"] + w * (right["accuracy"] - left["accuracy"])
+    return None
+
+
+def summarise(records: list[dict], target: float | None, budget: float, pilot: bool) -> None:
+    from free_running import holm, t_interval, t_pvalue
+
+    curve = curves(records)
+    runs = {(r["seed"], r["slot"], r["peer"]): r for r in records if r["kind"] == "run"}
+    seeds = sorted({r["seed"] for r in records if r["kind"] == "run"})
+    print(f"\n== time to target: {len(seeds)} seeds {seeds}, budget {budget:.0f} s of training clock ==")
+    print(
+        "\nslots (per process: training clock and steps of the whole run; ms/step, f = generation share and r ="
+        " exchange share within the budget; CPU/wall of the run; slot wall incl. start-up):"
+    )
+    for slot in SLOTS:
+        rows = [r for r in runs.values() if r["slot"] == slot]
+        for name in sorted({r["peer"] for r in rows}):
+            mine = [r for r in rows if r["peer"] == name]
+            inside = [within_budget(r, budget) for r in mine]
+            print(
+                f"  {slot:11s} {name:5s} n={len(mine):2d}  clock {statistics.fmean(r['train_clock'] for r in mine):5.1f} s  "
+                f"steps {statistics.fmean(r['steps'] for r in mine):6.1f}  "
+                f"{1000 * statistics.fmean(b['seconds_per_step'] for b in inside):5.0f} ms/step  "
+                f"f {statistics.fmean(b['f'] for b in inside):.3f}  "
+                f"r {statistics.fmean(b['r'] for b in inside):.3f}  "
+                f"cpu/wall {statistics.fmean(r['cpu_seconds'] / r['train_clock'] for r in mine):.2f}  "
+                f"slot {statistics.fmean(r['slot_wall_seconds'] for r in mine):5.1f} s"
+            )
+    print(
+        "\naccuracy (held-out greedy, exact final answer) per arm: warm, at half budget, at budget (mean over seeds):"
+    )
+    for arm, (slot, peers) in ARMS.items():
+        warm, half, end = [], [], []
+        for seed in seeds:
+            for name in peers:
+                points = curve.get((seed, slot, name))
+                if not points:
+                    continue
+                warm.append(points[0]["accuracy"])
+                half.append(accuracy_at(points, budget / 2))
+                end.append(accuracy_at(points, budget))
+        if warm:
+            print(
+                f"  {arm:11s} warm {statistics.fmean(warm):.3f}  half {statistics.fmean(x for x in half if x is not None):.3f}"
+                f"  budget {statistics.fmean(x for x in end if x is not None):.3f}  (n={len(warm)})"
+            )
+    if pilot or target is None:
+        propose_target(curve, seeds, budget)
+        if target is None:
+            return
+    print(f"\n== end point: time to target {target:.3f} (first of two consecutive checkpoints >= target) ==")
+    per_arm = {}
+    for arm, (slot, peers) in ARMS.items():
+        for seed in seeds:
+            hits = [time_to_target(curve[(seed, slot, p)], target, budget) for p in peers if (seed, slot, p) in curve]
+            if len(hits) != len(peers):
+                continue
+            seconds = math.exp(statistics.fmean(math.log(h["seconds"]) for h in hits))
+            steps = statistics.fmean(h["steps"] for h in hits)
+            per_arm.setdefault(arm, {})[seed] = {
+                "seconds": seconds,
+                "steps": steps,
+                "tokens": statistics.fmean(h["tokens"] for h in hits),
+                "censored": sum(h["censored"] for h in hits),
+                "peers": len(hits),
+                "at_budget": statistics.fmean(accuracy_at(curve[(seed, slot, p)], budget) for p in peers),
+            }
+    print(
+        "| arm | seeds | reached (peers) | time to target, geo-mean s | steps to target | own tokens to target | accuracy at budget |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for arm, got in per_arm.items():
+        values = list(got.values())
+        reached = sum(v["peers"] - v["censored"] for v in values)
+        total = sum(v["peers"] for v in values)
+        print(
+            f"| {arm} | {len(values)} | {reached}/{total} | {math.exp(statistics.fmean(math.log(v['seconds']) for v in values)):.1f} | "
+            f"{statistics.fmean(v['steps'] for v in values):.0f} | {statistics.fmean(v['tokens'] for v in values):.0f} | "
+            f"{statistics.fmean(v['at_budget'] for v in values):.3f} |"
+        )
+    comparisons, pvalues = {}, {}
+    for arm in SWARM_ARMS:
+        for alone in ALONE_ARMS:
+            common = sorted(set(per_arm.get(arm, {})) & set(per_arm.get(alone, {})))
+            logs = [math.log(per_arm[arm][s]["seconds"] / per_arm[alone][s]["seconds"]) for s in common]
+            both_censored = sum(
+                per_arm[arm][s]["censored"] == per_arm[arm][s]["peers"] and per_arm[alone][s]["censored"]
+                for s in common
+            )
+            comparisons[(arm, alone)] = (common, logs, both_censored)
+            pvalues[f"{arm} vs {alone}"] = t_pvalue(logs) if len(logs) >= 2 else math.nan
+    adjusted = holm(pvalues)
+    print("\nwall-time ratio swarm / alone (geometric mean, 95% t-interval on log ratios, Holm over 8):")
+    print("| comparison | n | ratio | 95% interval | swarm faster / slower | both censored | Holm p |")
+    print("|---|---|---|---|---|---|---|")
+    bounds = {}
+    for (arm, alone), (common, logs, both) in comparisons.items():
+        if not logs:
+            continue
+        mean, low, high = t_interval(logs)
+        bounds[(arm, alone)] = (math.exp(mean), math.exp(low), math.exp(high))
+        print(
+            f"| {arm} vs {alone} | {len(logs)} | {math.exp(mean):.3f} | [{math.exp(low):.3f}, {math.exp(high):.3f}] | "
+            f"{sum(v < 0 for v in logs)} / {sum(v > 0 for v in logs)} | {both} | {adjusted[f'{arm} vs {alone}']:.3f} |"
+        )
+    print("\ndecomposition: wall ratio = step-time ratio x steps ratio; prediction of the step-time ratio vs A_N:")
+    print("1 - f(1 - 1/2) + r (f of A_N, r = exchange share of the swarm peer)")
+    print("| comparison | step-time ratio | predicted | steps ratio |")
+    print("|---|---|---|---|")
+    for (arm, alone), (common, logs, both) in comparisons.items():
+        if not common:
+            continue
+        slot, peers = ARMS[arm]
+        step_ratios, predicted, steps_ratios = [], [], []
+        for seed in common:
+            swarm_runs = [runs[(seed, slot, p)] for p in peers]
+            alone_run = runs[(seed, "alone", alone)]
+            swarm_step = statistics.fmean(within_budget(r, budget)["seconds_per_step"] for r in swarm_runs)
+            step_ratios.append(swarm_step / within_budget(alone_run, budget)["seconds_per_step"])
+            full = within_budget(runs[(seed, "alone", "A_N")], budget)
+            r_share = statistics.fmean(within_budget(r, budget)["r"] for r in swarm_runs)
+            predicted.append(1 - full["f"] * 0.5 + r_share)
+            steps_ratios.append(max(per_arm[arm][seed]["steps"], 1) / max(per_arm[alone][seed]["steps"], 1))
+        pred = f"{statistics.fmean(predicted):.3f}" if alone == "A_N" else "-"
+        print(f"| {arm} vs {alone} | {geo(step_ratios):.3f} | {pred} | {geo(steps_ratios):.3f} |")
+    common = sorted(set(per_arm.get("A_N", {})) & set(per_arm.get("A_N/2", {})))
+    if common:
+        beta = geo([max(per_arm["A_N/2"][s]["steps"], 1) / max(per_arm["A_N"][s]["steps"], 1) for s in common])
+        print(f"\nbatch scaling beta = steps_to_target(A_N/2) / steps_to_target(A_N): {beta:.3f} (geo-mean, {len(common)} seeds; "
+              "censored runs at their last step)")  # fmt: skip
+    print("\npartner value phi = (gain_swarm - gain_A_N/2) / (gain_A_N - gain_A_N/2), gains at equal steps:")
+    for arm in SWARM_ARMS:
+        slot, peers = ARMS[arm]
+        gains = []
+        for seed in seeds:
+            keys = [(seed, slot, p) for p in peers] + [(seed, "alone", "A_N"), (seed, "alone", "A_N/2")]
+            if not all(k in curve for k in keys):
+                continue
+            step = min(curve[k][-1]["step"] for k in keys)
+            values = [accuracy_at_step(curve[k], step) for k in keys]
+            if any(v is None for v in values):
+                continue
+            warm = curve[keys[0]][0]["accuracy"]
+            swarm_gain = statistics.fmean(values[: len(peers)]) - warm
+            gains.append((swarm_gain, values[-2] - warm, values[-1] - warm, step))
+        if len(gains) < 2:
+            continue
+        phi = phi_of(gains)
+        rng = random.Random(0)
+        boot = sorted(x for x in (phi_of([rng.choice(gains) for _ in gains]) for _ in range(2000)) if x is not None)
+        low, high = (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]) if boot else (math.nan, math.nan)
+        print(
+            f"  {arm:11s} phi {phi:+.2f} [{low:+.2f}, {high:+.2f}] (bootstrap over {len(gains)} seeds; at steps "
+            f"{min(g[3] for g in gains)}-{max(g[3] for g in gains)}; mean gains swarm {statistics.fmean(g[0] for g in gains):+.3f}, "
+            f"A_N {statistics.fmean(g[1] for g in gains):+.3f}, A_N/2 {statistics.fmean(g[2] for g in gains):+.3f})"
+        )
+    print("\nverdict (pre-registered): \"the value claim is supported where both wall-time ratios have upper bounds below 1"
+          " with point estimates <= 0.9; refuted at this scale where the ratio against A_N/2 has a lower bound above 0.9;"
+          " otherwise inconclusive, with the decomposition showing which factor fell short.\"")  # fmt: skip
+    for arm in SWARM_ARMS:
+        full, half = bounds.get((arm, "A_N")), bounds.get((arm, "A_N/2"))
+        if not full or not half:
+            continue
+        if all(b[2] < 1 and b[0] <= 0.9 for b in (full, half)):
+            verdict = "supported"
+        elif half[1] > 0.9:
+            verdict = "refuted at this scale"
+        else:
+            verdict = "inconclusive"
+        print(f"  {arm}: {verdict}")
+
+
+def propose_target(curve: dict, seeds: list[int], budget: float) -> float | None:
+    """The pilot's rule: the highest accuracy on a 0.01 grid at which A_N/2's median time to target over the seeds
+    (censored = budget) is at most half the budget; printed with every arm's times at it and the next grid point."""
+    halves = [curve[(seed, "alone", "A_N/2")] for seed in seeds if (seed, "alone", "A_N/2") in curve]
+    if not halves:
+        return None
+    proposal = None
+    for hundredths in range(1, 100):
+        target = hundredths / 100
+        times = [time_to_target(points, target, budget)["seconds"] for points in halves]
+        if statistics.median(times) <= budget / 2:
+            proposal = target
+    if proposal is None:
+        print("\nno target: A_N/2 reaches none by half the budget in the median seed")
+        return None
+    print(f"\nproposed TARGET: {proposal:.2f} (highest with A_N/2's median time to target <= half the budget, "
+          f"{len(halves)} seeds); times to target per arm (s, c = censored):")  # fmt: skip
+    for target in (proposal, round(proposal + 0.01, 2)):
+        cells = []
+        for arm, (slot, peers) in ARMS.items():
+            hits = [
+                time_to_target(curve[(s, slot, p)], target, budget)
+                for s in seeds
+                for p in peers
+                if (s, slot, p) in curve
+            ]
+            cells.append(f"{arm} " + ",".join(f"{h['seconds']:.0f}{'c' if h['censored'] else ''}" for h in hits))
+        print(f"  {target:.2f}: " + "; ".join(cells))
+    return proposal
+
+
+def phi_of(gains) -> float | None:
+    swarm = statistics.fmean(g[0] for g in gains)
+    full = statistics.fmean(g[1] for g in gains)
+    half = statistics.fmean(g[2] for g in gains)
+    return (swarm - half) / (full - half) if abs(full - half) > 1e-9 else None
+
+
+def geo(values) -> float:
+    return math.exp(statistics.fmean(math.log(max(v, 1e-9)) for v in values))
+
+
+def within_budget(run: dict, budget: float) -> dict:
+    """Seconds per step, generation share f and exchange share r of `run` over its steps that ended within
+    `budget` (from its step log; the whole run for records without one)."""
+    log = [entry for entry in run.get("step_log") or [] if entry[1] <= budget + 1e-9]
+    if not log:
+        return {"seconds_per_step": run["seconds_per_step"], "f": run["generation_share"], "r": exchange_share(run)}
+    step, clock, generation = log[-1]
+    times = [entry for entry in run.get("time_log") or [] if entry[0] <= step]
+    step_seconds = sum(entry[1] for entry in times)
+    r = sum(entry[2] for entry in times) / step_seconds if step_seconds > 0 else exchange_share(run)
+    return {"seconds_per_step": clock / max(step, 1), "f": generation / clock if clock > 0 else None, "r": r}
+
+
+def exchange_share(run: dict) -> float:
+    """Exchange seconds / step seconds over the whole run (`ftis_summary.json`'s `time_seconds`)."""
+    split = run.get("summary_time_seconds") or {}
+    if split.get("step"):
+        return split.get("exchange", 0.0) / split["step"]
+    blocking = run.get("exchange_blocking_seconds") or 0.0
+    return blocking / run["train_clock"] if run["train_clock"] else 0.0
+
+
+# ---- main -------------------------------------------------------------------------------------------------------------
+def parse_seeds(text: str) -> list[int]:
+    seeds = []
+    for part in text.split(","):
+        if "-" in part:
+            low, high = part.split("-")
+            seeds += list(range(int(low), int(high) + 1))
+        elif part:
+            seeds.append(int(part))
+    return seeds
+
+
+def main() -> None:
+    global MAX_STEPS, LR_OVERRIDE
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="one seed, budget / 6: a smoke test")
+    parser.add_argument("--pilot", action="store_true", help=f"pilot seeds {PILOT_SEEDS}: fixes TARGET")
+    parser.add_argument("--seeds", help="e.g. 0-11 or 0,3,5 (default: the grid's 0-11, the pilot's, quick's)")
+    parser.add_argument("--slots", nargs="+", choices=SLOTS, default=list(SLOTS))
+    parser.add_argument("--steps", type=int, help=f"cap on the steps of every run (default {MAX_STEPS})")
+    parser.add_argument("--summary-only", action="store_true", help="summarise the raw records, run nothing")
+    parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: all 822)")
+    parser.add_argument("--lr", type=float, default=None, help="override LR (not for the grid)")
+    parser.add_argument("--tag", default=None, help="results file suffix (default: -quick, -pilot or none)")
+    parser.add_argument("--target", type=float, default=None, help="override TARGET (summary)")
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ftis-ttt-warm")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ftis-ttt-work")
+    parser.add_argument("--peer", help=argparse.SUPPRESS)
+    parser.add_argument("--evaluate", help=argparse.SUPPRESS)
+    parser.add_argument("--warm", nargs=2, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.peer:
+        return peer(options.peer)
+    if options.evaluate:
+        return evaluate_worker(options.evaluate)
+    if options.warm:
+        warm_checkpoint(options.cache, options.warm[0], int(options.warm[1]))
+        return None
+    if options.steps:
+        MAX_STEPS = options.steps
+    LR_OVERRIDE = options.lr
+    tag = options.tag if options.tag is not None else "-quick" if options.quick else "-pilot" if options.pilot else ""
+    seeds = (
+        parse_seeds(options.seeds)
+        if options.seeds
+        else list(QUICK_SEEDS if options.quick else PILOT_SEEDS if options.pilot else GRID_SEEDS)
+    )
+    if not options.quick and not options.pilot and set(seeds) & set(PILOT_SEEDS):
+        raise SystemExit("pilot seeds are not reused in the grid")
+    eval_size = options.eval_size or (200 if options.quick else None)
+    budget = BUDGET_SECONDS / (6 if options.quick else 1)
+    target = options.target if options.target is not None else (None if options.pilot else TARGET)
+    RESULTS.mkdir(exist_ok=True)
+    raw = RESULTS / f"time_to_target{tag}.jsonl"
+    records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()] if raw.exists() else []
+    if options.summary_only:
+        return summarise(records, target, budget, options.pilot)
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout
+    print(f"# {' '.join(sys.argv)} at {rev.strip()} ({time.strftime('%Y-%m-%d %H:%M')})", flush=True)
+    options.cache.mkdir(parents=True, exist_ok=True)
+    build_warm(options.cache, seeds, options.slots)
+    done = {(r["seed"], r["slot"]) for r in records if r["kind"] == "run"}
+    with open(raw, "a") as sink:
+        for index, seed in enumerate(seeds):
+            order = options.slots if index % 2 == 0 else list(reversed(options.slots))  # ABBA across seeds
+            for slot in order:
+                if (seed, slot) in done:
+                    print(f"seed {seed} {slot}: in {raw.name}, skipped", flush=True)
+                    continue
+                got = run_slot(
+                    slot,
+                    seed,
+                    options.cache,
+                    options.work / f"{tag or 'grid'}-seed{seed}" / slot,
+                    options.quick,
+                    index,
+                )
+                for record in got:
+                    sink.write(json.dumps(record) + "\n")
+                    sink.flush()
+                records += got
+                print(
+                    f"seed {seed} {slot}: "
+                    + ", ".join(
+                        f"{r['peer']} {r['steps']} steps {r['train_clock']:.1f} s ({1000 * r['seconds_per_step']:.0f} ms/step, "
+                        f"f {r['generation_share']:.2f}, cpu/wall {r['cpu_seconds'] / r['train_clock']:.2f})"
+                        for r in got
+                    )
+                    + f"; slot {got[0]['slot_wall_seconds']:.0f} s",
+                    flush=True,
+                )
+        records += evaluate_pending(records, sink, options.cache, eval_size)
+    summarise(records, target, budget, options.pilot)
+
+
+def build_warm(cache: Path, seeds: list[int], slots: list[str]) -> None:
+    """Build the missing warm models, two at a time (one a core)."""
+    names = ["big"] + (["small"] if any(s.startswith("hetero") for s in slots) else [])
+    missing = [(n, s) for s in seeds for n in names if not (cache / f"carry-{n}-seed{s}" / "config.json").exists()]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    running: list[subprocess.Popen] = []
+    for i, (name, seed) in enumerate(missing):
+        if len(running) == 2 and running.pop(0).wait() != 0:
+            raise SystemExit("warm-up failed")
+        argv = [
+            "taskset",
+            "-c",
+            str(i % 2),
+            sys.executable,
+            __file__,
+            "--warm",
+            name,
+            str(seed),
+            "--cache",
+            str(cache),
+        ]
+        running.append(subprocess.Popen(argv, cwd=ROOT, env=env))
+    for process in running:
+        if process.wait() != 0:
+            raise SystemExit("warm-up failed")
+
+
+if __name__ == "__main__":
+    main()
