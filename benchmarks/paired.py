@@ -10,9 +10,10 @@ T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 19: 2.093, 24: 2.064, 29: 2.045}  # fmt: skip
 
 
-def interval(values) -> dict | None:
-    """Mean, 95% t-interval, sign count and verdict of paired differences `values` (None when fewer than 2).
-    "not distinguishable" when the interval holds 0."""
+def interval(values, null: float = 0.0) -> dict | None:
+    """Mean, 95% t-interval, sign count and verdict of paired differences `values` (None when fewer than 2), against
+    `null` (0 for differences; 1 for ratios): "not distinguishable" when the interval holds it, and the signs count
+    values above and below it."""
     values = list(values)
     n = len(values)
     if n < 2:
@@ -24,9 +25,9 @@ def interval(values) -> dict | None:
         "mean": mean,
         "low": mean - half,
         "high": mean + half,
-        "positive": sum(v > 0 for v in values),
-        "negative": sum(v < 0 for v in values),
-        "verdict": "higher" if mean - half > 0 else "lower" if mean + half < 0 else "not distinguishable",
+        "positive": sum(v > null for v in values),
+        "negative": sum(v < null for v in values),
+        "verdict": "higher" if mean - half > null else "lower" if mean + half < null else "not distinguishable",
     }
 
 

@@ -228,9 +228,11 @@ def summarise(records, path: Path) -> None:
         "seeds": len(seeds),
         "peers_reached": sum(r["reached"] for r in records),
         "peers": len(records),
-        "wall_ratio": interval([v["wall_ratio"] for v in complete]),
-        "token_ratio": interval([v["token_ratio"] for v in complete]),
-        "step_time_ratio": interval([v["swarm_seconds_per_step"] / v["alone_seconds_per_step"] for v in complete]),
+        "wall_ratio": interval([v["wall_ratio"] for v in complete], null=1.0),
+        "token_ratio": interval([v["token_ratio"] for v in complete], null=1.0),
+        "step_time_ratio": interval(
+            [v["swarm_seconds_per_step"] / v["alone_seconds_per_step"] for v in complete], null=1.0
+        ),
         "per_seed": per_seed,
     }
     path.write_text(json.dumps(summary, indent=2))
