@@ -190,4 +190,4 @@ def test_addition_splits_are_disjoint_and_seed_independent():
     assert all(in_test_split(p["prompt"]) for p in test_a) and not any(in_test_split(p["prompt"]) for p in train)
     assert all(int(p["answer"]) == sum(map(int, p["prompt"][:-1].split("+"))) for p in train[:50])
     with pytest.raises(ValueError, match="split"):
-        addition_problems(1, seed=0, split="dev")
+        addition_problems(1, seed=0, split="validation")

@@ -90,6 +90,17 @@ def digit_match_reward(completions: Sequence, answer: Sequence[str], **kwargs) -
     return rewards
 
 
+def greedy_texts(model, tokenizer: PreTrainedTokenizerFast, prompts: Sequence[str], *, max_new_tokens: int,
+                 batch_size: int = 256) -> list[str]:  # fmt: skip
+    """The greedy completion of each prompt (plain prompts, cut at EOS), as text: what the tiny tasks' accuracies
+    score."""
+    completions = generate_completions(
+        model, tokenizer, list(prompts), max_new_tokens=max_new_tokens, batch_size=batch_size,
+        stop_ids=[tokenizer.eos_token_id],
+    )  # fmt: skip
+    return [completion.text for completion in completions]
+
+
 def greedy_accuracy(
     model,
     tokenizer: PreTrainedTokenizerFast,
@@ -99,13 +110,7 @@ def greedy_accuracy(
     batch_size: int = 256,
 ) -> float:
     """Fraction of `problems` whose greedy completion equals the answer exactly (then EOS)."""
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [p["prompt"] for p in problems],
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        stop_ids=[tokenizer.eos_token_id],
-    )
-    correct = sum(c.text.strip() == p["answer"] for c, p in zip(completions, problems, strict=True))
+    texts = greedy_texts(model, tokenizer, [p["prompt"] for p in problems], max_new_tokens=max_new_tokens,
+                         batch_size=batch_size)  # fmt: skip
+    correct = sum(text.strip() == p["answer"] for text, p in zip(texts, problems, strict=True))
     return correct / max(len(problems), 1)

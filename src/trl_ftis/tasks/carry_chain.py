@@ -26,8 +26,7 @@ from collections.abc import Sequence
 
 from datasets import Dataset
 
-from .addition import addition_problems, in_dev_split, in_test_split
-from .generation import generate_completions
+from .addition import addition_problems, greedy_texts, in_dev_split, in_test_split
 
 __all__ = [
     "CARRY_CHAIN_ALPHABET",
@@ -137,17 +136,9 @@ def carry_chain_accuracy(
         return 0.0
     if max_new_tokens is None:
         max_new_tokens = max_chain_tokens(max(len(p["prompt"].split("+")[0]) for p in problems))
-    completions = generate_completions(
-        model,
-        tokenizer,
-        [p["prompt"] for p in problems],
-        max_new_tokens=max_new_tokens,
-        batch_size=batch_size,
-        stop_ids=[tokenizer.eos_token_id],
-    )
-    correct = sum(
-        ";" in c.text and final_answer(c.text) == p["answer"] for c, p in zip(completions, problems, strict=True)
-    )
+    texts = greedy_texts(model, tokenizer, [p["prompt"] for p in problems], max_new_tokens=max_new_tokens,
+                         batch_size=batch_size)  # fmt: skip
+    correct = sum(";" in text and final_answer(text) == p["answer"] for text, p in zip(texts, problems, strict=True))
     return correct / len(problems)
 
 
