@@ -54,7 +54,7 @@ def warm_checkpoints(cache: Path, seeds, warmup_steps: int) -> dict:
     """One supervised warm-up per (peer, seed), saved as a checkpoint every setting starts from."""
     import torch
 
-    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup
+    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup, warmup_dev_problems
     from trl_ftis.tasks.addition import addition_problems
 
     torch.set_num_threads(1)
@@ -62,9 +62,9 @@ def warm_checkpoints(cache: Path, seeds, warmup_steps: int) -> dict:
     paths = {}
     for seed in seeds:
         problems = addition_problems(4000, seed=1000 + seed, split="train")
-        dev = addition_problems(100, seed=2000 + seed, split="test")
+        dev = warmup_dev_problems(100, seed=2000 + seed)  # disjoint from every held-out evaluation set
         for peer, hidden in PEERS.items():
-            path = cache / f"{peer}-seed{seed}"
+            path = cache / f"{peer}-seed{seed}-devsplit"  # not the checkpoints warmed up on held-out problems
             if not (path / "config.json").exists():
                 model = build_tiny_llama(tokenizer, hidden_size=hidden, seed=seed)
                 # The small peer is warmed less: a weaker partner, as in the paper's 1.5B+3B pairs.

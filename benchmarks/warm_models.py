@@ -23,16 +23,16 @@ def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
     a checkpoint."""
     import torch
 
-    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup
+    from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama, supervised_warmup, warmup_dev_problems
     from trl_ftis.tasks.addition import addition_problems
 
-    path = Path(cache) / f"{name}-seed{seed}"
+    path = Path(cache) / f"{name}-seed{seed}-devsplit"  # not the checkpoints warmed up on held-out problems
     if (path / "config.json").exists():
         return path
     hidden, target, rule = MODELS[name]
     tokenizer = build_char_tokenizer()
     problems = addition_problems(4000, seed=1000 + seed, split="train")
-    dev = addition_problems(100, seed=2000 + seed, split="test")
+    dev = warmup_dev_problems(100, seed=2000 + seed)  # disjoint from every held-out evaluation set
     if rule == "reversed":
         problems, dev = [reversed_answer(p) for p in problems], [reversed_answer(p) for p in dev]
     torch.manual_seed(seed)
