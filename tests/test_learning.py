@@ -1,5 +1,6 @@
 """It learns: a tiny model trained with F-TIS on its own and a smaller peer's rows gets better at addition."""
 
+import pytest
 import torch
 from transformers import PrinterCallback
 
@@ -20,6 +21,7 @@ def warmed(tokenizer, hidden_size, train, dev, seed):
     return model
 
 
+@pytest.mark.slow  # 80-100 s on 2 cores: in `make test-slow`, keeping the default suite under 10 minutes
 def test_ftis_on_a_smaller_peers_rows_improves_held_out_accuracy(tokenizer, tmp_path):
     torch.manual_seed(0)
     train = addition_problems(3000, seed=11)
