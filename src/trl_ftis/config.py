@@ -39,6 +39,8 @@ from .rules import (
 logger = logging.getLogger(__name__)
 
 COLLABORATION_MODES = ("vertical", "horizontal")
+# How peer rows weigh against own rows in the loss: as F-TIS weights them, or also by their source's ESS fraction.
+PEER_WEIGHTINGS = ("none", "ess")
 # The round inside the step, in a background worker one round late, or free-running: never waiting (rounds.py).
 EXCHANGE_MODES = ("sync", "async", "free")
 
@@ -103,6 +105,13 @@ class FTISConfig(GRPOConfig):
             With `kl_threshold_mode="quantile"`: the weight of the previous threshold in its running average (in
             log space), in [0, 1). No effect with `"fixed"`: building the config logs a warning when it is set to
             another value there.
+        peer_weighting (`str`, *optional*, defaults to `"none"`):
+            `"none"`: peer rows enter the loss as F-TIS weights them. `"ess"` (an option): in each micro-batch, each
+            peer's rows' advantages are multiplied by that peer's effective sample size fraction there,
+            `(Σw)² / (n Σw²)` over its `n` rows' weights `w` (a row's mean truncated weight, 0 when filtered),
+            computed without gradient; own rows keep scale 1. The inverse-variance heuristic: rows whose weights
+            concentrate on few of them carry about ESS/n of the information of as many on-policy rows, so they are
+            down-weighted by it against own rows. The peer rows' mean scale is logged as `ftis/peer/ess_scale`.
 
         > Parameters that control the swarm
 
@@ -290,6 +299,15 @@ class FTISConfig(GRPOConfig):
         metadata={
             "help": "kl_threshold_mode='quantile': weight of the previous threshold in its running average, in "
             "[0, 1). No effect with 'fixed' (a warning when set to another value there)."
+        },
+    )
+    peer_weighting: str = field(
+        default="none",
+        metadata={
+            "help": "'none': peer rows enter the loss as F-TIS weights them; 'ess' (option): each peer's rows' "
+            "advantages are also multiplied by that peer's effective sample size fraction in the micro-batch (own "
+            "rows unchanged).",
+            "choices": list(PEER_WEIGHTINGS),
         },
     )
 
@@ -519,6 +537,10 @@ class FTISConfig(GRPOConfig):
             raise ValueError(f"threshold_momentum must be in [0, 1), got {self.threshold_momentum}.")
         if self.kl_threshold_mode == "fixed":
             self._warn_ignored_quantile_fields()
+        if self.peer_weighting not in PEER_WEIGHTINGS:
+            raise ValueError(
+                f"peer_weighting must be one of {', '.join(PEER_WEIGHTINGS)}, got {self.peer_weighting!r}."
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"Unknown loss_type {self.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}.")
         if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:

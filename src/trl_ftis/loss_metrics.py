@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from .collaboration import effective_fraction
-from .objective import FTISTerms
+from .objective import FTISTerms, row_weights
 
 
 def source_sums(
@@ -22,14 +22,13 @@ def source_sums(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per source, `(rows, filtered, tokens, Σ weight, capped tokens, Σ finite statistic, finite statistics, Σ row
     weight, Σ row weight²)` (shape `(num_sources, 9)`) and `(max weight, max finite statistic)` (shape
-    `(num_sources, 2)`, `-inf` when none). A row's weight is the mean truncated weight over its tokens, 0 when the
-    filter zeroed its advantage or it has no tokens: the weight its advantage carries into the loss, from which the
-    effective sample size `(Σw)² / Σw²` follows."""
+    `(num_sources, 2)`, `-inf` when none). A row's weight ([`trl_ftis.objective.row_weights`]) is the mean truncated
+    weight over its tokens, 0 when the filter zeroed its advantage or it has no tokens: the weight its advantage
+    carries into the loss, from which the effective sample size `(Σw)² / Σw²` follows."""
     source = source.long()
     finite = torch.isfinite(terms.filter_statistic)
     weights = torch.where(mask, terms.weights, torch.zeros_like(terms.weights))
-    tokens = mask.sum(-1).float()
-    row_weights = torch.where(terms.keep, weights.sum(-1).float() / tokens.clamp(min=1), torch.zeros_like(tokens))
+    rows = row_weights(terms.weights, mask, terms.keep)
     per_row = torch.stack(
         [
             torch.ones_like(finite, dtype=torch.float32),
@@ -39,8 +38,8 @@ def source_sums(
             (terms.capped & mask).sum(-1).float(),
             torch.where(finite, terms.filter_statistic, torch.zeros_like(terms.filter_statistic)).float(),
             finite.float(),
-            row_weights,
-            row_weights * row_weights,
+            rows,
+            rows * rows,
         ],
         dim=1,
     )

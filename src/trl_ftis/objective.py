@@ -414,6 +414,51 @@ def ftis_terms(
     )
 
 
+@torch.no_grad()
+def row_weights(weights: torch.Tensor, mask: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Each completion's weight, shape `(B,)`, float32: the mean of its truncated weights (`weights`, `(B, T)`) over
+    its tokens (`mask`), 0 when the filter zeroed its advantage (`keep` False) or it has no tokens. The one definition
+    behind the effective sample size of the loss metrics and of [`source_ess_scale`]."""
+    mask = mask.bool()
+    tokens = mask.sum(-1).float()
+    return torch.where(keep, _masked(weights, mask).sum(-1).float() / tokens.clamp(min=1), torch.zeros_like(tokens))
+
+
+@torch.no_grad()
+def source_ess_scale(row_weights: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """The per-row scale of `peer_weighting="ess"`, shape `(B,)`, dtype of `row_weights`: 1 for own rows (`source`
+    0); for the rows of a peer source `s > 0`, its effective sample size fraction `ESS_s = (Σ_i w_i)² / (n_s Σ_i w_i²)`
+    over its `n_s` rows' weights `w_i` ([`row_weights`]), in `[0, 1]`, and 0 when they are all 0.
+
+    The inverse-variance heuristic: when a peer's truncated weights concentrate on few of its rows, those rows carry
+    about `ESS_s` of the information of as many on-policy rows, so each is down-weighted by it against own rows."""
+    if row_weights.numel() == 0:
+        return row_weights.clone()
+    source = source.long().to(row_weights.device)
+    w = row_weights.to(torch.float64)  # squares of float32 weights neither underflow nor lose digits here
+    per_row = torch.stack([torch.ones_like(w), w, w * w], dim=1)
+    sums = torch.zeros(int(source.max()) + 1, 3, dtype=w.dtype, device=w.device).index_add_(0, source, per_row)
+    rows, total, squares = sums.unbind(-1)
+    some = squares > 0
+    ess = torch.where(some, total * total / torch.where(some, rows * squares, torch.ones_like(rows)), 0.0)
+    scale = torch.where(source == 0, torch.ones_like(w), ess.clamp(0.0, 1.0)[source])
+    return scale.to(row_weights.dtype)
+
+
+@torch.no_grad()
+def ess_weighted(terms: FTISTerms, mask: torch.Tensor, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`peer_weighting="ess"`: `terms.token_advantages` with each row multiplied by its [`source_ess_scale`] (own rows
+    unchanged), and `(Σ scale, rows)` over the peer rows (shape `(2,)`, float32: the trainer logs their mean). Without
+    peer rows the advantages are returned as they are."""
+    advantages = terms.token_advantages
+    peer = source.to(advantages.device) > 0
+    if not bool(peer.any()):
+        return advantages, torch.zeros(2, device=advantages.device)
+    scale = source_ess_scale(row_weights(terms.weights, mask, terms.keep), source)
+    peer_sums = torch.stack([scale[peer].sum(), peer.sum().to(scale.dtype)]).float()
+    return advantages * scale.to(advantages.dtype).unsqueeze(-1), peer_sums
+
+
 def clipped_surrogate(
     per_token_logps: torch.Tensor,
     ratio_reference_logps: torch.Tensor,

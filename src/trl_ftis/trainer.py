@@ -59,7 +59,7 @@ from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
 from .model_card import ftis_model_card_section
-from .objective import ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
+from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
     UNMERGEABLE_FIELDS,
     AdmittedRow,
@@ -755,11 +755,17 @@ class FTISTrainer(GRPOTrainer):
             importance_sampling_level=self.importance_sampling_level,
             text_level=inputs.get("ftis_text_level"),
         )
-        inputs["advantages"] = terms.token_advantages
-        inputs["old_per_token_logps"] = terms.ratio_reference_logps
         source = inputs.get("ftis_source")
         if source is None:
             source = torch.zeros_like(advantages, dtype=torch.long)
+        inputs["advantages"] = terms.token_advantages
+        if args.peer_weighting == "ess":  # the metrics below keep the unscaled terms: they measure rows, not options
+            inputs["advantages"], peer_scale = ess_weighted(terms, mask.bool(), source)
+            peer_scale = self.accelerator.reduce(peer_scale, reduction="sum").cpu()  # every process, whatever its rows
+            if peer_scale[1] > 0:  # the peer rows' mean scale over every process
+                mode = "train" if self.model.training else "eval"
+                self._metrics[mode]["ftis/peer/ess_scale"].append((peer_scale[0] / peer_scale[1]).item())
+        inputs["old_per_token_logps"] = terms.ratio_reference_logps
         if adaptive:  # the next micro-batch's g: this one's quantile over peer rows, averaged
             self._metrics["train"]["ftis/kl_threshold"].append(threshold)
             observed = quantile_threshold(terms.filter_statistic, advantages, source > 0, args.filter_target_fraction)
