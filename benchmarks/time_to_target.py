@@ -112,7 +112,17 @@ MAX_STEPS = 2000  # cap on any run's steps (every run stops on its clock; `--ste
 #: the partner has stopped at the end of the budget (the last step of the later peer then waits this long, outside
 #: the budget).
 PEER_TIMEOUT = 10
-WARM = {"big": (BIG_HIDDEN, 0.25), "small": (SMALL_HIDDEN, 0.15)}  # hidden size, warm-up dev accuracy target
+#: Warm models: name -> (hidden size, warm-up dev accuracy target, architecture, tokenizer).
+WARM = {
+    "big": (BIG_HIDDEN, 0.25, "llama", "char"),
+    "small": (SMALL_HIDDEN, 0.15, "llama", "char"),
+    # Part 3's partners: another architecture and another tokenizer, of the big model's size and warm-up target.
+    "qwen2": (BIG_HIDDEN, 0.25, "qwen2", "char"),
+    "bpe": (BIG_HIDDEN, 0.25, "llama", "bpe"),
+}
+#: Part 3: the LoRA co-trainer's adapter and learning rate (5x the full model's; chosen before running, not tuned).
+LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
+LORA_LR = 1e-3
 PILOT_SEEDS = (100, 101)
 GRID_SEEDS = tuple(range(12))
 QUICK_SEEDS = (900,)
@@ -132,15 +142,60 @@ ARMS = {
 }
 SWARM_ARMS = ("homog-sync", "homog-free", "hetero-free", "hetero-sync")
 ALONE_ARMS = ("A_N", "A_N/2")
+#: Part 3 (pre-registered in time_to_target.md, "Part 3"): the alone and homog-sync baselines rerun, co-trainers
+#: of other kinds, and two options.
+PART3_SLOTS = (
+    "alone",
+    "homog-sync",
+    "shared-sync",
+    "horiz-sync",
+    "lora-free",
+    "arch-free",
+    "tok-free",
+    "tok-ess-free",
+)
+PART3_ARMS = {
+    "A_N": ("alone", ("A_N",)),
+    "A_N/2": ("alone", ("A_N/2",)),
+    "homog-sync": ("homog-sync", ("a", "b")),
+    "shared-sync": ("shared-sync", ("a", "b")),
+    "horiz-sync": ("horiz-sync", ("a", "b")),
+    "lora-free": ("lora-free", ("big",)),
+    "arch-free": ("arch-free", ("big",)),
+    "tok-free": ("tok-free", ("big",)),
+    "tok-ess-free": ("tok-ess-free", ("big",)),
+}
+PART3_SWARM_ARMS = ("homog-sync", "shared-sync", "horiz-sync", "lora-free", "arch-free", "tok-free", "tok-ess-free")
+#: The option comparisons (option arm, baseline arm), Holm-adjusted together: H5, H5a, sharing prompts alone, H6.
+PART3_COMPARISONS = (
+    ("horiz-sync", "homog-sync"),
+    ("horiz-sync", "shared-sync"),
+    ("shared-sync", "homog-sync"),
+    ("tok-ess-free", "tok-free"),
+)
+JUDGED = {**ARMS, **PART3_ARMS}
 LR_OVERRIDE = None
 
 
 # ---- warm models ------------------------------------------------------------------------------------------------
-def tokenizer():
-    from trl_ftis.demo.tiny import build_char_tokenizer
-    from trl_ftis.tasks.carry_chain import CARRY_CHAIN_ALPHABET
+def tokenizer(kind: str = "char"):
+    """The character tokenizer of the task; `kind="bpe"`: a BPE tokenizer trained on the train split's texts."""
+    from trl_ftis.demo.tiny import build_bpe_tokenizer, build_char_tokenizer
+    from trl_ftis.tasks.carry_chain import CARRY_CHAIN_ALPHABET, carry_chain_problems
 
-    return build_char_tokenizer(alphabet=CARRY_CHAIN_ALPHABET)
+    if kind == "char":
+        return build_char_tokenizer(alphabet=CARRY_CHAIN_ALPHABET)
+    corpus = [p["prompt"] + p["chain"] for p in carry_chain_problems(4000, seed=0, split="train", digits=DIGITS)]
+    return build_bpe_tokenizer(corpus, alphabet=CARRY_CHAIN_ALPHABET)
+
+
+def checkpoint_tokenizer(checkpoint: str):
+    """The tokenizer saved with a warm checkpoint (the BPE partner's), else the character tokenizer."""
+    if (Path(checkpoint) / "tokenizer_config.json").exists():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(checkpoint)
+    return tokenizer()
 
 
 def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
@@ -151,18 +206,18 @@ def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
         return path
     import torch
 
-    from trl_ftis.demo.tiny import build_tiny_llama
+    from trl_ftis.demo.tiny import build_tiny_causal_lm
     from trl_ftis.tasks.carry_chain import carry_chain_problems, carry_chain_warmup
 
     torch.set_num_threads(1)
-    hidden, target = WARM[name]
-    tok = tokenizer()
+    hidden, target, architecture, kind = WARM[name]
+    tok = tokenizer(kind)
     # Early stopping on the dev split, disjoint from the held-out evaluation split, and never trained on.
     dev = carry_chain_problems(200, seed=2000 + seed, split="dev", digits=DIGITS)
     problems = carry_chain_problems(
         4000, seed=1000 + seed, split="train", digits=DIGITS, exclude={p["prompt"] for p in dev}
     )
-    model = build_tiny_llama(tok, hidden_size=hidden, num_layers=LAYERS, seed=seed)
+    model = build_tiny_causal_lm(tok, architecture, hidden_size=hidden, num_layers=LAYERS, seed=seed)
     start = time.time()
     steps, accuracy = carry_chain_warmup(
         model, tok, problems, steps=1200, batch_size=64, lr=3e-3, seed=seed, target_accuracy=target,
@@ -171,6 +226,8 @@ def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
     print(f"warm {name} seed {seed}: {steps} steps, dev {accuracy}, {time.time() - start:.0f} s", flush=True)
     temporary = path.with_name(f"{path.name}.tmp{os.getpid()}")
     model.save_pretrained(temporary)
+    if kind != "char":  # the partner's peer process loads its tokenizer from here
+        tok.save_pretrained(temporary)
     (temporary / "warmup.json").write_text(json.dumps({"steps": steps, "dev_accuracy": accuracy}))
     if path.exists():
         import shutil
@@ -207,7 +264,7 @@ def peer(spec_path: str) -> None:
     from trl_ftis.tasks.carry_chain import carry_chain_dataset, carry_chain_reward
 
     torch.set_num_threads(1)
-    tok = tokenizer()
+    tok = checkpoint_tokenizer(spec["checkpoint"])
     model = AutoModelForCausalLM.from_pretrained(spec["checkpoint"])
     settings = {
         "per_device_train_batch_size": spec["rows"],
@@ -225,6 +282,14 @@ def peer(spec_path: str) -> None:
             exchange_mode=spec["mode"],
             peer_timeout=PEER_TIMEOUT,
         )
+    for option in ("cross_tokenizer", "collaboration_mode", "peer_weighting"):  # part 3's settings
+        if spec.get(option) is not None:
+            settings[option] = spec[option]
+    peft_config = None
+    if spec.get("lora"):
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(**LORA)
     out = Path(spec["out"])
     args = tiny_grpo_config(str(out / "trainer"), max_steps=spec["max_steps"], **settings)
     trainer = FTISTrainer(
@@ -233,9 +298,10 @@ def peer(spec_path: str) -> None:
         args=args,
         train_dataset=carry_chain_dataset(6000, seed=spec["stream_seed"], split="train", digits=DIGITS),
         processing_class=tok,
+        peft_config=peft_config,
     )
     state = {"own_tokens": 0, "generation": 0.0, "start": None, "paused": 0.0, "next": 0.0}
-    snapshots, step_ends = [], []
+    snapshots, step_ends, first_prompts = [], [], []
     generate, generate_and_score = trainer._generate, trainer._generate_and_score_completions
 
     def timed_generate(prompts):
@@ -246,6 +312,8 @@ def peer(spec_path: str) -> None:
             state["generation"] += time.perf_counter() - started
 
     def counting(inputs):
+        if len(first_prompts) < 3:  # the shared-prompt slots check that both peers answer the same prompts
+            first_prompts.append(sorted({str(x["prompt"]) for x in inputs}))
         output = generate_and_score(inputs)  # own rows first, then the merged peer rows
         state["own_tokens"] += int(output["completion_mask"][: len(inputs)].sum().item())
         return output
@@ -277,6 +345,9 @@ def peer(spec_path: str) -> None:
             deadline = time.time() + 300
             while len(list(barrier.glob("*.ready"))) < spec["processes"] and time.time() < deadline:
                 time.sleep(0.01)
+            if spec.get("reseed") is not None:
+                # Shared-prompt slots: the same sampler seed (prompt order) for both peers, their own sampling seed.
+                torch.manual_seed(spec["reseed"])
             state["start"] = time.perf_counter()
             state["cpu0"], state["usage0"] = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
             state["next"] = CHECKPOINT_SECONDS * spec["checkpoint_scale"]
@@ -319,6 +390,13 @@ def peer(spec_path: str) -> None:
         "exchange_blocking_seconds": summary.get("exchange_blocking_seconds"),
         "rows_accepted": summary.get("rows_accepted"),
         "snapshots": snapshots,
+        "first_prompts": first_prompts,
+        # Mean over logged steps of the peer rows' ESS fraction and (peer_weighting="ess") of the scale it applied.
+        **{
+            name: statistics.fmean(values) if values else None
+            for name, key in (("peer_ess_frac", "ftis/peer/ess_frac"), ("peer_ess_scale", "ftis/peer/ess_scale"))
+            for values in [[e[key] for e in trainer.state.log_history if key in e]]
+        },
         # Per step: [step, clock at its end, generation seconds so far]; and the trainer's own split of each step
         # [step, step seconds, exchange seconds] (`ftis/time/*` in the log history), so that the summary measures
         # step time, f and r within the budget (a lock-step peer's last step may wait for a stopped partner).
@@ -365,8 +443,32 @@ def slot_specs(slot: str, seed: int, cache: Path, work: Path, quick: bool) -> di
             "A_N": spec("A_N", big, 2 * OWN_ROWS, 0, 0, **clocked),
             "A_N/2": spec("A_N/2", big, OWN_ROWS, 0, 0, **clocked),
         }
-    family, mode = slot.split("-")
+    family, mode = slot.rsplit("-", 1)
     swarm = {"exchange_url": exchange, "mode": mode, **clocked}
+    if family in ("shared", "horiz"):
+        # Both peers draw the same prompts (dataset and sampler seed); each samples with its own seed (`reseed`).
+        ids = ["a", "b"]
+        extra = {"collaboration_mode": "horizontal" if family == "horiz" else "vertical", **swarm}
+        return {
+            "a": spec("a", big, OWN_ROWS, 0, 0, expected_peers=ids, reseed=100 * seed + 50, **extra),
+            "b": spec("b", big, OWN_ROWS, 0, 0, expected_peers=ids, reseed=100 * seed + 51, **extra),
+        }
+    if family in ("lora", "arch", "tok", "tok-ess"):
+        partner = {"lora": "lora", "arch": "qwen2", "tok": "bpe", "tok-ess": "bpe"}[family]
+        ids = ["big", partner]
+        extra = dict(swarm)
+        if family.startswith("tok"):
+            extra["cross_tokenizer"] = True
+        if family == "tok-ess":
+            extra["peer_weighting"] = "ess"
+        if family == "lora":
+            partner_spec = spec(
+                partner, big, OWN_ROWS, 1, 1, expected_peers=ids, lora=True, **{**extra, "lr": LORA_LR}
+            )
+        else:
+            checkpoint = str(warm_checkpoint(cache, partner, seed))
+            partner_spec = spec(partner, checkpoint, OWN_ROWS, 1, 1, expected_peers=ids, **extra)
+        return {"big": spec("big", big, OWN_ROWS, 0, 0, expected_peers=ids, **extra), partner: partner_spec}
     if family == "homog":
         ids = ["a", "b"]
         return {
@@ -459,7 +561,7 @@ def evaluate_pending(records: list[dict], sink, cache: Path, eval_size: int | No
     warm_done = {(r["seed"], r["model"]) for r in records if r["kind"] == "warm"}
     items = []
     for run in [r for r in records if r["kind"] == "run"]:
-        judged = any(run["slot"] == slot and run["peer"] in peers for slot, peers in ARMS.values())
+        judged = any(run["slot"] == slot and run["peer"] in peers for slot, peers in JUDGED.values())
         if not judged:
             continue
         for snap in run["snapshots"]:
@@ -560,20 +662,7 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
         "\nslots (per process: training clock and steps of the whole run; ms/step, f = generation share and r ="
         " exchange share within the budget; CPU/wall of the run; slot wall incl. start-up):"
     )
-    for slot in SLOTS:
-        rows = [r for r in runs.values() if r["slot"] == slot]
-        for name in sorted({r["peer"] for r in rows}):
-            mine = [r for r in rows if r["peer"] == name]
-            inside = [within_budget(r, budget) for r in mine]
-            print(
-                f"  {slot:11s} {name:5s} n={len(mine):2d}  clock {statistics.fmean(r['train_clock'] for r in mine):5.1f} s  "
-                f"steps {statistics.fmean(r['steps'] for r in mine):6.1f}  "
-                f"{1000 * statistics.fmean(b['seconds_per_step'] for b in inside):5.0f} ms/step  "
-                f"f {statistics.fmean(b['f'] for b in inside):.3f}  "
-                f"r {statistics.fmean(b['r'] for b in inside):.3f}  "
-                f"cpu/wall {statistics.fmean(r['cpu_seconds'] / r['train_clock'] for r in mine):.2f}  "
-                f"slot {statistics.fmean(r['slot_wall_seconds'] for r in mine):5.1f} s"
-            )
+    slot_table(runs, SLOTS, budget)
     print(
         "\naccuracy (held-out greedy, exact final answer) per arm: warm, at half budget, at budget (mean over seeds):"
     )
@@ -677,8 +766,27 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
         print(f"\nbatch scaling beta = steps_to_target(A_N/2) / steps_to_target(A_N): {beta:.3f} (geo-mean, {len(common)} seeds; "
               "censored runs at their last step)")  # fmt: skip
     print("\npartner value phi = (gain_swarm - gain_A_N/2) / (gain_A_N - gain_A_N/2), gains at equal steps:")
+    phi_report(curve, seeds, {arm: ARMS[arm] for arm in SWARM_ARMS})
+    print("\nverdict (pre-registered): \"the value claim is supported where both wall-time ratios have upper bounds below 1"
+          " with point estimates <= 0.9; refuted at this scale where the ratio against A_N/2 has a lower bound above 0.9;"
+          " otherwise inconclusive, with the decomposition showing which factor fell short.\"")  # fmt: skip
     for arm in SWARM_ARMS:
-        slot, peers = ARMS[arm]
+        full, half = bounds.get((arm, "A_N")), bounds.get((arm, "A_N/2"))
+        if not full or not half:
+            continue
+        if all(b[2] < 1 and b[0] <= 0.9 for b in (full, half)):
+            verdict = "supported"
+        elif half[1] > 0.9:
+            verdict = "refuted at this scale"
+        else:
+            verdict = "inconclusive"
+        print(f"  {arm}: {verdict}")
+
+
+def phi_report(curve: dict, seeds: list[int], arms: dict) -> None:
+    """Print phi of each swarm arm (`arm -> (slot, judged peers)`) against the alone arms of the same seeds: the ratio
+    of mean gains over the warm model at the last step all three arms reached, with a bootstrap interval."""
+    for arm, (slot, peers) in arms.items():
         gains = []
         for seed in seeds:
             keys = [(seed, slot, p) for p in peers] + [(seed, "alone", "A_N"), (seed, "alone", "A_N/2")]
@@ -702,20 +810,130 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
             f"{min(g[3] for g in gains)}-{max(g[3] for g in gains)}; mean gains swarm {statistics.fmean(g[0] for g in gains):+.3f}, "
             f"A_N {statistics.fmean(g[1] for g in gains):+.3f}, A_N/2 {statistics.fmean(g[2] for g in gains):+.3f})"
         )
-    print("\nverdict (pre-registered): \"the value claim is supported where both wall-time ratios have upper bounds below 1"
-          " with point estimates <= 0.9; refuted at this scale where the ratio against A_N/2 has a lower bound above 0.9;"
-          " otherwise inconclusive, with the decomposition showing which factor fell short.\"")  # fmt: skip
-    for arm in SWARM_ARMS:
-        full, half = bounds.get((arm, "A_N")), bounds.get((arm, "A_N/2"))
-        if not full or not half:
+
+
+def slot_table(runs: dict, slots, budget: float) -> None:
+    """Per slot and process: training clock, steps, ms/step, f and r within the budget, CPU/wall, slot wall."""
+    for slot in slots:
+        rows = [r for r in runs.values() if r["slot"] == slot]
+        for name in sorted({r["peer"] for r in rows}):
+            mine = [r for r in rows if r["peer"] == name]
+            inside = [within_budget(r, budget) for r in mine]
+            print(
+                f"  {slot:11s} {name:5s} n={len(mine):2d}  clock {statistics.fmean(r['train_clock'] for r in mine):5.1f} s  "
+                f"steps {statistics.fmean(r['steps'] for r in mine):6.1f}  "
+                f"{1000 * statistics.fmean(b['seconds_per_step'] for b in inside):5.0f} ms/step  "
+                f"f {statistics.fmean(b['f'] for b in inside):.3f}  "
+                f"r {statistics.fmean(b['r'] for b in inside):.3f}  "
+                f"cpu/wall {statistics.fmean(r['cpu_seconds'] / r['train_clock'] for r in mine):.2f}  "
+                f"slot {statistics.fmean(r['slot_wall_seconds'] for r in mine):5.1f} s"
+            )
+
+
+def summarise_part3(records: list[dict], target: float, budget: float) -> None:
+    """Part 3 (pre-registered in time_to_target.md): phi of each co-trainer kind and the two options' comparisons,
+    all from part 3's own runs (the alone arms were rerun with it)."""
+    from free_running import holm, t_interval, t_pvalue
+
+    curve = curves(records)
+    runs = {(r["seed"], r["slot"], r["peer"]): r for r in records if r["kind"] == "run"}
+    seeds = sorted({r["seed"] for r in records if r["kind"] == "run"})
+    print(f"\n== part 3: {len(seeds)} seeds {seeds}, budget {budget:.0f} s of training clock ==")
+    print("\nslots (per process, as in the grid's table):")
+    slot_table(runs, PART3_SLOTS, budget)
+    for slot in ("shared-sync", "horiz-sync"):
+        pairs = [(runs[(s, slot, "a")], runs[(s, slot, "b")]) for s in seeds if (s, slot, "b") in runs]
+        same = sum(bool(a.get("first_prompts")) and a.get("first_prompts") == b.get("first_prompts") for a, b in pairs)
+        print(f"  {slot}: the two peers' first 3 prompt batches are the same in {same} of {len(pairs)} seeds")
+    print("\naccuracy (held-out greedy) and time to target per arm (mean over seeds; homog: over both peers):")
+    print("| arm | runs | warm | at half budget | at budget | reached target | time to target, geo-mean s |")
+    print("|---|---|---|---|---|---|---|")
+    for arm, (slot, peers) in PART3_ARMS.items():
+        points = [curve[(seed, slot, p)] for seed in seeds for p in peers if (seed, slot, p) in curve]
+        if not points:
             continue
-        if all(b[2] < 1 and b[0] <= 0.9 for b in (full, half)):
-            verdict = "supported"
-        elif half[1] > 0.9:
-            verdict = "refuted at this scale"
-        else:
-            verdict = "inconclusive"
-        print(f"  {arm}: {verdict}")
+        hits = [time_to_target(c, target, budget) for c in points]
+        print(
+            f"| {arm} | {len(points)} | {statistics.fmean(c[0]['accuracy'] for c in points):.3f} | "
+            f"{statistics.fmean(accuracy_at(c, budget / 2) for c in points):.3f} | "
+            f"{statistics.fmean(accuracy_at(c, budget) for c in points):.3f} | "
+            f"{sum(not h['censored'] for h in hits)}/{len(hits)} | "
+            f"{math.exp(statistics.fmean(math.log(h['seconds']) for h in hits)):.1f} |"
+        )
+    print("\nphi = (gain_swarm - gain_A_N/2) / (gain_A_N - gain_A_N/2) at equal steps:")
+    phi_report(curve, seeds, {arm: PART3_ARMS[arm] for arm in PART3_SWARM_ARMS})
+
+    def judged_times(arm, seed):
+        slot, peers = PART3_ARMS[arm]
+        keys = [(seed, slot, p) for p in peers]
+        if not all(k in curve for k in keys):
+            return None
+        return math.exp(statistics.fmean(math.log(time_to_target(curve[k], target, budget)["seconds"]) for k in keys))
+
+    print(
+        f"\nwall-time ratio swarm / alone, time to target {target:.2f} (descriptive; geometric mean, 95% t-interval):"
+    )
+    print("| comparison | n | ratio | 95% interval | swarm faster / slower |")
+    print("|---|---|---|---|---|")
+    for arm in PART3_SWARM_ARMS:
+        for alone in ALONE_ARMS:
+            logs = [
+                math.log(judged_times(arm, s) / judged_times(alone, s))
+                for s in seeds
+                if judged_times(arm, s) and judged_times(alone, s)
+            ]
+            if len(logs) >= 2:
+                mean, low, high = t_interval(logs)
+                print(f"| {arm} vs {alone} | {len(logs)} | {math.exp(mean):.3f} | [{math.exp(low):.3f}, "
+                      f"{math.exp(high):.3f}] | {sum(v < 0 for v in logs)} / {sum(v > 0 for v in logs)} |")  # fmt: skip
+    print(
+        "\noption comparisons (pre-registered H5, H5a, sharing, H6): gain difference at equal steps (option - baseline; accuracy over"
+    )
+    print(
+        "the warm model at the last step both reached), 95% t-interval, sign counts, Holm over the 4; time-to-target"
+    )
+    print("ratio option / baseline (secondary):")
+    print(
+        "| comparison | n | gain option | gain baseline | difference | 95% interval | + / - | Holm p | time-to-target ratio [95%] |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    rows, pvalues = [], {}
+    for option, baseline in PART3_COMPARISONS:
+        (slot_o, peers_o), (slot_b, peers_b) = PART3_ARMS[option], PART3_ARMS[baseline]
+        diffs, gains, logs = [], [], []
+        for seed in seeds:
+            keys_o = [(seed, slot_o, p) for p in peers_o]
+            keys_b = [(seed, slot_b, p) for p in peers_b]
+            if not all(k in curve for k in keys_o + keys_b):
+                continue
+            step = min(curve[k][-1]["step"] for k in keys_o + keys_b)
+            warm = curve[keys_o[0]][0]["accuracy"]
+            at_o = [accuracy_at_step(curve[k], step) for k in keys_o]
+            at_b = [accuracy_at_step(curve[k], step) for k in keys_b]
+            if any(v is None for v in at_o + at_b):
+                continue
+            gain_o, gain_b = statistics.fmean(at_o) - warm, statistics.fmean(at_b) - warm
+            diffs.append(gain_o - gain_b)
+            gains.append((gain_o, gain_b))
+            logs.append(math.log(judged_times(option, seed) / judged_times(baseline, seed)))
+        name = f"{option} vs {baseline}"
+        pvalues[name] = t_pvalue(diffs) if len(diffs) >= 2 else math.nan
+        rows.append((name, diffs, gains, logs))
+    adjusted = holm(pvalues)
+    for name, diffs, gains, logs in rows:
+        if len(diffs) < 2:
+            continue
+        mean, low, high = t_interval(diffs)
+        lmean, llow, lhigh = t_interval(logs)
+        print(
+            f"| {name} | {len(diffs)} | {statistics.fmean(g[0] for g in gains):+.3f} | {statistics.fmean(g[1] for g in gains):+.3f} | "
+            f"{mean:+.3f} | [{low:+.3f}, {high:+.3f}] | {sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)} | "
+            f"{adjusted[name]:.3f} | {math.exp(lmean):.2f} [{math.exp(llow):.2f}, {math.exp(lhigh):.2f}] |"
+        )
+    print("\ndecision rule (pre-registered): an option becomes a default only where its comparison is positive and")
+    print(
+        "distinguishable after Holm, and its time-to-target ratio is not above 1 by its interval; otherwise it stays an option."
+    )
 
 
 def propose_target(curve: dict, seeds: list[int], budget: float) -> float | None:
@@ -800,7 +1018,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed, budget / 6: a smoke test")
     parser.add_argument("--pilot", action="store_true", help=f"pilot seeds {PILOT_SEEDS}: fixes TARGET")
     parser.add_argument("--seeds", help="e.g. 0-11 or 0,3,5 (default: the grid's 0-11, the pilot's, quick's)")
-    parser.add_argument("--slots", nargs="+", choices=SLOTS, default=list(SLOTS))
+    parser.add_argument(
+        "--part3", action="store_true", help="part 3's slots (PART3_SLOTS) into time_to_target-part3.jsonl, summarised "
+        "with the grid's alone and swarm runs of the same seeds"
+    )  # fmt: skip
+    parser.add_argument("--slots", nargs="+", choices=sorted(set(SLOTS + PART3_SLOTS)), default=None)
     parser.add_argument("--steps", type=int, help=f"cap on the steps of every run (default {MAX_STEPS})")
     parser.add_argument("--summary-only", action="store_true", help="summarise the raw records, run nothing")
     parser.add_argument("--eval-size", type=int, default=None, help="held-out problems (default: all 822)")
@@ -823,7 +1045,10 @@ def main() -> None:
     if options.steps:
         MAX_STEPS = options.steps
     LR_OVERRIDE = options.lr
-    tag = options.tag if options.tag is not None else "-quick" if options.quick else "-pilot" if options.pilot else ""
+    if options.slots is None:
+        options.slots = list(PART3_SLOTS if options.part3 else SLOTS)
+    default_tag = "-quick" if options.quick else "-pilot" if options.pilot else ""
+    tag = options.tag if options.tag is not None else ("-part3" + default_tag if options.part3 else default_tag)
     seeds = (
         parse_seeds(options.seeds)
         if options.seeds
@@ -838,6 +1063,8 @@ def main() -> None:
     raw = RESULTS / f"time_to_target{tag}.jsonl"
     records = [json.loads(line) for line in raw.read_text().splitlines() if line.strip()] if raw.exists() else []
     if options.summary_only:
+        if options.part3:
+            return summarise_part3(records, target, budget)
         return summarise(records, target, budget, options.pilot)
     git = ["git", "rev-parse", "--short", "HEAD"]
     rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout
@@ -875,12 +1102,16 @@ def main() -> None:
                     flush=True,
                 )
         records += evaluate_pending(records, sink, options.cache, eval_size)
-    summarise(records, target, budget, options.pilot)
+    if options.part3:
+        summarise_part3(records, target, budget)
+    else:
+        summarise(records, target, budget, options.pilot)
 
 
 def build_warm(cache: Path, seeds: list[int], slots: list[str]) -> None:
     """Build the missing warm models, two at a time (one a core)."""
     names = ["big"] + (["small"] if any(s.startswith("hetero") for s in slots) else [])
+    names += [name for prefix, name in (("arch", "qwen2"), ("tok", "bpe")) if any(s.startswith(prefix) for s in slots)]
     missing = [(n, s) for s in seeds for n in names if not (cache / f"carry-{n}-seed{s}" / "config.json").exists()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     running: list[subprocess.Popen] = []
