@@ -6,6 +6,7 @@ than training alone, in a generation-bound regime? A pre-registered experiment (
     OMP_NUM_THREADS=1 python benchmarks/time_to_target.py | tee benchmarks/results/time_to_target.txt   # the grid
     OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --seeds 0-3 --slots alone homog-sync   # a piece
     python benchmarks/time_to_target.py --summary-only | tee benchmarks/results/time_to_target.txt
+    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --part3 | tee benchmarks/results/time_to_target-part3.txt  # part 3
 
 Task and model. Carry-chain addition of two 2-digit numbers ([`trl_ftis.tasks.carry_chain`]): the prompt
 `"37+86="` (6 characters) is answered by the chain `"7+6=13,3+8+1=12;123"` (up to 20 tokens with EOS), so a step is
@@ -75,6 +76,12 @@ per warm model (kind "warm", its accuracy at step 0), to `benchmarks/results/tim
 `-quick`); the printed summary is saved with `tee` into `benchmarks/results/time_to_target.txt`. Resumable: a slot
 whose run records are in the file is skipped, and so is a checkpoint already evaluated; the snapshots wait under
 `--work` (default /tmp/ftis-ttt-work) until evaluated.
+
+Part 3 (`--part3`, pre-registered in `time_to_target.md`, "Part 3"): the same protocol for the slots `PART3_SLOTS`,
+into `time_to_target-part3.jsonl`: the alone and homog-sync baselines rerun, co-trainers of other kinds (a LoRA copy,
+a Qwen2, a Llama with a BPE tokenizer and `cross_tokenizer`), and two options (shared prompts with and without
+`collaboration_mode="horizontal"`; `peer_weighting="ess"` next to the BPE partner); summarised by `summarise_part3`
+(phi per partner kind, the options' gain differences at equal steps with Holm over `PART3_COMPARISONS`).
 """
 
 from __future__ import annotations
