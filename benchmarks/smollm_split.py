@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import statistics
@@ -47,6 +48,12 @@ CONFIGS = {
 LORA_ARGS = ["--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0.0",
              "--lora_target_modules", "q_proj", "k_proj", "v_proj", "o_proj"]  # fmt: skip
 LEARNING_RATE = {False: "1e-5", True: "5e-4"}  # full fine-tuning, LoRA (the demo's)
+#: The learning side, transferred from the tiny models (not measured on SmolLM2): phi of the swarm's partner kind with
+#: its 95% bootstrap interval (benchmarks/results/time_to_target-part3.txt: a LoRA partner of a full model for `demo`,
+#: a copy of the learner for `long`'s two LoRA copies) and the batch scaling beta = steps(A_N/2) / steps(A_N)
+#: (benchmarks/results/time_to_target.txt, a censored lower bound).
+PHI = {"demo": (0.65, 0.46, 0.87), "long": (1.07, 0.87, 1.33)}
+BETA = 2.66
 
 
 def peer_command(model: Path, data: Path, out: Path, peer_id: str, config: dict, *, lora: bool, rows: int, steps: int,
@@ -122,6 +129,25 @@ def shares(record: dict) -> tuple[float, float]:
     return sum(record["generation_seconds"][1:]) / step, sum(record["exchange_seconds"][1:]) / step
 
 
+def steps_ratio(phi: float, beta: float, own_share: float) -> float:
+    """Steps to a target of a swarm peer against an alone arm, when steps scale as rows^-log2(beta) and a peer row
+    counts phi of an own row: the swarm trains on own_share x (1 + phi) of the alone arm's rows (own_share 1/2 against
+    A_N, 1 against A_N/2)."""
+    return (own_share * (1 + phi)) ** -math.log2(beta)
+
+
+def predicted_wall_ratios(ratios: dict, phi: tuple[float, float, float], beta: float):
+    """(baseline, (point, low), high) of the predicted wall ratio: the measured step-time ratio (with its bootstrap
+    interval) times [`steps_ratio`] (at phi's point and interval ends); the interval spans the corners."""
+    out = []
+    for baseline, own_share in (("alone-rows", 0.5), ("alone", 1.0)):
+        step = ratios[baseline]
+        corners = [s * steps_ratio(p, beta, own_share) for s in (step["low"], step["high"]) for p in phi[1:]]
+        point = step["ratio"] * steps_ratio(phi[0], beta, own_share)
+        out.append((baseline, (point, min(corners)), max(corners)))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
@@ -189,6 +215,14 @@ def main() -> None:
         print(f"  predicted {swarm[0]} / alone-rows: 1 - f(1 - 1/2) + r = 1 - {f_rows:.3f}/2 + {r_swarm:.3f} = "
               f"{predicted:.3f}")  # fmt: skip
         print(f"  {swarm[0]}: {learner['collaboration']}")
+        ratios = {
+            b: ratio_interval(learner["step_seconds"][1:], arms[b]["step_seconds"][1:])
+            for b in ("alone-rows", "alone")
+        }
+        for baseline, low, high in predicted_wall_ratios(ratios, PHI[name], BETA):
+            print(f"  predicted wall ratio to a target, {swarm[0]} / {baseline}: {low[0]:.2f} (interval {low[1]:.2f}-"
+                  f"{high:.2f}; step-time ratio x steps ratio ((1 + phi) / P')^-log2(beta), phi {PHI[name][0]} "
+                  f"[{PHI[name][1]}, {PHI[name][2]}] and beta {BETA} from the tiny models)")  # fmt: skip
     options.out.parent.mkdir(parents=True, exist_ok=True)
     options.out.write_text("".join(json.dumps(record) + "\n" for record in records))
 
