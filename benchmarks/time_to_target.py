@@ -17,7 +17,8 @@ GRPO with the carry-chain reward
 (1.0 for the exact answer + 0.5 x the fraction of right steps), 8 completions a prompt, up to 20 completion tokens,
 beta 0, constant learning rate `LR`. Own rows a step: `OWN_ROWS` = 32 (4 prompts x 8). Measured generation share f
 (TRL's `_generate` seconds / step seconds, one pinned process): 0.52 at 64 rows, 0.60 at 32 rows (random weights,
-20 tokens; /tmp/profile_findings.md of the run that chose these settings).
+20 tokens, measured when these settings were chosen; that profile was not kept. The runs' own split by the
+ledger: `benchmarks/step_split.py`, results `time_to_target-part3-split.txt`).
 
 Pre-registration (verbatim in `benchmarks/time_to_target.md`, written before the grid was run).
 
