@@ -34,13 +34,24 @@ demo: $(VENV)/.demo-installed
 demo-tiny: install
 	$(PY) examples/quick_demo.py $(ARGS)
 
-test: install
+# The system services some tests use (redis-server; slurm-wlm and munge), installed once per .venv where the machine
+# allows; where it does not, those tests skip with the reason. `rm .venv/.test-services` tries again.
+$(VENV)/.test-services: tests/provision_services.sh | $(PY)
+	bash tests/provision_services.sh
+	touch $@
+
+# The tests never reach the Hugging Face Hub.
+test test-slow test-all: export HF_HUB_OFFLINE := 1
+test test-slow test-all: export TRANSFORMERS_OFFLINE := 1
+test test-slow test-all: export HF_DATASETS_OFFLINE := 1
+
+test: install $(VENV)/.test-services
 	$(PY) -m pytest $(ARGS)
 
-test-slow: install
+test-slow: install $(VENV)/.test-services
 	$(PY) -m pytest -m slow $(ARGS)
 
-test-all: install
+test-all: install $(VENV)/.test-services
 	$(PY) -m pytest -m "slow or not slow" $(ARGS)
 
 # TRL's own GRPOTrainer tests run against FTISTrainer, compared with stock GRPOTrainer's outcome (docs/testing.md).

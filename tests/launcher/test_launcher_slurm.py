@@ -13,6 +13,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import signal
 import socket
 import stat
@@ -431,10 +432,7 @@ def test_peer_job_on_several_nodes_runs_accelerate_per_node():
 
 @pytest.mark.redis
 def test_redis_job_serves_with_a_password_and_stops_on_sigterm(tmp_path):
-    import shutil
-
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server not installed")
+    _requires_redis_server()
     secret = tmp_path / "redis.secret"
     secret.write_text('p"w\\x\n')  # quotes and backslashes survive the config file
     job = RedisJob(
@@ -525,6 +523,15 @@ def _assert_no_job_left(cluster, run_dir: Path):
     assert not [job for job in cluster.jobs() if job[0] in ids], cluster.jobs()
 
 
+def _requires_redis_server() -> None:
+    """Skip, naming what is missing, when the launcher's Redis job cannot run here (no redis-server on PATH)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip(
+            "redis-server not installed: the launcher's Redis job runs it (tests/provision_services.sh, run by "
+            "`make test`, installs it where the machine allows)"
+        )
+
+
 def _stand_in_config(cluster, **args) -> dict:
     return {
         "launcher": "slurm",
@@ -540,6 +547,7 @@ def _stand_in_config(cluster, **args) -> dict:
 def test_slurm_two_tiny_peers_train_through_the_launchers_redis_job(tmp_path, slurm_cluster):
     """A real swarm on SLURM: a Redis job, then two tiny peers (examples/tiny_peer.py) as two jobs that exchange their
     completions through it (with a password the launcher made and never showed), logs and summaries gathered."""
+    _requires_redis_server()
     from peer_processes import COMMON
 
     config = {
@@ -585,6 +593,7 @@ def test_slurm_failing_peer_cancels_every_other_job(tmp_path, slurm_cluster, how
     would run 2 more minutes) and the Redis job, and exits 1."""
     config = _stand_in_config(slurm_cluster)
     if how == "exit_code":
+        _requires_redis_server()  # the other case exchanges over a directory
         config["peers"][1]["args"] = {"hold": 1, "exit_code": 3}
     else:  # and over a shared directory instead of the Redis job
         config["peers"][1]["slurm"] = {"setup": ["echo setup failed >&2", "exit 7"]}
@@ -630,6 +639,7 @@ def _start_launcher(tmp_path, config, *extra):
 def test_slurm_sigint_cancels_every_job(tmp_path, slurm_cluster):
     """Ctrl-C (SIGINT) to the launcher: the running peers get SIGTERM, b ignores it and is cancelled after the grace
     period, the Redis job is cancelled, nothing of the swarm is left in the queue; exit code 130."""
+    _requires_redis_server()
     config = _stand_in_config(slurm_cluster)
     config["peers"][1]["args"] = {"ignore_sigterm": True}
     run_dir, out_path, proc = _start_launcher(tmp_path, config, "--grace", "2")
@@ -664,6 +674,7 @@ def test_slurm_sigint_cancels_every_job(tmp_path, slurm_cluster):
 def test_slurm_refused_submission_cancels_the_rest(tmp_path, slurm_cluster):
     """sbatch refuses peer b's job (no such partition): nothing runs, the Redis job and peer a are cancelled, exit 1,
     and the error names the peer."""
+    _requires_redis_server()
     config = _stand_in_config(slurm_cluster)
     config["peers"][1]["slurm"] = {"partition": "no-such-partition"}
     result, run_dir = _launch(tmp_path, config, "--grace", "2", timeout=120)
