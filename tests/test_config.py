@@ -180,3 +180,15 @@ def test_building_a_config_reads_neither_the_environment_nor_a_file(monkeypatch,
 def test_the_secret_help_says_when_the_environment_is_read():
     help_text = FTISConfig.__dataclass_fields__["swarm_secret"].metadata["help"]
     assert "$FTIS_SWARM_SECRET, read when the trainer starts" in help_text
+
+
+def test_credentials_describe_how_messages_are_authenticated():
+    from trl_ftis.config import SwarmCredentials
+
+    assert SwarmCredentials(None, None, None).describe().startswith("none: messages are neither signed nor checked")
+    assert SwarmCredentials("s", None, None).describe() == "a shared swarm secret (HMAC)"
+    keys = SwarmCredentials("s", object(), {"a": object(), "b": object()}).describe()
+    assert keys.startswith("per-peer keys (Ed25519; 2 registered") and keys.endswith(
+        "and a shared swarm secret (HMAC)"
+    )
+    assert "none are required" in SwarmCredentials(None, object(), None).describe()

@@ -55,6 +55,21 @@ class SwarmCredentials(NamedTuple):
     public_keys: dict[str, Any] | None
     """Peer id -> Ed25519 public key, or `None`."""
 
+    def describe(self) -> str:
+        """How this peer's messages are authenticated, in one line (logged when a trainer joins its swarm)."""
+        parts = []
+        if self.public_keys is not None:
+            parts.append(
+                f"per-peer keys (Ed25519; {len(self.public_keys)} registered, only their signatures accepted)"
+            )
+        elif self.private_key is not None:
+            parts.append("this peer's key (Ed25519) signs its messages; no peer keys registered, so none are required")
+        if self.secret is not None:
+            parts.append("a shared swarm secret (HMAC)")
+        if not parts:
+            return "none: messages are neither signed nor checked; anyone who can write to the exchange can send rows"
+        return " and ".join(parts)
+
 
 @dataclass
 class FTISConfig(GRPOConfig):

@@ -116,6 +116,7 @@ def connect_swarm(
 ) -> Swarm:
     """The [`Swarm`] client of a trainer with `config` (its `exchange_url`, peer id, bounds) signing and verifying
     with `credentials` ([`FTISConfig.swarm_credentials`]: the secret and key objects, read once by the trainer)."""
+    logger.warning("Peer %r: message authentication: %s.", config.peer_id, credentials.describe())
     return Swarm(
         config.exchange_url,
         peer_id=config.peer_id,
