@@ -92,6 +92,7 @@ def peer_command(peer: str, setting: str, seed: int, checkpoint: Path, run_dir: 
     args = {
         # The tiny models' CPU settings (the same as tiny_grpo_config's): 128 rows a step, constant lr 2e-4, ...
         **TINY_GRPO_SETTINGS,
+        "preset": "paper",  # the paper's TRL options, as tiny_grpo_config's FTISConfig
         "peer_id": peer,
         "output_dir": run_dir / peer,
         "model_name_or_path": checkpoint,

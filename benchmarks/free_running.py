@@ -60,6 +60,7 @@ COMMON = {
     "num_generations": 8,
     "max_completion_length": 6,
     "learning_rate": 1e-3,
+    "preset": "paper",
     "reward": "digit_match",
     "bf16": False,
     "use_cpu": True,

@@ -68,6 +68,7 @@ def peer_args(args, model: Path, train: Path) -> dict:
         "top_k": 50,  # the paper's sampling; the published log-probs are then the teacher-forced full-softmax ones
         "learning_rate": args.learning_rate,
         "lr_scheduler_type": "constant",
+        "preset": "paper",  # the paper's TRL options: loss_type grpo, no dropout, fp32 LM head in bf16
         "bf16": args.bf16 and not args.cpu,
         "use_cpu": args.cpu,
         "gradient_checkpointing": False,

@@ -15,6 +15,7 @@ COMMON = {
     "num_generations": 8,
     "max_completion_length": 6,
     "learning_rate": 1.0e-3,
+    "preset": "paper",
     "reward": "digit_match",
     "bf16": False,
     "use_cpu": True,

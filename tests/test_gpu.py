@@ -23,7 +23,7 @@ def gpu_args(tmp_path, **overrides):
     settings = dict(
         output_dir=str(tmp_path / "out"), per_device_train_batch_size=16, num_generations=8,
         max_completion_length=6, max_steps=2, learning_rate=1e-3, logging_steps=1, report_to=[],
-        save_strategy="no", seed=0, bf16=False, gradient_checkpointing=False,
+        save_strategy="no", seed=0, bf16=False, gradient_checkpointing=False, preset="paper",
     )  # fmt: skip
     settings.update(overrides)
     return FTISConfig(**settings)

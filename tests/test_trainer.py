@@ -46,8 +46,10 @@ def last_metrics(trainer):
 # --------------------------------------------------------------------------------------------------------------------
 # Configuration
 # --------------------------------------------------------------------------------------------------------------------
-def test_config_defaults_follow_the_paper(make_args):
+def test_the_tiny_settings_use_the_paper_preset(make_args):
+    """`make_args` (the tiny CPU settings) starts from `preset="paper"`; TRL's own defaults: tests/test_dropin.py."""
     args = make_args()
+    assert args.preset == "paper"
     assert (args.variant, args.is_cap, args.kl_threshold, args.kl_reduction) == ("f-tis", 2.0, 50.0, "group_max_len")
     assert (args.loss_type, args.beta, args.disable_dropout, args.epsilon) == ("grpo", 0.0, True, 0.2)
     assert args.cast_lm_head_to_fp32 is False  # fp32 training: nothing to cast
@@ -85,9 +87,10 @@ def test_every_ftis_field_is_documented_and_parsable():
         assert field.metadata.get("help"), name
         assert f"\n        {name} (`" in FTISConfig.__doc__, name  # documented under Parameters
     assert FTISConfig.__doc__.count("Parameters:") == 1
-    for name in ("loss_type", "beta", "disable_dropout", "cast_lm_head_to_fp32"):  # changed inherited defaults
-        assert FTISConfig.__dataclass_fields__[name].metadata.get("help"), name
-        assert f"> - `{name}`:" in FTISConfig.__doc__, name
+    from trl_ftis.config import PRESETS
+
+    for name in PRESETS["paper"]:  # the preset's options, each explained in the class's note
+        assert f"> - `{name}=" in FTISConfig.__doc__, name
     (args,) = HfArgumentParser(FTISConfig).parse_args_into_dataclasses(
         ["--output_dir", "/tmp/x", "--bf16", "false", "--use_cpu", "true", "--variant", "tis", "--is_cap", "3"]
     )

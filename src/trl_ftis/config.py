@@ -1,4 +1,5 @@
-"""`FTISConfig`: `GRPOConfig` plus the F-TIS options, with the paper's defaults."""
+"""`FTISConfig`: `GRPOConfig` (every default as TRL sets it) plus the F-TIS options, and the paper's settings of
+TRL's options as one preset (`PRESETS`)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,24 @@ COLLABORATION_MODES = ("vertical", "horizontal")
 PEER_WEIGHTINGS = ("none", "ess")
 # The round inside the step, in a background worker one round late, or free-running: never waiting (rounds.py).
 EXCHANGE_MODES = ("sync", "async", "free")
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "paper": {
+        # The paper's aggregation: the mean over completions of each completion's token mean (TRL: "dapo").
+        "loss_type": "grpo",
+        # With dropout on, generation and scoring differ and even a peer's own rows are off-policy (TRL: False).
+        "disable_dropout": True,
+        # Log-probs are compared across models: bf16 noise summed over a completion moves the filter statistic.
+        # `None` here: on with bf16/fp16, off in fp32, where it changes nothing (TRL: False).
+        "cast_lm_head_to_fp32": None,
+    },
+}
+"""`FTISConfig.preset`: named sets of TRL's own options. A preset sets only the options not given,
+so a value given (TRL's default included) wins; the rest of the paper's recipe (G = 12, top-k 50, ...) is in
+`examples/configs/`."""
+_LOGGED_PRESETS: set[str] = set()  # each preset's one start-up line, once per process
+TRL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+"""`GRPOConfig`'s field defaults, as TRL sets them (an option a preset may set resolves to these without one)."""
 
 
 class SwarmCredentials(NamedTuple):
@@ -225,6 +244,10 @@ class FTISConfig(GRPOConfig):
             weight `min(exp(Σ ℓθ - Σ ℓgen), C)` and the sequence-level filter statistic (`docs/objective.md`,
             "Peers with other tokenizers"). This peer then also sends its own completions' text (about one byte per
             character more on the wire).
+        preset (`str` or `None`, *optional*, defaults to `None`):
+            A named set of TRL's own options to start from: `"paper"`, the paper's objective settings (see the note
+            below and [`PRESETS`]). It sets only the options not given, and logs once what it set. `None`: every
+            `GRPOConfig` default as TRL sets it.
         text_level_peer_rows (`bool`, *optional*, defaults to `False`):
             With `cross_tokenizer`: treat the rows of peers that share this tokenizer as text too (re-tokenised,
             sequence-level weight), as if their tokenizer differed. For measuring what the cross-tokenizer
@@ -232,19 +255,21 @@ class FTISConfig(GRPOConfig):
             trained on token by token.
 
     > [!NOTE]
-    > These parameters have default values different from [`~trl.GRPOConfig`] (TRL 1.16):
-    > - `loss_type`: Defaults to `"grpo"` instead of `"dapo"`: the paper's aggregation, the mean over completions of
-    >   each completion's token mean. Every other TRL loss type works too (`"bnpo"`, `"dr_grpo"`, `"dapo"`,
-    >   `"luspo"`, `"cispo"`, `"sapo"`, `"vespo"`), as does `importance_sampling_level="sequence"` (GSPO): F-TIS acts
-    >   through the advantage, which every one of them is linear in (`docs/objective.md`, "Every TRL loss").
-    > - `beta`: Pinned to `0.0` (TRL's default too): the paper uses no KL-to-reference term, and a change of TRL's
-    >   default must not turn one on.
-    > - `disable_dropout`: Defaults to `True` instead of `False`: with dropout on, generation and scoring differ and
-    >   even a peer's own samples are off-policy.
-    > - `cast_lm_head_to_fp32`: Defaults to `True` with `bf16`/`fp16` and `False` in fp32 (where it changes nothing),
-    >   instead of `False`: log-probs are compared across models, and bf16 noise summed over a completion would push
-    >   the filter statistic across its threshold. The trainer turns it off, with a warning, for a LoRA model with
-    >   tied embeddings, which TRL cannot cast.
+    > Every parameter inherited from [`~trl.GRPOConfig`] keeps TRL's default (TRL 1.16: `loss_type="dapo"`,
+    > `beta=0.0`, `disable_dropout=False`, `cast_lm_head_to_fp32=False`), so `FTISConfig` with the flags of a
+    > `GRPOConfig` trains what `GRPOTrainer` trains, plus peers. F-TIS is defined for every TRL loss type
+    > (`docs/objective.md`, "Every TRL loss"). The paper's settings of those options are one preset,
+    > `preset="paper"` ([`PRESETS`]):
+    > - `loss_type="grpo"`: the paper's aggregation, the mean over completions of each completion's token mean;
+    > - `disable_dropout=True`: with dropout on, generation and scoring differ and even a peer's own samples are
+    >   off-policy;
+    > - `cast_lm_head_to_fp32=True` with `bf16`/`fp16` (off in fp32, where it changes nothing): log-probs are
+    >   compared across models, and bf16 noise summed over a completion would push the filter statistic across its
+    >   threshold. The trainer turns it off, with a warning, for a LoRA model with tied embeddings, which TRL cannot
+    >   cast.
+    >
+    > The preset sets only the options not given (a value given, TRL's default included, wins) and logs once what
+    > it set. A swarm peer in bf16/fp16 without `cast_lm_head_to_fp32` gets one warning at start.
 
     > [!TIP]
     > `FTISConfig()` is not the paper's full training recipe: the rest of its defaults are TRL's. Where they differ
@@ -465,33 +490,68 @@ class FTISConfig(GRPOConfig):
         },
     )
 
-    # Inherited options whose defaults follow the paper (listed in the docstring's note).
-    loss_type: str = field(
-        default="grpo",
+    preset: str | None = field(
+        default=None,
         metadata={
-            "help": "TRL's loss. F-TIS uses 'grpo' (the paper's: mean over completions of each completion's token "
-            "mean); every other TRL loss type works too: 'bnpo', 'dr_grpo', 'dapo', 'luspo', 'cispo', 'sapo', 'vespo'.",
+            "help": "A named set of TRL options to start from: 'paper' (the paper's objective settings: "
+            "loss_type='grpo', disable_dropout=True, cast_lm_head_to_fp32 with bf16/fp16; see PRESETS). It sets "
+            "only the options not given, and logs what it set. Default: none, every GRPOConfig default as TRL sets "
+            "it.",
         },
     )
-    beta: float = field(
-        default=0.0,
-        metadata={"help": "KL coefficient towards a reference model. The paper uses none (0.0)."},
+
+    # TRL's options a preset may set: `None` means "not given", resolved in `__post_init__` to the preset's value or
+    # TRL's default, so that a value given (TRL's default included) always wins over the preset.
+    loss_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "TRL's loss ('dapo', 'grpo', 'dr_grpo', 'bnpo', 'cispo', 'sapo', 'luspo', 'vespo'); F-TIS works "
+            "with each. Default: TRL's ('dapo'), or the preset's ('paper': 'grpo').",
+        },
     )
-    disable_dropout: bool = field(
-        default=True,
-        metadata={"help": "Disable dropout: with dropout, generation and scoring differ and own rows are off-policy."},
+    disable_dropout: bool | None = field(
+        default=None,
+        metadata={"help": "Disable dropout in the model. Default: TRL's (False), or the preset's ('paper': True)."},
     )
     cast_lm_head_to_fp32: bool | None = field(
         default=None,
         metadata={
-            "help": "Compute the LM head and log-probs in fp32 (F-TIS compares log-probs across models). Default: on "
-            "with bf16/fp16, off in fp32 (where it changes nothing)."
+            "help": "Compute the LM head in fp32 (untied embeddings only). Default: TRL's (False), or the preset's "
+            "('paper': on with bf16/fp16)."
         },
     )
 
     def __post_init__(self):
+        if self.preset is not None and self.preset not in PRESETS:
+            raise ValueError(f"Unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)} (or none).")
+        changed = self._resolve_preset_options(("loss_type", "disable_dropout"))
         super().__post_init__()
+        # After TRL's set-up, which decides `bf16` (on unless fp16), on which the preset's fp32 head depends.
+        changed += self._resolve_preset_options(("cast_lm_head_to_fp32",))
+        if changed:
+            line = f"preset={self.preset!r} sets " + ", ".join(changed)
+            if line not in _LOGGED_PRESETS:
+                _LOGGED_PRESETS.add(line)
+                logger.warning("%s.", line)
         self._validate_ftis()
+
+    def _resolve_preset_options(self, names: tuple[str, ...]) -> list[str]:
+        """Each of `names` not given (`None`) gets the preset's value, or TRL's default without a preset; returns
+        what the preset set, for the start-up line."""
+        preset = PRESETS.get(self.preset, {})
+        changed = []
+        for name in names:
+            if getattr(self, name) is not None:
+                continue
+            value = TRL_DEFAULTS[name]
+            if name in preset:
+                value = preset[name]
+                if name == "cast_lm_head_to_fp32" and value is None:
+                    value = bool(self.bf16 or self.fp16)
+                if value != TRL_DEFAULTS[name]:
+                    changed.append(f"{name}={value!r} (TRL's default: {TRL_DEFAULTS[name]!r})")
+            setattr(self, name, value)
+        return changed
 
     @classmethod
     def from_grpo_config(cls, config: GRPOConfig) -> FTISConfig:
@@ -500,9 +560,8 @@ class FTISConfig(GRPOConfig):
         defaults of the F-TIS fields, so that `FTISTrainer(..., args=GRPOConfig(...))` runs what the `GRPOConfig`
         says.
 
-        The fields whose `FTISConfig` default differs from TRL's (`loss_type`, `beta`, `disable_dropout`,
-        `cast_lm_head_to_fp32`) keep `config`'s values, TRL's defaults included: a drop-in replacement trains with
-        the settings it was given. `config` is not changed.
+        No preset is applied: a drop-in replacement trains with the settings it was given. `config` is not
+        changed.
 
         How: a new `FTISConfig` is created without running the dataclass constructor (`object.__new__`), every
         attribute of `config` is copied into it as it is (shallowly, like `copy.copy`: every field, including what
@@ -527,8 +586,6 @@ class FTISConfig(GRPOConfig):
 
     def _validate_ftis(self):
         """Checks (and completes) the F-TIS and swarm fields; `GRPOConfig.__post_init__` has run."""
-        if self.cast_lm_head_to_fp32 is None:
-            self.cast_lm_head_to_fp32 = bool(self.bf16 or self.fp16)
         self.variant = parse_variant(self.variant).name  # raises ValueError on an unknown name
         if not self.is_cap >= 1.0:  # also rejects NaN
             raise ValueError(
@@ -589,6 +646,14 @@ class FTISConfig(GRPOConfig):
         check_peer_id(self.peer_id, "peer_id")
         if self.exchange_url is not None:
             self.exchange_url = normalise_exchange_url(self.exchange_url)
+            if (self.bf16 or self.fp16) and not self.cast_lm_head_to_fp32 and "lm_head_fp32" not in _LOGGED_PRESETS:
+                _LOGGED_PRESETS.add("lm_head_fp32")
+                logger.warning(
+                    "cast_lm_head_to_fp32 is off (TRL's default) in %s: peers compare log-probs across models, and "
+                    "half-precision noise summed over a completion moves the filter statistic. Set "
+                    "cast_lm_head_to_fp32=True (or preset='paper') unless this is what you measure.",
+                    "bf16" if self.bf16 else "fp16",
+                )
         if not self.peer_timeout >= 0:
             raise ValueError(f"peer_timeout must be >= 0 seconds, got {self.peer_timeout}.")
         for peer in self.expected_peers or []:

@@ -119,6 +119,7 @@ def _peer_config(run_dir: Path, base: Path, small: Path | None, settings: dict, 
             "temperature": settings["temperature"],
             "reward_weights": [1.0, 0.2],  # correctness, format (tasks.word_problems.DEFAULT_REWARD_FUNCS)
             "lr_scheduler_type": "constant",
+            "preset": "paper",  # the paper's TRL options (FTISConfig.preset)
             "max_grad_norm": 1.0,
             "expected_peers": names,
             "peer_timeout": 600,

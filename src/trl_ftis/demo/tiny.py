@@ -219,14 +219,17 @@ def tiny_grpo_config(output_dir: str, *, max_steps: int, seed: int = 0, config_c
     """A config for GRPO with these tiny models on a CPU ([`TINY_GRPO_SETTINGS`], then `overrides`).
 
     `config_class` is `FTISConfig` by default; TRL's `GRPOConfig` (or any subclass of it) gets the same settings.
-    This is the one source of the tiny CPU settings: the tests' `make_args` fixture, the quick demo and the CPU
-    benchmarks all start from it.
+    An `FTISConfig` starts from the paper's preset (`preset="paper"`, unless `overrides` name another or `None`),
+    which the demo, the benchmarks and most tests measure. This is the one source of the tiny CPU settings: the
+    tests' `make_args` fixture, the quick demo and the CPU benchmarks all start from it.
     """
-    if config_class is None:
-        from ..config import FTISConfig
+    from ..config import FTISConfig
 
+    if config_class is None:
         config_class = FTISConfig
     settings = {"output_dir": output_dir, "max_steps": max_steps, "seed": seed, **copy.deepcopy(TINY_GRPO_SETTINGS)}
+    if issubclass(config_class, FTISConfig):
+        settings["preset"] = "paper"
     settings.update(overrides)
     return config_class(**settings)
 
