@@ -184,8 +184,44 @@ class SummaryCallback(TrainerCallback):
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         summary = self.summary()
         (Path(args.output_dir) / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
-        with_peers = getattr(args, "exchange_url", None) is not None or summary["peer_value"]["rows_in_loss"] > 0
+        in_swarm = getattr(args, "exchange_url", None) is not None
+        with_peers = in_swarm or summary["peer_value"]["rows_in_loss"] > 0
         (logger.warning if with_peers else logger.info)("%s: %s.", summary["peer_id"], summary["collaboration"])
+        problem = exchange_warning(summary) if in_swarm else None
+        if problem is not None:
+            logger.warning("%s", problem)
+
+
+def exchange_warning(summary: Mapping[str, Any]) -> str | None:
+    """What a swarm peer's end-of-run summary must not keep quiet: it accepted no peer rows, or dropped more peer rows
+    than it accepted; with the counts by reason of the messages refused and the rows dropped. `None` when neither.
+
+    Messages and rows are counted apart: a refused message (bad signature, another swarm, ...) never yields rows, so
+    it is not compared with rows."""
+    accepted = int(summary.get("rows_accepted") or 0)
+    refused = {str(k): int(v) for k, v in (summary.get("refused") or {}).items()}
+    dropped = {str(k): int(v) for k, v in (summary.get("dropped") or {}).items()}
+    if accepted > 0 and sum(dropped.values()) <= accepted:
+        return None
+
+    def by_reason(counts: Mapping[str, int]) -> str:
+        return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    head = (
+        f"{summary.get('peer_id')}: accepted no peer rows"
+        if accepted == 0
+        else f"{summary.get('peer_id')}: dropped more peer rows ({sum(dropped.values())}) than it accepted ({accepted})"
+    )
+    parts = [f"received {int(summary.get('rows_received') or 0)} rows"]
+    parts.append(
+        f"refused {sum(refused.values())} messages ({by_reason(refused)})" if refused else "refused no messages"
+    )
+    if dropped:
+        parts.append(f"dropped {sum(dropped.values())} rows ({by_reason(dropped)})")
+    hint = ""
+    if {"signature", "unsigned"} & set(refused):
+        hint = "; the peers do not share one swarm secret or key set (docs/security.md)"
+    return f"{head}: {'; '.join(parts)}{hint}."
 
 
 # -- the value of peer rows ----------------------------------------------------------------------------------------
