@@ -1,47 +1,63 @@
 """trl-ftis: collaborative GRPO across heterogeneous models with Filtered Truncated Importance Sampling (F-TIS).
 
-The objective (`ftis_loss` and its parts) needs only torch; the trainer classes import TRL on first use, and the
-optional back-ends (vLLM, DeepSpeed, wandb, Redis) only when a run asks for them.
+Every export loads on first use: the objective (`ftis_loss` and its parts) imports torch, the trainer classes TRL,
+and the optional back-ends (vLLM, DeepSpeed, wandb, Redis) load only when a run asks for them.
 """
 
 from typing import TYPE_CHECKING
 
 from ._lazy import lazy_exports
-from .objective import (
-    KL_REDUCTIONS,
-    VARIANTS,
-    FTISTerms,
-    clipped_surrogate,
-    filter_keep_mask,
-    filter_statistic,
-    ftis_loss,
-    ftis_terms,
-    grpo_aggregate,
-    k3_per_token,
-    parse_variant,
-    truncated_importance_weights,
-)
 
 __version__ = "0.1.0.dev0"
 
-if TYPE_CHECKING:  # editors and type checkers see the lazily exported classes
+if TYPE_CHECKING:  # editors and type checkers see the lazily exported names
     from .config import FTISConfig
+    from .objective import (
+        KL_REDUCTIONS,
+        VARIANTS,
+        FTISTerms,
+        clipped_surrogate,
+        filter_keep_mask,
+        filter_statistic,
+        ftis_loss,
+        ftis_terms,
+        grpo_aggregate,
+        k3_per_token,
+        parse_variant,
+        truncated_importance_weights,
+    )
     from .peer_rows import PeerRow
     from .trainer import FTISTrainer
 
+_OBJECTIVE = (
+    "KL_REDUCTIONS",
+    "VARIANTS",
+    "FTISTerms",
+    "clipped_surrogate",
+    "filter_keep_mask",
+    "filter_statistic",
+    "ftis_loss",
+    "ftis_terms",
+    "grpo_aggregate",
+    "k3_per_token",
+    "parse_variant",
+    "truncated_importance_weights",
+)
+# Everything loads on first use, torch included, so that `trl-ftis --help`, `--version` and `keygen` start fast.
 _LAZY = {
+    **dict.fromkeys(_OBJECTIVE, "objective"),
     "FTISConfig": "config",
     "FTISTrainer": "trainer",
     "PeerRow": "peer_rows",
 }
 
 __all__ = [
+    "KL_REDUCTIONS",
+    "VARIANTS",
     "FTISConfig",
     "FTISTerms",
     "FTISTrainer",
-    "KL_REDUCTIONS",
     "PeerRow",
-    "VARIANTS",
     "clipped_surrogate",
     "filter_keep_mask",
     "filter_statistic",
