@@ -29,23 +29,7 @@ if TYPE_CHECKING:  # editors and type checkers see the lazily exported names
     from .peer_rows import PeerRow
     from .trainer import FTISTrainer
 
-_OBJECTIVE = (
-    "KL_REDUCTIONS",
-    "VARIANTS",
-    "FTISTerms",
-    "clipped_surrogate",
-    "filter_keep_mask",
-    "filter_statistic",
-    "ftis_loss",
-    "ftis_terms",
-    "grpo_aggregate",
-    "k3_per_token",
-    "parse_variant",
-    "truncated_importance_weights",
-)
-# Everything loads on first use, torch included, so that `trl-ftis --help`, `--version` and `keygen` start fast.
 _LAZY = {
-    **dict.fromkeys(_OBJECTIVE, "objective"),
     "FTISConfig": "config",
     "FTISTrainer": "trainer",
     "PeerRow": "peer_rows",
@@ -69,5 +53,8 @@ __all__ = [
     "truncated_importance_weights",
 ]
 
+# Everything loads on first use, torch included, so that `trl-ftis --help`, `--version` and `keygen` start fast:
+# the names not listed above come from the objective.
+_LAZY.update((name, "objective") for name in __all__ if name not in _LAZY)
 
 __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
