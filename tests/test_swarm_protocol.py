@@ -506,6 +506,32 @@ def test_keygen_round_trip(tokenizer, tmp_path, capsys, memory_url):
     assert len(a.collect(0).rows) == 4
 
 
+@pytest.mark.parametrize(
+    "make_bad",
+    [
+        pytest.param(lambda d: d / "missing-dir" / "peers.yaml", id="in-a-missing-directory"),
+        pytest.param(lambda d: (d / "peers.yaml").mkdir() or d / "peers.yaml", id="a-directory"),
+        pytest.param(lambda d: (d / "peers.yaml").write_text("{x: 1\n") and d / "peers.yaml", id="malformed"),
+        pytest.param(lambda d: (d / "peers.yaml").write_text('{"a": "k"}') and d / "peers.yaml", id="flow-mapping"),
+    ],
+)
+def test_keygen_with_a_bad_keys_file_writes_nothing_and_a_retry_works(tmp_path, capsys, make_bad):
+    """Check, then write: a keys file keygen cannot add to leaves no private key behind (which would refuse the
+    retry) and the keys file as it was."""
+    keys_dir = tmp_path / "keys"
+    bad = make_bad(tmp_path)
+    before = bad.read_bytes() if bad.is_file() else None
+    assert cli_main(["keygen", "a", "--dir", str(keys_dir), "--keys-file", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "--keys-file" in err and "Traceback" not in err
+    assert not (keys_dir / "a.key").exists()
+    assert (bad.read_bytes() if bad.is_file() else None) == before
+    assert [p.name for p in tmp_path.rglob(".*keygen-*")] == []  # no staged file left
+    good = tmp_path / "good.yaml"
+    assert cli_main(["keygen", "a", "--dir", str(keys_dir), "--keys-file", str(good)]) == 0  # the retry
+    assert set(load_public_keys(good)) == {"a"} and (keys_dir / "a.key").exists()
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # 7. The config: new fields, key files, the temperature range
 # --------------------------------------------------------------------------------------------------------------------

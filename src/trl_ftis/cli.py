@@ -102,6 +102,7 @@ def _add_keygen(subparsers) -> None:
 
 def _run_keygen(args: argparse.Namespace) -> int:
     import json
+    import os
     from pathlib import Path
 
     from .exchange import keys
@@ -116,38 +117,54 @@ def _run_keygen(args: argparse.Namespace) -> int:
         return fail(2, f"PEER_ID: {problem}")
     keys_file = Path(args.keys_file).expanduser() if args.keys_file else None
     registered: dict[str, str] = {}
-    if keys_file is not None and keys_file.exists() and keys_file.read_text(encoding="utf-8").strip():
+    existing = ""
+    if keys_file is not None and keys_file.exists():
         try:
-            registered = {peer: keys.public_key_text(key) for peer, key in keys.load_public_keys(keys_file).items()}
-        except (keys.KeyFileError, OSError) as error:  # checked before anything is written
-            return fail(2, str(error))
+            existing = keys_file.read_text(encoding="utf-8")
+            if existing.strip():
+                registered = {
+                    peer: keys.public_key_text(key) for peer, key in keys.load_public_keys(keys_file).items()
+                }
+        except (keys.KeyFileError, OSError, UnicodeDecodeError) as error:  # checked before anything is written
+            return fail(2, f"--keys-file {str(keys_file)!r}: {error}")
         if args.peer_id in registered:
             return fail(1, f"{str(keys_file)!r} already has a key for {args.peer_id!r}; nothing was written.")
     directory = Path(args.dir).expanduser()
     path = directory / f"{args.peer_id}.key"
-    try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        private_key, _ = keys.generate_keypair()
-        keys.save_private_key(path, private_key)
-    except FileExistsError:
+    if path.exists():
         return fail(1, f"{str(path)!r} exists; refusing to replace a private key (delete it first to make a new one).")
-    except OSError as error:
-        return fail(2, f"cannot write {str(path)!r}: {error.strerror or error}")
+    private_key, _ = keys.generate_keypair()
     text = keys.public_key_text(private_key)
     # Both quoted: YAML would read an id such as 123 or true as a number or a boolean.
     line = f"{json.dumps(args.peer_id)}: {json.dumps(text)}"
+    staged = None
     if keys_file is not None:
+        # Check, then write: the new public-key file is written beside the old one and read back as peers will read
+        # it before the private key is written; it replaces the old file only once the private key is saved.
+        if keys_file.suffix.lower() == ".json":
+            content = json.dumps({**registered, args.peer_id: text}, indent=2, sort_keys=True) + "\n"
+        else:
+            content = existing + ("" if not existing or existing.endswith("\n") else "\n") + line + "\n"
+        staged = keys_file.with_name(f".{keys_file.name}.keygen-{os.getpid()}")
         try:
-            if keys_file.suffix.lower() == ".json":
-                keys.save_public_keys(keys_file, {**registered, args.peer_id: text})
-            else:
-                existing = keys_file.read_text(encoding="utf-8") if keys_file.exists() else ""
-                separator = "" if not existing or existing.endswith("\n") else "\n"
-                with open(keys_file, "a", encoding="utf-8") as f:
-                    f.write(f"{separator}{line}\n")
-            keys.load_public_keys(keys_file)  # what peers will read
+            staged.write_text(content, encoding="utf-8")
+            keys.load_public_keys(staged)
         except (keys.KeyFileError, OSError) as error:
-            return fail(2, f"wrote {str(path)!r}, but could not add its public key to {str(keys_file)!r}: {error}")
+            staged.unlink(missing_ok=True)
+            return fail(
+                2, f"--keys-file {str(keys_file)!r}: cannot add {args.peer_id!r}: {error}; nothing was written."
+            )
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        keys.save_private_key(path, private_key)
+    except (FileExistsError, OSError) as error:
+        if staged is not None:
+            staged.unlink(missing_ok=True)
+        if isinstance(error, FileExistsError):
+            return fail(1, f"{str(path)!r} exists; refusing to replace a private key (delete it first).")
+        return fail(2, f"cannot write {str(path)!r}: {error.strerror or error}; nothing was written.")
+    if staged is not None:
+        os.replace(staged, keys_file)  # same directory: atomic
     print(
         f"Wrote {str(path)!r} (mode 0600): give it to peer {args.peer_id!r} only (--private_key_file).",
         file=sys.stderr,
