@@ -516,6 +516,16 @@ def test_model_card_names_ftis_and_the_paper(tokenizer, dataset, make_args):
     assert "F-TIS" in card and "2605.22537" in card and "ftis" in card
 
 
+def test_a_run_that_saves_no_checkpoint_writes_its_model_card_at_the_end(tokenizer, dataset, make_args):
+    """TRL writes the card with each checkpoint only: with save_strategy="no" it is written when training ends."""
+    trainer = make_trainer(tokenizer, make_args(max_steps=1, save_strategy="no"), dataset, hidden_size=32)
+    card = Path(trainer.args.output_dir) / "README.md"
+    assert not card.exists()
+    trainer.train()
+    text = card.read_text()
+    assert "F-TIS" in text and "2605.22537" in text and f"model_name: {Path(trainer.args.output_dir).name}" in text
+
+
 def test_without_raw_logits_the_generator_logps_come_from_a_forward(tokenizer, dataset, make_args):
     """With a repetition penalty, generate's processors alter the logits: the recorder stands aside and the published
     log-probs are the teacher-forced full-softmax ones, not the penalised scores."""

@@ -6,8 +6,11 @@ peers and counts and the swarm's peer models), so it is built and tested without
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
+
+from transformers import TrainerCallback
 
 from .rules import is_peer_id
 
@@ -160,3 +163,23 @@ def _card_peer(peer: Any) -> str:
     """A peer id for the model card: in code style when it is a valid peer id (no markup character can be in one),
     else escaped like any other cell."""
     return f"`{peer}`" if is_peer_id(peer) else _card_cell(peer)
+
+
+def model_card_name(args: Any) -> str:
+    """The model name TRL's `GRPOTrainer._save_checkpoint` gives the card: the Hub id's last part, else the output
+    directory's name."""
+    hub_model_id = getattr(args, "hub_model_id", None)
+    return hub_model_id.split("/")[-1] if hub_model_id else Path(args.output_dir).name
+
+
+class ModelCardAtEndCallback(TrainerCallback):
+    """Writes the model card when training ends in a run that saves no checkpoints (`save_strategy="no"`): TRL writes
+    it only with each checkpoint, so such a run had none. `write` is the trainer's `create_model_card`, which writes
+    on the main process only."""
+
+    def __init__(self, write: Callable[..., None]):
+        self.write = write
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
+            self.write(model_name=model_card_name(args))

@@ -58,7 +58,7 @@ from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
-from .model_card import ftis_model_card_section
+from .model_card import ModelCardAtEndCallback, ftis_model_card_section
 from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
     UNMERGEABLE_FIELDS,
@@ -259,6 +259,7 @@ class FTISTrainer(GRPOTrainer):
             config=args, swarm=swarm, admission=self._admission, ledger=self._ledger, scale_rewards=self.scale_rewards
         )
         self.add_callback(SummaryCallback(self.summary, self.accelerator.is_main_process))
+        self.add_callback(ModelCardAtEndCallback(self.create_model_card))
         self.add_callback(
             StepClockCallback(self._clock, lambda name, value: self._metrics["train"][name].append(value))
         )
