@@ -45,15 +45,9 @@ from .checkpoint import (
     warn_unread_states,
     write_state_file,
 )
-from .collaboration import (
-    PeerValue,
-    StepClock,
-    StepClockCallback,
-    SummaryCallback,
-    collaboration_report,
-    merge_counts,
-)
+from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report, merge_counts
 from .config import FTISConfig, SwarmCredentials
+from .console import apply_console_env
 from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_logits
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
@@ -263,6 +257,7 @@ class FTISTrainer(GRPOTrainer):
         self.add_callback(
             StepClockCallback(self._clock, lambda name, value: self._metrics["train"][name].append(value))
         )
+        apply_console_env(self)  # the launcher's peers: one line a step, no dependency deprecation notices
 
     @property
     def swarm(self) -> Swarm | None:

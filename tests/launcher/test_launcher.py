@@ -276,6 +276,7 @@ def test_python_command(tmp_path):
     ]  # fmt: skip
     assert big.env == {
         "FTIS_PEER_ID": "big", "PYTHONUNBUFFERED": "1", "A": "1", "CUDA_VISIBLE_DEVICES": "7", "WANDB_RUN_GROUP": "run",
+        "FTIS_CONSOLE": "lines",  # one short line per logged step (trl_ftis.console)
     }  # fmt: skip
     assert small.argv[1] == os.path.abspath("other.py")
     # gpu_share is sugar for args.gpu_memory_fraction (FTISConfig caps the peer's GPU memory to it), after the args.

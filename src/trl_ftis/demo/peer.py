@@ -24,10 +24,11 @@ from trl_ftis.demo.quiet import quiet_dependency_warnings  # noqa: E402
 quiet_dependency_warnings()  # before the imports that warn
 
 import torch  # noqa: E402
-from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, TrainerCallback  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis.config import FTISConfig  # noqa: E402
+from trl_ftis.console import use_step_lines  # noqa: E402
 from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.word_problems import DEFAULT_REWARD_FUNCS, evaluate_problems, word_problem_dataset  # noqa: E402
 from trl_ftis.trainer import FTISTrainer  # noqa: E402
@@ -51,24 +52,12 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class ProgressCallback(TrainerCallback):
-    """One short line per logged step, and held-out accuracy every `eval_every` steps."""
+    """Held-out accuracy every `eval_every` steps (the step lines are `trl_ftis.console.use_step_lines`)."""
 
     def __init__(self, peer_id: str, evaluate, eval_every: int):
         self.peer_id, self.evaluate, self.eval_every = peer_id, evaluate, eval_every
         self.started = time.time()
         self.accuracy: list[tuple[int, float]] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
-            return
-        parts = [f"step {state.global_step}/{state.max_steps}", f"reward {logs['reward']:.3f}"]
-        if "ftis/peer_rows_accepted" in logs:
-            parts.append(f"peer rows {logs['ftis/peer_rows_accepted']:.0f}")
-            parts.append(f"filtered {logs.get('ftis/peer_rows_filtered', 0):.0f}")
-        if "ftis/peer/is_weight_mean" in logs:
-            parts.append(f"w {logs['ftis/peer/is_weight_mean']:.2f}")
-        parts.append(f"{time.time() - self.started:.0f}s")
-        print("  ".join(parts), flush=True)
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if self.eval_every and state.global_step % self.eval_every == 0 and state.global_step < state.max_steps:
@@ -109,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
-    trainer.remove_callback(PrinterCallback)
+    use_step_lines(trainer)
     progress = ProgressCallback(training_args.peer_id, evaluate, demo_args.eval_every)
     trainer.add_callback(progress)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

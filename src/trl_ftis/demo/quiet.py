@@ -1,13 +1,6 @@
-"""Dependency warnings a demo user cannot act on, hidden (one function, imported first by the demo's scripts)."""
+"""Dependency warnings a demo user cannot act on, hidden: [`trl_ftis.console.quiet_dependency_warnings`], kept
+here for the demo's scripts, which import it first."""
 
-import warnings
+from ..console import DEPENDENCY_MODULES, quiet_dependency_warnings
 
-DEPENDENCY_MODULES = r"(transformers|trl|peft|accelerate|torch|datasets|huggingface_hub)(\.|$)"
-"""The modules whose deprecation notices the demo hides (a regular expression on the warning's module)."""
-
-
-def quiet_dependency_warnings() -> None:
-    """Hide the deprecation notices that dependencies issue and a demo user cannot act on (`FutureWarning`,
-    `DeprecationWarning` raised inside transformers, TRL, PEFT, accelerate, torch, datasets); ours still show."""
-    for category in (FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category, module=DEPENDENCY_MODULES)
+__all__ = ["DEPENDENCY_MODULES", "quiet_dependency_warnings"]

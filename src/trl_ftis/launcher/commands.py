@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..rules import PEER_ID_ENV, REDACTED, redact_text
+from ..rules import CONSOLE_ENV, CONSOLE_LINES, PEER_ID_ENV, REDACTED, redact_text
 from .schema import SwarmConfig
 
 __all__ = [
@@ -147,6 +147,9 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         # Peers write to a pipe; unbuffered output reaches the console and the log as it is printed, and a crash
         # cannot swallow the last lines.
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # One short line per logged step and no dependency deprecation notices (trl_ftis.console); a peer's `env`
+        # may set FTIS_CONSOLE to "dict" for Trainer's full dicts.
+        env.setdefault(CONSOLE_ENV, CONSOLE_LINES)
         env.update(peer.env)
         if "WANDB_RUN_GROUP" not in os.environ and "WANDB_RUN_GROUP" not in env:
             env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs

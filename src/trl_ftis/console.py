@@ -1,0 +1,83 @@
+"""What a person reads in a terminal: one short line per logged step instead of Trainer's dict of every metric (76
+keys, ~2.7 KB, no step number), and the dependencies' deprecation notices a user cannot act on, hidden.
+
+The full metrics stay in the trackers and `trainer.state.log_history`. The launcher turns both on for its peers
+with the environment switch [`trl_ftis.rules.CONSOLE_ENV`] (read by [`apply_console_env`], which `FTISTrainer`
+calls); scripts call [`quiet_dependency_warnings`] and [`use_step_lines`] themselves. Standard library and
+transformers only.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
+
+from .rules import CONSOLE_ENV, CONSOLE_LINES
+
+DEPENDENCY_MODULES = r"(transformers|trl|peft|accelerate|torch|datasets|huggingface_hub)(\.|$)"
+"""The modules whose deprecation notices are hidden (a regular expression on the warning's module)."""
+
+
+def quiet_dependency_warnings() -> None:
+    """Hide the deprecation notices that dependencies issue and a user cannot act on (`FutureWarning`,
+    `DeprecationWarning` raised inside transformers, TRL, PEFT, accelerate, torch, datasets); ours still show."""
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module=DEPENDENCY_MODULES)
+
+
+def step_line(step: int, max_steps: int, logs: Mapping[str, Any], elapsed: float) -> str | None:
+    """`step 3/30  reward 0.412  peer rows 128  filtered 4  w 0.97  12s` for a training step's logs (`None` for logs
+    without a reward: evaluation, the end-of-training totals)."""
+    if "reward" not in logs:
+        return None
+    parts = [f"step {step}/{max_steps}", f"reward {logs['reward']:.3f}"]
+    if "ftis/peer_rows_accepted" in logs:
+        parts.append(f"peer rows {logs['ftis/peer_rows_accepted']:.0f}")
+        parts.append(f"filtered {logs.get('ftis/peer_rows_filtered', 0):.0f}")
+    if "ftis/peer/is_weight_mean" in logs:
+        parts.append(f"w {logs['ftis/peer/is_weight_mean']:.2f}")
+    parts.append(f"{elapsed:.0f}s")
+    return "  ".join(parts)
+
+
+class StepLineCallback(TrainerCallback):
+    """Prints [`step_line`] for each logged training step (on the main process), prefixed with `prefix`."""
+
+    def __init__(self, prefix: str = "", write: Callable[[str], None] | None = None):
+        self.prefix, self.write = prefix, write or (lambda line: print(line, flush=True))
+        self.started = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        line = step_line(state.global_step, state.max_steps, logs, time.time() - self.started)
+        if line is not None:
+            self.write(self.prefix + line)
+
+
+def use_step_lines(trainer, prefix: str = "") -> StepLineCallback:
+    """Replace the Trainer's printing of every logged dict (`PrinterCallback`, or the dict lines of its
+    `ProgressCallback`) with one [`StepLineCallback`] line a step; the progress bar, if any, stays."""
+    trainer.remove_callback(PrinterCallback)
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, StepLineCallback):  # once: a script may call this after the launcher's switch did
+            return callback
+        if isinstance(callback, ProgressCallback):
+            callback.on_log = lambda *args, **kwargs: None  # its bar stays; only the dict lines go
+    line = StepLineCallback(prefix)
+    trainer.add_callback(line)
+    return line
+
+
+def apply_console_env(trainer) -> bool:
+    """With `CONSOLE_ENV=lines` (the launcher sets it for its peers): quiet dependency warnings and step lines."""
+    if os.environ.get(CONSOLE_ENV, "").strip().lower() != CONSOLE_LINES:
+        return False
+    quiet_dependency_warnings()
+    use_step_lines(trainer)
+    return True

@@ -1,0 +1,68 @@
+"""What a person reads: one short line per logged step instead of Trainer's dict of every metric, and the
+dependencies' deprecation notices hidden; the launcher turns both on for its peers (`FTIS_CONSOLE=lines`)."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+from transformers import PrinterCallback, ProgressCallback
+from transformers.trainer_callback import DefaultFlowCallback
+
+from trl_ftis import rules
+from trl_ftis.console import (
+    StepLineCallback,
+    apply_console_env,
+    step_line,
+    use_step_lines,
+)
+
+
+def test_the_step_line_for_a_step_with_peer_rows_and_without():
+    logs = {"reward": 0.41234, "ftis/peer_rows_accepted": 128.0, "ftis/peer_rows_filtered": 4.0}
+    logs["ftis/peer/is_weight_mean"] = 0.9712
+    assert step_line(3, 30, logs, 12.4) == "step 3/30  reward 0.412  peer rows 128  filtered 4  w 0.97  12s"
+    assert step_line(1, 2, {"reward": 0.5}, 0.2) == "step 1/2  reward 0.500  0s"
+    assert step_line(2, 2, {"train_runtime": 3.0}, 1.0) is None  # the end-of-training totals: no line
+
+
+class FakeTrainer:
+    def __init__(self, callbacks):
+        self.callback_handler = SimpleNamespace(callbacks=list(callbacks))
+
+    def remove_callback(self, kind):
+        self.callback_handler.callbacks = [c for c in self.callback_handler.callbacks if not isinstance(c, kind)]
+
+    def add_callback(self, callback):
+        self.callback_handler.callbacks.append(callback)
+
+
+def test_use_step_lines_replaces_the_dict_printing_once():
+    trainer = FakeTrainer([DefaultFlowCallback(), PrinterCallback()])
+    line = use_step_lines(trainer)
+    assert use_step_lines(trainer) is line  # idempotent: the launcher's switch and a script may both ask
+    kinds = [type(c) for c in trainer.callback_handler.callbacks]
+    assert PrinterCallback not in kinds and kinds.count(StepLineCallback) == 1
+    bar = ProgressCallback()
+    with_bar = FakeTrainer([bar])
+    use_step_lines(with_bar)
+    assert bar.on_log(None, None, None, logs={"loss": 1.0}) is None  # the dict lines are gone, the bar stays
+
+
+def test_the_callback_writes_one_line_per_logged_training_step():
+    lines = []
+    callback = StepLineCallback(prefix="[a] ", write=lines.append)
+    state = SimpleNamespace(is_world_process_zero=True, global_step=2, max_steps=5)
+    callback.on_log(None, state, None, logs={"reward": 0.25})
+    callback.on_log(None, state, None, logs={"eval_loss": 1.0})
+    assert len(lines) == 1 and lines[0].startswith("[a] step 2/5  reward 0.250  ")
+
+
+def test_the_environment_switch(monkeypatch):
+    monkeypatch.delenv(rules.CONSOLE_ENV, raising=False)
+    trainer = FakeTrainer([PrinterCallback()])
+    assert apply_console_env(trainer) is False and isinstance(trainer.callback_handler.callbacks[0], PrinterCallback)
+    monkeypatch.setenv(rules.CONSOLE_ENV, rules.CONSOLE_LINES)
+    with warnings.catch_warnings():
+        assert apply_console_env(trainer) is True
+    assert [type(c) for c in trainer.callback_handler.callbacks] == [StepLineCallback]
