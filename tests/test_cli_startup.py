@@ -42,3 +42,13 @@ def test_the_package_still_exports_the_objective_on_first_use():
     probe = "import sys, trl_ftis; print('torch' in sys.modules); from trl_ftis import ftis_loss, VARIANTS; print(callable(ftis_loss), bool(VARIANTS))"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.split() == ["False", "True", "True"]
+
+
+def test_the_warning_filter_loads_before_any_dependency():
+    """Scripts call it before importing transformers, so that import-time notices are hidden too."""
+    probe = (
+        "import sys; from trl_ftis.dependency_warnings import quiet_dependency_warnings; quiet_dependency_warnings(); "
+        f"print(sorted(m for m in {HEAVY} if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "[]"

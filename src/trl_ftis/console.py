@@ -3,31 +3,21 @@ keys, ~2.7 KB, no step number), and the dependencies' deprecation notices a user
 
 The full metrics stay in the trackers and `trainer.state.log_history`. The launcher turns both on for its peers
 with the environment switch [`trl_ftis.rules.CONSOLE_ENV`] (read by [`apply_console_env`], which `FTISTrainer`
-calls); scripts call [`quiet_dependency_warnings`] and [`use_step_lines`] themselves. Standard library and
-transformers only.
+calls); scripts call `trl_ftis.dependency_warnings.quiet_dependency_warnings` (before importing transformers: this
+module imports it) and [`use_step_lines`] themselves. Standard library and transformers only.
 """
 
 from __future__ import annotations
 
 import os
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
+from .dependency_warnings import quiet_dependency_warnings
 from .rules import CONSOLE_ENV, CONSOLE_LINES
-
-DEPENDENCY_MODULES = r"(transformers|trl|peft|accelerate|torch|datasets|huggingface_hub)(\.|$)"
-"""The modules whose deprecation notices are hidden (a regular expression on the warning's module)."""
-
-
-def quiet_dependency_warnings() -> None:
-    """Hide the deprecation notices that dependencies issue and a user cannot act on (`FutureWarning`,
-    `DeprecationWarning` raised inside transformers, TRL, PEFT, accelerate, torch, datasets); ours still show."""
-    for category in (FutureWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category, module=DEPENDENCY_MODULES)
 
 
 def step_line(step: int, max_steps: int, logs: Mapping[str, Any], elapsed: float) -> str | None:
