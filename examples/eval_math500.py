@@ -11,12 +11,20 @@ The prompt is the training prompt (R1-Zero system message and the question, thro
 template). Two scores per question: strict (exactly one think block then one answer block, answer verified with
 math-verify: the training reward) and answer-only (the answer block, else the last \\boxed{}, else the last number,
 verified whatever the format). Writes every completion and the summary to `--output_json` and prints a table.
+While it runs it prints progress to stderr: a line after each group of `--progress_every` problems (default four
+batches) with the problems done, both scores so far and the time left at that pace.
 """
 
 import json
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from trl_ftis.dependency_warnings import quiet_dependency_warnings
+
+quiet_dependency_warnings()  # before the imports that warn
 
 from transformers import HfArgumentParser
 
@@ -53,6 +61,13 @@ class EvalArguments:
         metadata={"help": "Evaluate the first N questions (default: 512 for GSM8K, all 500 for MATH-500)."},
     )
     batch_size: int = field(default=32, metadata={"help": "Prompts generated together."})
+    progress_every: int | None = field(
+        default=None,
+        metadata={
+            "help": "Print a progress line to stderr after every N problems (default: 4 batches; at least one batch; "
+            "prompts are sorted by length within each group of N). 0: no line until the end."
+        },
+    )
     max_new_tokens: int = field(default=1024, metadata={"help": "Longest completion, in tokens."})
     system_prompt: str = field(
         default=R1_ZERO_SYSTEM_PROMPT,
@@ -100,6 +115,49 @@ def default_output_path(args: EvalArguments) -> Path:
     return Path(f"eval_{args.benchmark}_{name}.json")
 
 
+#: The scores of [`evaluate_math`]: rates (and a mean) over its `n` questions, combined across groups by their `n`.
+SCORES = ("strict_accuracy", "answer_accuracy", "format_rate", "truncated_rate", "mean_completion_tokens")
+
+
+def progress_line(done: int, total: int, strict: float, answer: float, elapsed: float) -> str:
+    """`done`/`total` problems, both scores so far, elapsed time and, at that pace, the time left."""
+    left = elapsed / done * (total - done) if done else float("nan")
+    return (
+        f"eval: {done}/{total} problems, strict pass@1 so far {strict:.3f}, answer-only {answer:.3f}, "
+        f"{elapsed:.0f} s elapsed, about {left:.0f} s left"
+    )
+
+
+def evaluate_with_progress(
+    rows: list[dict],
+    evaluate: Callable[[list[dict]], dict],
+    group_size: int,
+    stream=None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict:
+    """`evaluate` (an [`evaluate_math`] on some rows) over `rows` in groups of `group_size` (all at once when 0),
+    a [`progress_line`] on `stream` (default stderr) after each group; returns what one `evaluate` over every row
+    would: the [`SCORES`] combined over the groups (weighted by their `n`), the records in order."""
+    stream = sys.stderr if stream is None else stream
+    group_size = group_size if group_size > 0 else max(len(rows), 1)
+    started, parts, records = clock(), [], []
+    for start in range(0, len(rows), group_size):
+        part = evaluate(rows[start : start + group_size])
+        parts.append(part)
+        records += part["records"]
+        done = sum(p["n"] for p in parts)
+        so_far = combine_scores(parts)
+        line = progress_line(done, len(rows), so_far["strict_accuracy"], so_far["answer_accuracy"], clock() - started)
+        print(line, file=stream, flush=True)
+    return {**combine_scores(parts), "records": records}
+
+
+def combine_scores(parts: list[dict]) -> dict:
+    """`n` and the [`SCORES`] of several [`evaluate_math`] results, as over all their questions at once."""
+    n = sum(part["n"] for part in parts)
+    return {"n": n, **{key: sum(p[key] * p["n"] for p in parts) / n if n else 0.0 for key in SCORES}}
+
+
 def markdown_table(summary: dict) -> str:
     model = summary["model"] + (f" + {summary['adapter']}" if summary["adapter"] else "")
     header = "| model | benchmark | n | strict pass@1 | answer-only pass@1 | format | truncated | mean tokens |"
@@ -122,10 +180,23 @@ def main(args: EvalArguments) -> dict:
         system_prompt=args.system_prompt,
         limit=limit,
     )
+    print(f"eval: loading {args.model_name_or_path}" + (f" + {args.adapter}" if args.adapter else ""), file=sys.stderr)
     model, tokenizer = load_model_and_tokenizer(args)
+    rows = [dict(row) for row in dataset]
+    group = args.progress_every if args.progress_every is not None else 4 * args.batch_size
+    group = max(group, args.batch_size) if group > 0 else 0
+    print(
+        f"eval: {len(rows)} {args.benchmark} problems on {model.device}, batches of {args.batch_size}, at most "
+        f"{args.max_new_tokens} new tokens" + (f", a progress line every {group} problems" if group else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+
+    def evaluate(part: list[dict]) -> dict:
+        return evaluate_math(model, tokenizer, part, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
 
     start = time.perf_counter()
-    result = evaluate_math(model, tokenizer, dataset, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens)
+    result = evaluate_with_progress(rows, evaluate, group)
     records = result.pop("records")
     summary = {
         "model": args.model_name_or_path,

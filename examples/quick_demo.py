@@ -5,7 +5,8 @@
 Two Llamas that share a character tokenizer (hidden size 64 and 32) first learn 2-digit addition a little by
 supervised warm-up. The small peer then runs GRPO and publishes every completion it samples (token ids, generator
 log-probs, reward). The learner runs F-TIS on its own completions plus the peer's, step by step; the same learner
-also trains alone from the same start, and both are evaluated by greedy accuracy on held-out problems.
+also trains alone from the same start, and both are evaluated by greedy accuracy on held-out problems; the script
+prints each change next to two standard errors of it (`noise_report`), the size of a difference that is noise.
 """
 
 from __future__ import annotations
@@ -20,24 +21,56 @@ import time
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from transformers import PrinterCallback  # noqa: E402
-from transformers.utils import logging as hf_logging  # noqa: E402
+from trl_ftis.dependency_warnings import quiet_dependency_warnings
 
-from trl_ftis import FTISTrainer  # noqa: E402
-from trl_ftis.demo.tiny import (  # noqa: E402
+quiet_dependency_warnings()  # before the imports that warn
+
+import torch
+from transformers import PrinterCallback
+from transformers.utils import logging as hf_logging
+
+from trl_ftis import FTISTrainer
+from trl_ftis.demo.report import two_standard_errors
+from trl_ftis.demo.tiny import (
     build_char_tokenizer,
     build_tiny_llama,
     supervised_warmup,
     tiny_grpo_config,
     warmup_dev_problems,
 )
-from trl_ftis.tasks.addition import (  # noqa: E402
+from trl_ftis.tasks.addition import (
     addition_dataset,
     addition_problems,
     exact_answer_reward,
     greedy_accuracy,
 )
+
+
+def noise_report(before: float, after: dict[str, float], n: int) -> list[str]:
+    """The noise band and each difference against it: two standard errors of a difference of two accuracies on `n`
+    problems (`2 sqrt((p0 (1 - p0) + p1 (1 - p1)) / n)`, as for independent samples: conservative, since both are
+    measured on the same problems), for each run's change from `before` and, with both runs, for `with peer` minus
+    `alone`."""
+
+    def judged(difference: float, two_se: float) -> str:
+        verdict = "outside two standard errors" if abs(difference) > two_se else "inside the noise"
+        return f"{difference:+.3f}, 2 SE {two_se:.3f}: {verdict}"
+
+    band = two_standard_errors(0.5, 0.5, n)
+    lines = [
+        (
+            f"   noise: a difference of two accuracies on {n} problems counts only when larger than two standard "
+            f"errors, 2 sqrt((p0 (1 - p0) + p1 (1 - p1)) / n): at most {band:.3f} (both at 0.5)"
+        )
+    ]
+    for label, accuracy in after.items():
+        lines.append(
+            f"   {label + ' - start':18s} {judged(accuracy - before, two_standard_errors(before, accuracy, n))}"
+        )
+    if {"alone", "with peer"} <= set(after):
+        alone, shared = after["alone"], after["with peer"]
+        lines.append(f"   {'with peer - alone':18s} {judged(shared - alone, two_standard_errors(alone, shared, n))}")
+    return lines
 
 
 def main() -> None:
@@ -123,6 +156,7 @@ def main() -> None:
     print(f"== held-out greedy accuracy ({len(held_out)} problems), learner started at {before:.3f}")
     for label, (accuracy, rows) in runs.items():
         print(f"   {label:10s} {accuracy:.3f}  ({accuracy - before:+.3f}), peer rows trained on: {rows:.0f}")
+    print("\n".join(noise_report(before, {label: accuracy for label, (accuracy, _) in runs.items()}, len(held_out))))
     print(f"== done in {time.time() - started:.0f} s (outputs in {workdir})")
 
 

@@ -2,7 +2,8 @@
 
 import json
 
-from trl_ftis.demo.driver import FULL, QUICK, _peer_config, collect_results, format_table, own_rows_per_step
+from trl_ftis.demo.driver import FULL, QUICK, _peer_config, collect_results, own_rows_per_step
+from trl_ftis.demo.report import assess, format_table
 from trl_ftis.launcher import build_commands, load_swarm_config
 
 
@@ -60,7 +61,8 @@ def test_results_are_collected_and_tabulated(tmp_path):
             "lora": False,
         }
         (tmp_path / peer / "ftis_summary.json").write_text(json.dumps({**base, **summary}))
-        (tmp_path / peer / "log_history.json").write_text(json.dumps([{"step": 1, "reward": 0.5, "loss": 0.1}]))
+        history = [{"step": 1, "reward": 0.5, "loss": 0.1, "ftis/peer_rows_accepted": 8.0}, {"step": 2}]
+        (tmp_path / peer / "log_history.json").write_text(json.dumps(history))
 
     write("full", accuracy_after=0.55)
     write("lora", accuracy_after=0.6, lora=True)
@@ -70,9 +72,12 @@ def test_results_are_collected_and_tabulated(tmp_path):
     results = collect_results(tmp_path, ["full", "lora", "alone", "alone-rows", "small"], own)
     assert results["small"] == {"error": "no summary (the peer did not finish)"}
     assert results["full"]["reward_curve"] == [(1, 0.5)]
+    assert results["full"]["peer_row_curves"] == {
+        "accepted": [(1, 8.0)], "filtered": [], "is_weight_mean": [], "is_weight_max": []
+    }  # fmt: skip
     assert (results["full"]["own_rows_per_step"], results["full"]["rows_per_step"]) == (8, 16.0)  # 8 + 32 / 4
     assert results["alone-rows"]["rows_per_step"] == 16.0
-    table = format_table(results, 100)
+    table = format_table(results, assess(results, 100))
     rows = {line.split()[0]: line for line in table.splitlines()[2:]}
     # full: change +0.150, vs alone +0.050, vs alone-rows +0.100; 2 SE = 2 sqrt((.24 + .2475) / 100) = 0.140
     assert "+0.150" in rows["full"] and "0.140" in rows["full"]
@@ -83,31 +88,31 @@ def test_results_are_collected_and_tabulated(tmp_path):
 
 
 def test_the_demo_says_plainly_whether_accuracy_moved_beyond_the_noise():
-    from trl_ftis.demo.driver import learning_verdict
-
     results = {
         "full": {"accuracy_before": 0.4, "accuracy_after": 0.45},  # 2 SE at n=40: 0.22
         "alone": {"accuracy_before": 0.1, "accuracy_after": 0.6},
         "small": {"error": "no summary (the peer did not finish)"},
     }
-    lines = learning_verdict(results, 40)
+    lines = assess(results, 40)["console"]
     assert lines[0].startswith("full") and "inside the noise" in lines[0] and "0.22" in lines[0]
+    assert "standard error 0.110" in lines[0]  # sqrt((.24 + .2475) / 40) = 0.1104
     assert (
         "outside two standard errors" in lines[1] and lines[-2] == "Changed by more than two standard errors: alone."
     )
-    quiet = learning_verdict({"full": results["full"]}, 40)
+    quiet = assess({"full": results["full"]}, 40)["console"]
     assert "not a measurable learning effect" in quiet[-2]
     assert "nothing to compare" in quiet[-1]
 
 
 def test_the_demo_says_whether_a_peer_and_a_baseline_can_be_told_apart():
-    from trl_ftis.demo.driver import compare_with_baselines
+    def finals(**after):
+        return {peer: {"accuracy_before": 0.4, "accuracy_after": a} for peer, a in after.items()}
 
     # 2 SE of a difference of final accuracies 0.5 and 0.4 on 100 problems: 2 sqrt((.25 + .24) / 100) = 0.14
-    close = {"full": {"accuracy_after": 0.5}, "alone": {"accuracy_after": 0.4}, "alone-rows": {"accuracy_after": 0.45}}
-    assert "cannot rank them" in compare_with_baselines(close, 100)
-    apart = {**close, "lora": {"accuracy_after": 0.7}}
-    sentence = compare_with_baselines(apart, 100)
+    close = finals(full=0.5, alone=0.4, **{"alone-rows": 0.45})
+    assert "cannot rank them" in assess(close, 100)["console"][-1]
+    apart = {**close, **finals(lora=0.7)}
+    sentence = assess(apart, 100)["console"][-1]
     assert (
         sentence
         == "Final accuracies more than two standard errors apart: lora vs alone +0.300, lora vs alone-rows +0.250."

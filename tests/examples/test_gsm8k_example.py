@@ -218,10 +218,15 @@ def test_eval_script_writes_records_and_summary(tmp_path, tiny_model_dir):
             "--batch_size", 2,
             "--max_new_tokens", 8,
             "--output_json", output,
+            "--progress_every", 2,
         ]
     )  # fmt: skip
 
     assert "| strict pass@1 | answer-only pass@1 |" in result.stdout
+    # Progress on stderr while it runs: what it evaluates, then a line after each group of 2 problems.
+    progress = [line for line in result.stderr.splitlines() if line.startswith("eval: ")]
+    assert "3 math500 problems" in progress[1] and "a progress line every 2 problems" in progress[1]
+    assert [line.split(",")[0] for line in progress[2:]] == ["eval: 2/3 problems", "eval: 3/3 problems"]
     written = json.loads(output.read_text())
     summary, records = written["summary"], written["records"]
     assert summary["benchmark"] == "math500" and summary["n"] == 3 == len(records)

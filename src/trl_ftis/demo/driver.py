@@ -16,7 +16,9 @@
    `alone-rows` (the same, generating as many rows a step as a swarm peer trains on: the same rows per step).
 4. Prints per-peer progress while it runs and a table at the end (held-out greedy accuracy before and after, its
    change against two standard errors, both baselines, rows generated and trained on a step, rows shared and
-   filtered); writes `results.json` and `curves.png` in the run folder. The trained peers are saved there as normal
+   filtered) and its verdicts; writes `results.json` (the same numbers and verdicts, rounded to 4 significant
+   digits) and `curves.png` (smoothed reward, accuracy with 2-standard-error bars, peer rows accepted and filtered,
+   importance weight w) in the run folder ([`trl_ftis.demo.report`]). The trained peers are saved there as normal
    checkpoints (the LoRA peer as an adapter) that `from_pretrained` loads.
 """
 
@@ -24,11 +26,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
 from pathlib import Path
+
+from .report import (
+    BASELINES,
+    PEER_ROW_METRICS,
+    SIGNIFICANT_DIGITS,
+    SMOOTHING_WINDOW,
+    assess,
+    format_table,
+    plot_curves,
+    rounded,
+)
 
 # Sized for 2 CPU cores: a fresh clone's `make demo` within 20 minutes, set-up included (docs/benchmarks.md, section
 # 4). The 20-token completion budget is the task (see the module docstring) and keeps the steps cheap; the sampling
@@ -57,7 +69,6 @@ LEARNING_RATES = {"full": 1e-5, "lora": 5e-4, "small": 1e-5}
 # checkpoint).
 SMALL_PEER_LAYERS = 24
 HEALING_STEPS = 30
-BASELINES = ("alone", "alone-rows")
 
 
 def _peer_config(run_dir: Path, base: Path, small: Path | None, settings: dict, *, baseline: bool, seed: int) -> dict:
@@ -184,7 +195,9 @@ def _write_problems(data_dir: Path, settings: dict, seed: int) -> None:
 
 
 def collect_results(run_dir: Path, peer_ids, own_rows: dict[str, int] | None = None) -> dict:
-    """Every peer's summary and curves, as one JSON-able dict; with `own_rows` (rows each peer generates a step),
+    """Every peer's summary and curves, as one JSON-able dict: from its `log_history.json` the reward a step
+    (`reward_curve`) and the peer-row metrics of [`PEER_ROW_METRICS`] a step (`peer_row_curves`, by short name: rows
+    accepted and filtered, the importance weight's mean and max); with `own_rows` (rows each peer generates a step),
     also the rows it generated (`own_rows_per_step`) and trained on (`rows_per_step`: own plus received) a step."""
     results = {}
     for peer in peer_ids:
@@ -196,6 +209,9 @@ def collect_results(run_dir: Path, peer_ids, own_rows: dict[str, int] | None = N
         summary = json.loads(summary_path.read_text())
         history = json.loads(history_path.read_text()) if history_path.exists() else []
         summary["reward_curve"] = [(e["step"], e["reward"]) for e in history if "reward" in e]
+        summary["peer_row_curves"] = {
+            name: [(e["step"], e[key]) for e in history if key in e] for name, key in PEER_ROW_METRICS.items()
+        }
         if own_rows is not None and peer in own_rows:
             steps = max(int(summary.get("steps") or 0), 1)
             summary["own_rows_per_step"] = own_rows[peer]
@@ -213,112 +229,35 @@ def own_rows_per_step(swarm) -> dict[str, int]:
     }
 
 
-def two_standard_errors(before: float, after: float, n: int) -> float:
-    """Two standard errors of the change between two accuracies measured on `n` problems, taken as for independent
-    samples (`sqrt(p0 (1 - p0) / n + p1 (1 - p1) / n)`: conservative for the same problems)."""
-    return 2 * math.sqrt((before * (1 - before) + after * (1 - after)) / max(n, 1))
-
-
-def format_table(results: dict, eval_size: int) -> str:
-    """One line per peer: rows generated and trained on a step, accuracy before/after, the change against two
-    standard errors, the difference to each baseline's final accuracy, rows received and filtered."""
-    finals = {b: results.get(b, {}).get("accuracy_after") for b in BASELINES}
-    header = (
-        f"{'peer':10s} {'model':26s} {'gen/step':>8s} {'rows/step':>9s} {'before':>6s} {'after':>6s} "
-        f"{'change':>7s} {'2 SE':>5s} {'vs alone':>8s} {'vs rows':>8s} {'received':>8s} {'filtered':>8s}"
+def report(run_dir: Path, settings: dict, results: dict) -> str:
+    """Writes `results.json` (the settings, the [`assess`] verdicts, every peer's summary and curves, rounded as
+    [`trl_ftis.demo.report`] says) and `curves.png` in `run_dir`; returns the console's report, whose table and
+    verdict lines are rendered from the same assessment."""
+    eval_size = settings["eval_size"]
+    assessment = assess(results, eval_size)
+    payload = {
+        "settings": settings,
+        "rounding": f"every float to {SIGNIFICANT_DIGITS} significant digits; null: not a finite number",
+        "assessment": assessment,
+        "peers": rounded(results),
+    }
+    (run_dir / "results.json").write_text(json.dumps(payload, indent=2))
+    heading = (
+        f"\n== results (held-out greedy accuracy on {eval_size} problems; gen/step: rows a peer generates a step, "
+        "rows/step: rows it trains on a step, its own plus those received; vs alone / vs rows: final accuracy minus "
+        "that of 'alone' / 'alone-rows'; 2 SE: two standard errors of the change)"
     )
-    lines = [header, "-" * len(header)]
-    for peer, r in results.items():
-        if "error" in r:
-            lines.append(f"{peer:10s} {r['error']}")
-            continue
-        model = ("LoRA " if r.get("lora") else "") + Path(r.get("model", "?")).name
-        before, after = r["accuracy_before"], r["accuracy_after"]
-        versus = ["" if finals[b] is None or peer == b else f"{after - finals[b]:+.3f}" for b in BASELINES]
+    lines = [
+        heading,
+        format_table(results, assessment),
+        *assessment["console"],
+    ]
+    if plot_curves(results, run_dir / "curves.png", eval_size):
         lines.append(
-            f"{peer:10s} {model[:26]:26s} {r.get('own_rows_per_step', 0):>8d} {r.get('rows_per_step', 0):>9.1f} "
-            f"{before:>6.3f} {after:>6.3f} {after - before:>+7.3f} {two_standard_errors(before, after, eval_size):>5.3f} "
-            f"{versus[0]:>8s} {versus[1]:>8s} {r['rows_accepted']:>8d} {r['rows_filtered']:>8d}"
+            f"curves: {run_dir / 'curves.png'} (reward: moving average over {SMOOTHING_WINDOW} steps; accuracy: "
+            "+/- 2 standard errors; peer rows accepted and filtered; importance weight w)"
         )
     return "\n".join(lines)
-
-
-def learning_verdict(results: dict, eval_size: int) -> list[str]:
-    """Whether each peer's held-out accuracy changed by more than two standard errors, said plainly.
-
-    The standard error of the change is [`two_standard_errors`]' half."""
-    lines, moved = [], []
-    for peer, r in results.items():
-        if "error" in r or r.get("accuracy_before") is None or r.get("accuracy_after") is None:
-            continue
-        p0, p1 = r["accuracy_before"], r["accuracy_after"]
-        two_se = two_standard_errors(p0, p1, eval_size)
-        change = p1 - p0
-        beyond = abs(change) > two_se
-        moved += [peer] if beyond else []
-        verdict = "outside two standard errors" if beyond else "inside the noise"
-        lines.append(f"{peer:10s} change {change:+.3f}, two standard errors {two_se:.3f}: {verdict}")
-    if not moved:
-        lines.append(
-            f"No peer's held-out accuracy changed by more than two standard errors ({eval_size} problems): this run "
-            "shows the swarm working, not a measurable learning effect."
-        )
-    else:
-        lines.append(f"Changed by more than two standard errors: {', '.join(moved)}.")
-    lines.append(compare_with_baselines(results, eval_size))
-    return lines
-
-
-def compare_with_baselines(results: dict, eval_size: int) -> str:
-    """One sentence: which swarm peers' final accuracy differs from a baseline's by more than two standard errors
-    (one run, so a difference inside them cannot rank the two)."""
-    finals = {
-        peer: r["accuracy_after"]
-        for peer, r in results.items()
-        if "error" not in r and r.get("accuracy_after") is not None
-    }
-    baselines = [b for b in BASELINES if b in finals]
-    pairs = [(peer, b) for peer in finals if peer not in BASELINES for b in baselines]
-    if not pairs:
-        return "No swarm peer and baseline both finished: nothing to compare."
-    apart = [
-        f"{peer} vs {b} {finals[peer] - finals[b]:+.3f}"
-        for peer, b in pairs
-        if abs(finals[peer] - finals[b]) > two_standard_errors(finals[peer], finals[b], eval_size)
-    ]
-    if apart:
-        return f"Final accuracies more than two standard errors apart: {', '.join(apart)}."
-    return (
-        "No swarm peer's final accuracy differs from a baseline's by more than two standard errors: one run on "
-        f"{eval_size} problems cannot rank them (the benchmarks compare settings over paired seeds)."
-    )
-
-
-def plot_curves(results: dict, path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    figure, (reward_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(11, 4))
-    for peer, r in results.items():
-        if "error" in r:
-            continue
-        steps, rewards = zip(*r["reward_curve"]) if r["reward_curve"] else ((), ())
-        reward_axis.plot(steps, rewards, label=peer)
-        steps, accuracy = zip(*r["accuracy_curve"])
-        accuracy_axis.plot(steps, accuracy, marker="o", label=peer)
-    reward_axis.set(title="training reward (own rows)", xlabel="step", ylabel="reward")
-    accuracy_axis.set(title="held-out greedy accuracy", xlabel="step", ylabel="accuracy")
-    for axis in (reward_axis, accuracy_axis):
-        axis.grid(alpha=0.3)
-        axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -389,16 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     code = run_swarm(swarm)
 
     results = collect_results(run_dir, peer_ids, own_rows_per_step(swarm))
-    (run_dir / "results.json").write_text(json.dumps({"settings": settings, "peers": results}, indent=2))
-    print(
-        "\n== results (held-out greedy accuracy on "
-        f"{settings['eval_size']} problems; gen/step: rows a peer generates a step, rows/step: rows it trains on a "
-        "step, its own plus those received; vs alone / vs rows: final accuracy minus that of 'alone' / 'alone-rows')"
-    )
-    print(format_table(results, settings["eval_size"]))
-    print("\n".join(learning_verdict(results, settings["eval_size"])))
-    if plot_curves(results, run_dir / "curves.png"):
-        print(f"curves: {run_dir / 'curves.png'}")
+    print(report(run_dir, settings, results))
     print(f"all numbers: {run_dir / 'results.json'}; trained peers: {', '.join(str(run_dir / p) for p in peer_ids)}")
     print(f"== done in {(time.time() - started) / 60:.1f} min (exit code {code})")
     return code
