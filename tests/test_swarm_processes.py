@@ -32,7 +32,7 @@ def three_peer_config(exchange_url):
         "script": PEER_SCRIPT,
         "exchange_url": exchange_url,
         "args": {**COMMON, "expected_peers": ["big", "small", "lora"], "peer_timeout": 120},
-        "env": {"OMP_NUM_THREADS": "1"},
+        "env": {"OMP_NUM_THREADS": "1", "FTIS_CONSOLE": "dict"},  # the logs checked hold the metrics dicts
         "peers": [
             {"id": "big", "args": {"hidden_size": 64}},
             {"id": "small", "args": {"hidden_size": 32}},
@@ -132,7 +132,7 @@ def test_three_architectures_one_of_them_lora_train_on_each_others_rows(tmp_path
         "script": PEER_SCRIPT,
         "exchange_url": f"dir://{tmp_path / 'exchange'}",
         "args": {**COMMON, "expected_peers": list(peers), "peer_timeout": 120},
-        "env": {"OMP_NUM_THREADS": "1"},
+        "env": {"OMP_NUM_THREADS": "1", "FTIS_CONSOLE": "dict"},  # the logs checked hold the metrics dicts
         "peers": [
             {
                 "id": peer,
@@ -170,7 +170,7 @@ def test_peers_with_different_tokenizers_train_on_each_others_texts(tmp_path):
         "script": PEER_SCRIPT,
         "exchange_url": f"dir://{tmp_path / 'exchange'}",
         "args": {**COMMON, "expected_peers": list(peers), "peer_timeout": 120, "cross_tokenizer": True},
-        "env": {"OMP_NUM_THREADS": "1"},
+        "env": {"OMP_NUM_THREADS": "1", "FTIS_CONSOLE": "dict"},  # the logs checked hold the metrics dicts
         "peers": [
             {
                 "id": peer,

@@ -556,7 +556,12 @@ def test_slurm_two_tiny_peers_train_through_the_launchers_redis_job(tmp_path, sl
         "slurm": {"cpus": 1, "time": "00:10:00", "partition": slurm_cluster.partition},
         "redis": {"start": True, "password": True, "time": 15},
         "args": {**COMMON, "expected_peers": ["big", "small"], "peer_timeout": 180},
-        "env": {"OMP_NUM_THREADS": 1, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+        "env": {
+            "OMP_NUM_THREADS": 1,
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+            "FTIS_CONSOLE": "dict",
+        },
         "peers": [{"id": "big", "args": {"hidden_size": 64}}, {"id": "small", "args": {"hidden_size": 32}}],
     }
     started = time.monotonic()
