@@ -24,7 +24,7 @@ BASIC = {"use_cpu": True, "report_to": []}
 @pytest.fixture(autouse=True)
 def fresh_start_up_lines(monkeypatch):
     """Each test sees the once-per-process lines as a fresh process would."""
-    monkeypatch.setattr(config_module, "_LOGGED_PRESETS", set())
+    monkeypatch.setattr(config_module, "START_UP_LINES_LOGGED", set())
 
 
 def test_every_inherited_field_default_is_trls_or_resolves_to_it():

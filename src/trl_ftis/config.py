@@ -59,7 +59,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 """`FTISConfig.preset`: named sets of TRL's own options. A preset sets only the options not given,
 so a value given (TRL's default included) wins; the rest of the paper's recipe (G = 12, top-k 50, ...) is in
 `examples/configs/`."""
-_LOGGED_PRESETS: set[str] = set()  # each preset's one start-up line, once per process
+START_UP_LINES_LOGGED: set[str] = (
+    set()
+)  # the config's once-per-process lines (a preset's, the fp32 head's) already logged
 TRL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
 """`GRPOConfig`'s field defaults, as TRL sets them (an option a preset may set resolves to these without one)."""
 
@@ -530,8 +532,8 @@ class FTISConfig(GRPOConfig):
         changed += self._resolve_preset_options(("cast_lm_head_to_fp32",))
         if changed:
             line = f"preset={self.preset!r} sets " + ", ".join(changed)
-            if line not in _LOGGED_PRESETS:
-                _LOGGED_PRESETS.add(line)
+            if line not in START_UP_LINES_LOGGED:
+                START_UP_LINES_LOGGED.add(line)
                 logger.warning("%s.", line)
         self._validate_ftis()
 
@@ -646,8 +648,12 @@ class FTISConfig(GRPOConfig):
         check_peer_id(self.peer_id, "peer_id")
         if self.exchange_url is not None:
             self.exchange_url = normalise_exchange_url(self.exchange_url)
-            if (self.bf16 or self.fp16) and not self.cast_lm_head_to_fp32 and "lm_head_fp32" not in _LOGGED_PRESETS:
-                _LOGGED_PRESETS.add("lm_head_fp32")
+            if (
+                (self.bf16 or self.fp16)
+                and not self.cast_lm_head_to_fp32
+                and "lm_head_fp32" not in START_UP_LINES_LOGGED
+            ):
+                START_UP_LINES_LOGGED.add("lm_head_fp32")
                 logger.warning(
                     "cast_lm_head_to_fp32 is off (TRL's default) in %s: peers compare log-probs across models, and "
                     "half-precision noise summed over a completion moves the filter statistic. Set "
