@@ -222,6 +222,30 @@ def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
         assert "'ftis/exchange/peers_missing': '1'" in log
 
 
+def test_peers_that_end_on_different_rounds_are_not_waited_for(tmp_path):
+    """Three peers that all expect each other, with a long peer_timeout, run 2, 4 and 6 steps: each one that ends
+    announces it, and the others go on at once (issue 22: each survivor waited a full peer_timeout for every peer
+    that had finished)."""
+    exchange, timeout = f"dir://{tmp_path / 'exchange'}", 120
+    common = {"expected_peers": ["short", "middle", "long"], "peer_timeout": timeout}
+    started = time.monotonic()
+    processes = {
+        name: start_peer(tmp_path, name, exchange, hidden_size=32, steps=steps, **common)
+        for name, steps in (("short", 2), ("middle", 4), ("long", 6))
+    }
+    for name, process in processes.items():
+        assert process.wait(timeout=300) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
+    elapsed = time.monotonic() - started
+    assert elapsed < timeout, f"{elapsed:.0f} s: someone waited out a peer_timeout"
+    for name, steps in (("short", 2), ("middle", 4), ("long", 6)):
+        result = summary(tmp_path, name)
+        assert result["steps"] == steps
+        assert result["exchange_blocking_seconds"] < 30, result  # only waits for live peers' rows
+        assert "nothing new from" not in (tmp_path / f"{name}.log").read_text()
+    # The long peer trained on the others' rows while they were there: 16 a round from each.
+    assert summary(tmp_path, "long")["rows_accepted"] == 16 * 2 + 16 * 4
+
+
 def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     from trl_ftis import PeerRow
     from trl_ftis.demo.tiny import build_char_tokenizer

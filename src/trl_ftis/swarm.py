@@ -177,6 +177,10 @@ class Swarm:
         # timeout, not one per round.
         self._absent: set[str] = set()
         self._absent_count = 0
+        self.departed: dict[str, int] = {}
+        """Peers that announced they are leaving (a verified final message, [`leave`]) -> the round of that message:
+        never waited for, until they deliver a message of a later round (they restarted)."""
+        self._last_round: int | None = None  # the swarm round of this peer's newest publish; `leave` names it
         # Digest -> round of every message accepted in the round window: identical bytes delivered again (a retried
         # Redis publish, a directory read again after `reopen`) are used once. Distinct messages are never refused
         # as duplicates, so no one can pre-empt a peer's own message by writing first under its name.
@@ -237,6 +241,7 @@ class Swarm:
         if not rows:
             return 0
         round = int(round) + self.round_offset
+        self._last_round = round
         rows = self._wire_safe(rows, round)
         if not rows:
             return 0
@@ -282,6 +287,38 @@ class Swarm:
             )
         return len(data)
 
+    def leave(self, round: int | None = None) -> bool:
+        """Tell the other peers that this one is leaving: one signed message with no rows, marked `final`, of
+        `round` (this peer's step; default: the round after its newest publish, the one the others wait for it in),
+        so that they stop waiting for it at once instead of after `peer_timeout`. Called when a trainer's `train()` ends; a later message of a later round
+        (a restart) makes them wait for it again. Never raises; returns whether the message was sent."""
+        if self._closed:
+            return False
+        if round is not None:
+            swarm_round = int(round) + self.round_offset
+        else:
+            swarm_round = self.round_offset if self._last_round is None else self._last_round + 1
+        message = Message(
+            sender=self.peer_id,
+            round=max(swarm_round, 0),
+            tokenizer_fingerprint=self.fingerprint,
+            tokenizer_name=self.tokenizer_name,
+            temperature=self.temperature,
+            reward_names=self.reward_names,
+            groups=[],
+            completions=[],
+            model=self.model_name,
+            final=True,
+        )
+        try:
+            data = encode_message(message, secret=self.secret, private_key=self.private_key, limits=self.limits)
+            self.transport.publish(data, sender=self.peer_id, round=message.round)
+        except Exception as error:  # noqa: BLE001 - the others then stop waiting after one peer_timeout, as for a crash
+            self._warn_once("publish", f"leave:{type(error).__name__}", f"Could not announce leaving: {error}")
+            return False
+        logger.info("Peer %r: announced leaving the swarm (round %d).", self.peer_id, message.round)
+        return True
+
     def _wire_safe(self, rows: Sequence[PeerRow], round: int) -> list[PeerRow]:
         """`rows` without the groups holding a value the wire format refuses (receivers would refuse the whole
         message): a whole group goes, since receivers normalise advantages within it."""
@@ -320,10 +357,17 @@ class Swarm:
         return bool((np.abs(values) <= limits.max_abs_reward).all())
 
     # -- collecting ----------------------------------------------------------------------------------------------
+    def _waited_for(self) -> set[str]:
+        """The expected peers a round still waits for: not absent, not departed."""
+        return set(self.expected_peers) - self._absent - set(self.departed)
+
     def _satisfied(self, fresh: set[str]) -> bool:
-        if self.expected_peers and not set(self.expected_peers) - self._absent <= fresh:
+        if self.expected_peers and not self._waited_for() <= fresh:
             return False
-        return self.num_expected_peers is None or len(fresh) >= self.num_expected_peers - self._absent_count
+        if self.num_expected_peers is None:
+            return True
+        departed = set(self.departed)
+        return len(fresh - departed) >= self.num_expected_peers - self._absent_count - len(departed)
 
     @property
     def waits(self) -> bool:
@@ -409,11 +453,12 @@ class Swarm:
         if self.num_expected_peers is not None:
             self._absent_count = min(self._absent_count, max(self.num_expected_peers - len(fresh), 0))
         if self.waits and not self._satisfied(fresh):
-            if self.expected_peers and not set(self.expected_peers) - self._absent <= fresh:
-                result.missing = sorted(set(self.expected_peers) - self._absent - fresh)
+            if self.expected_peers and not self._waited_for() <= fresh:
+                result.missing = sorted(self._waited_for() - fresh)
                 self._absent |= set(result.missing)
             else:
-                shortfall = self.num_expected_peers - self._absent_count - len(fresh)
+                departed = set(self.departed)
+                shortfall = self.num_expected_peers - self._absent_count - len(departed) - len(fresh - departed)
                 result.missing = [f"{shortfall} of {self.num_expected_peers} peers"]
                 self._absent_count += shortfall
             logger.warning(
@@ -591,11 +636,12 @@ class Swarm:
             return now - self._last_heard.get(peer, self._started) > self.peer_timeout
 
         if self.expected_peers:
-            return [peer for peer in self.expected_peers if silent(peer)]
+            return [peer for peer in self.expected_peers if peer not in self.departed and silent(peer)]
         if self.num_expected_peers:
-            heard = sum(not silent(peer) for peer in self._last_heard)
-            if heard < self.num_expected_peers and now - self._started > self.peer_timeout:
-                return [f"{self.num_expected_peers - heard} of {self.num_expected_peers} peers"]
+            heard = sum(not silent(peer) for peer in self._last_heard if peer not in self.departed)
+            expected = self.num_expected_peers - len(self.departed)
+            if heard < expected and now - self._started > self.peer_timeout:
+                return [f"{expected - heard} of {self.num_expected_peers} peers"]
         return []
 
     def _outside_window(self, message_round: int, round: int) -> str | None:
@@ -769,7 +815,22 @@ class Swarm:
         )
         if sender in self._delivered or len(self._delivered) < _MAX_KNOWN_PEERS:
             self._delivered[sender] = max(self._delivered.get(sender, message.round), message.round)
+        self._note_departure(sender, message)
         return sender
+
+    def _note_departure(self, sender: str, message: Message) -> None:
+        """A final message marks its sender departed; a later round from it (it restarted) brings it back. Only peers
+        a round may wait for are recorded (all of them without `expected_peers`; the map is bounded either way)."""
+        if self.expected_peers and sender not in self.expected_peers:
+            return
+        if message.final:
+            if sender not in self.departed and len(self.departed) < _MAX_KNOWN_PEERS:
+                logger.info("Peer %r left the swarm (round %d): not waiting for it any more.", sender, message.round)
+            if sender in self.departed or len(self.departed) < _MAX_KNOWN_PEERS:
+                self.departed[sender] = max(self.departed.get(sender, message.round), message.round)
+        elif sender in self.departed and message.round > self.departed[sender]:
+            del self.departed[sender]
+            logger.info("Peer %r is back (round %d): waiting for it again.", sender, message.round)
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -777,8 +838,8 @@ class Swarm:
         models, the expected peers not waited for, the digests of the messages accepted in the round window (read
         again after a restart, they are refused as duplicates instead of trained on twice), the round alignment
         (`round_offset` and each sender's newest round), the newest round each sender delivered, each sender's
-        free-running round ([`sender_rounds`]) and the unpublished-row counts. Transport cursors are not
-        part of it: a restarted peer reads what the exchange still holds."""
+        free-running round ([`sender_rounds`]), the peers that left ([`departed`]) and the unpublished-row counts.
+        Transport cursors are not part of it: a restarted peer reads what the exchange still holds."""
         return {
             "peer_id": self.peer_id,
             "known_peers": sorted(self.known_peers),
@@ -791,6 +852,7 @@ class Swarm:
             "newest": dict(self._newest),
             "delivered": dict(self._delivered),
             "sender_rounds": dict(self.sender_rounds),
+            "departed": dict(self.departed),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -817,6 +879,7 @@ class Swarm:
         # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
         delivered = field("delivered", dict, counts) if "delivered" in state else {}
         sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
+        departed = field("departed", dict, counts) if "departed" in state else {}
         try:
             digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
         except ValueError:
@@ -838,6 +901,11 @@ class Swarm:
         self._newest = dict(list(newest.items())[:_MAX_KNOWN_PEERS])
         self._delivered = dict(list(delivered.items())[:_MAX_KNOWN_PEERS])
         self.sender_rounds = dict(list(sender_rounds.items())[:_MAX_KNOWN_PEERS])
+        self.departed = {
+            peer: round
+            for peer, round in list(departed.items())[:_MAX_KNOWN_PEERS]
+            if not self.expected_peers or peer in self.expected_peers
+        }
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
         # Bounded: a flood of messages with made-up sender names must not grow memory (they are still counted).

@@ -802,8 +802,9 @@ class FTISTrainer(GRPOTrainer):
         first. `resume_from_checkpoint=True` takes the last *complete* checkpoint in `output_dir` (one that has its
         `trainer_state.json`: a process killed while saving leaves a newer, incomplete folder behind). On a command
         line, `--resume_from_checkpoint last` (or `latest`, `true`) does the same, and starts afresh when there is
-        no checkpoint yet: a peer can be started and restarted with one command. The swarm's transport and the async
-        exchange worker are closed when training ends, also when it raises (a second call reopens the transport)."""
+        no checkpoint yet: a peer can be started and restarted with one command. When training ends, also when it
+        raises, the peer announces that it leaves (`Swarm.leave`: the others stop waiting for it) and the swarm's
+        transport and the async exchange worker are closed (a second call reopens the transport)."""
         if self.swarm is not None:
             self.swarm.reopen()  # does nothing unless a previous train() closed it
         try:
@@ -814,6 +815,7 @@ class FTISTrainer(GRPOTrainer):
         finally:
             self._rounds.close()  # exchange_mode="async": the worker never outlives a train() call
             if self.swarm is not None:
+                self.swarm.leave()  # the others stop waiting for this peer now, not after peer_timeout
                 self.swarm.close()
 
     def _prepare_inputs(self, generation_batch):

@@ -147,6 +147,8 @@ class Header:
     model: str = ""
     text_bytes: int | None = None
     """Total UTF-8 bytes of the texts; None: the message has no text section."""
+    final: bool = False
+    """The sender's last message: it is leaving the swarm."""
 
 
 def check_header(header: Any, compact: bool, limits: Limits) -> Header:
@@ -220,6 +222,9 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
             problem = f"{text_bytes} bytes of text for {n} completions of at most {limits.max_completion_text_bytes}"
             raise refusal("limits", problem, sender)
 
+    if "final" in header and header["final"] is not True:  # present only to say "leaving"
+        raise refusal("header", f"final must be true when present, got {header['final']!r:.40}", sender)
+
     dtypes = header["dtypes"]
     if not isinstance(dtypes, dict) or set(dtypes) != {"ids", "logps"}:
         raise refusal("header", "dtypes must be an object with exactly 'ids' and 'logps'", sender)
@@ -244,6 +249,7 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
         logps_dtype=dtypes["logps"],
         model=model,
         text_bytes=None if text_bytes is None else int(text_bytes),
+        final="final" in header,
     )
 
 

@@ -70,6 +70,9 @@ class Message:
     """Unix seconds, set by the sender (for staleness checks)."""
     model: str = ""
     """The sender's model (name or path), for logs, summaries and model cards; optional (empty: not sent)."""
+    final: bool = False
+    """The sender's last message of its run: it is leaving the swarm, and receivers stop waiting for it (until it
+    sends a message of a later round). Usually it holds no completions (`Swarm.leave`)."""
     compact: bool = False
     """How the message was (or is to be) encoded; [`decode_message`] sets it."""
 

@@ -248,6 +248,8 @@ def encode_message(
         header["model"] = message.model
     if texts is not None:
         header["text_bytes"] = len(texts[2])
+    if message.final:
+        header["final"] = True
     parsed = check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
     columns = Columns(
@@ -465,6 +467,7 @@ def decode_message(
         created=header.created,
         compact=frame.compact,
         model=header.model,
+        final=header.final,
     )
 
 

@@ -1,0 +1,149 @@
+"""Peers that leave say so: a signed, final message, after which the others stop waiting for them at once (and wait
+again once they send a later round)."""
+
+import dataclasses
+import time
+import uuid
+
+import pytest
+from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
+
+from trl_ftis.exchange import Message, decode_message, encode_message
+
+
+@pytest.fixture
+def url():
+    return f"memory://leaving-{uuid.uuid4().hex}"
+
+
+def _final(sender, round, **fields):
+    return Message(
+        sender=sender,
+        round=round,
+        tokenizer_fingerprint="0" * 64,
+        tokenizer_name="t",
+        temperature=1.0,
+        reward_names=[],
+        groups=[],
+        completions=[],
+        final=True,
+        **fields,
+    )
+
+
+def test_the_final_flag_travels_signed_and_only_as_true():
+    data = encode_message(_final("a", 3), secret="s")
+    back = decode_message(data, secret="s")
+    assert back.final is True and back.completions == [] and back.round == 3
+    assert decode_message(encode_message(dataclasses.replace(_final("a", 3), final=False))).final is False
+    with pytest.raises(ValueError, match="signature"):
+        decode_message(data, secret="another")
+
+
+def test_a_final_flag_other_than_true_is_refused():
+    import json
+
+    from trl_ftis.exchange.checks import check_header
+    from trl_ftis.exchange.errors import ExchangeError
+    from trl_ftis.exchange.limits import Limits
+
+    header = {
+        "sender": "a", "round": 1, "created": 1.0, "tokenizer_fingerprint": "0" * 64, "tokenizer_name": "t",
+        "temperature": 1.0, "reward_names": [], "groups": [], "counts": {"completions": 0, "tokens": 0},
+        "dtypes": {"ids": "<i4", "logps": "<f4"},
+    }  # fmt: skip
+    assert check_header(json.loads(json.dumps(header)), False, Limits()).final is False
+    assert check_header({**header, "final": True}, False, Limits()).final is True
+    for bad in (False, 1, "yes", None):
+        with pytest.raises(ExchangeError, match="final must be true") as caught:
+            check_header({**header, "final": bad}, False, Limits())
+        assert caught.value.reason == "header"
+
+
+def test_a_peer_that_left_is_not_waited_for(tokenizer, url):
+    a = make_swarm(url, "a", tokenizer, expected_peers=["b", "c"], peer_timeout=3.0, secret="s")
+    b = make_swarm(url, "b", tokenizer, secret="s")
+    c = make_swarm(url, "c", tokenizer, secret="s")
+    for peer in (b, c):
+        peer.publish(rows(peer.peer_id), 0)
+    assert a.collect(0).missing == []
+    b.publish(rows("b"), 1)
+    assert c.leave() is True  # c ends after round 0: its final message is of round 1
+    started = time.monotonic()
+    result = a.collect(1)
+    assert time.monotonic() - started < 1.0, "a peer that announced leaving is not waited for"
+    assert result.missing == [] and {r.sender for r in result.rows} == {"b"}
+    assert a.departed == {"c": 1}
+    b.publish(rows("b"), 2)
+    started = time.monotonic()
+    assert a.collect(2).missing == [] and time.monotonic() - started < 1.0
+
+
+def test_when_everyone_else_left_a_round_does_not_wait_at_all(tokenizer, url):
+    a = make_swarm(url, "a", tokenizer, num_expected_peers=2, peer_timeout=3.0)
+    for name in ("b", "c"):
+        peer = make_swarm(url, name, tokenizer)
+        peer.publish(rows(name), 0)
+        peer.leave()
+    assert len(a.collect(0).rows) == 8
+    started = time.monotonic()
+    result = a.collect(1)
+    assert time.monotonic() - started < 1.0 and result.missing == [] and sorted(a.departed) == ["b", "c"]
+
+
+def test_a_peer_that_comes_back_with_a_later_round_is_waited_for_again(tokenizer, url):
+    a = make_swarm(url, "a", tokenizer, expected_peers=["b"], peer_timeout=1.0)
+    b = make_swarm(url, "b", tokenizer)
+    b.publish(rows("b"), 0)
+    b.leave()  # round 1
+    a.collect(0)
+    assert "b" in a.departed
+    b.publish(rows("b"), 1)  # not a later round than its final message: still departed
+    a.collect(1)
+    assert "b" in a.departed
+    b.publish(rows("b"), 2)  # restarted and further on: back
+    a.collect(2)
+    assert a.departed == {}
+    started = time.monotonic()
+    assert a.collect(3).missing == ["b"] and time.monotonic() - started >= 0.9  # waited for again
+
+
+def test_only_a_verified_final_message_counts(tokenizer, url):
+    """A stranger without the secret cannot make a peer stop waiting for an expected one, and a final message
+    from a peer no one expects is not recorded."""
+    a = make_swarm(url, "a", tokenizer, expected_peers=["b"], peer_timeout=1.0, secret="s")
+    make_swarm(url, "b", tokenizer, secret="wrong").leave()
+    make_swarm(url, "x", tokenizer, secret="s").leave()
+    started = time.monotonic()
+    result = a.collect(0)
+    assert time.monotonic() - started >= 0.9 and result.missing == ["b"]
+    assert result.refused["signature"] == 1 and a.departed == {}
+
+
+def test_departures_survive_a_checkpoint(tokenizer, url):
+    a = make_swarm(url, "a", tokenizer, expected_peers=["b"], peer_timeout=1.0)
+    make_swarm(url, "b", tokenizer).leave()
+    a.collect(0)
+    restored = make_swarm(url, "a", tokenizer, expected_peers=["b"], peer_timeout=1.0)
+    restored.load_state_dict(a.state_dict())
+    assert restored.departed == {"b": 0}
+    started = time.monotonic()
+    assert restored.collect(1).missing == [] and time.monotonic() - started < 0.5
+    with pytest.raises(ValueError, match="departed"):
+        restored.load_state_dict({**a.state_dict(), "departed": {"b": "soon"}})
+
+
+def test_leave_never_raises(tokenizer, url):
+    b = make_swarm(url, "b", tokenizer)
+    b.close()
+    assert b.leave() is False
+
+    class Broken:
+        def publish(self, *args, **kwargs):
+            raise OSError("disk full")
+
+        def close(self):
+            pass
+
+    c = make_swarm(url, "c", tokenizer, transport=Broken())
+    assert c.leave() is False
