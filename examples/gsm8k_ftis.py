@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_ftis import FTISConfig, FTISTrainer
+from trl_ftis.rules import peer_id_from
 from trl_ftis.tasks.math_problems import (
     R1_ZERO_SYSTEM_PROMPT,
     answer_reward,
@@ -131,11 +132,19 @@ def load_tokenizer(model_args: ModelConfig, training_args: FTISConfig):
     return tokenizer
 
 
+def name_the_peer(training_args: FTISConfig, model_args: ModelConfig) -> None:
+    """Without --peer_id and --run_name the peer announces itself by its model's name (`Qwen/Qwen2.5-1.5B` ->
+    `qwen2.5-1.5b`), not by FTISConfig's fallback "peer"; the tracker run is named after the peer."""
+    if training_args.peer_id == "peer" and not training_args.run_name:
+        training_args.peer_id = peer_id_from(model_args.model_name_or_path)
+    if not training_args.run_name:
+        training_args.run_name = training_args.peer_id
+
+
 def main(script_args: GSM8KScriptArguments, training_args: FTISConfig, model_args: ModelConfig):
     if not model_args.model_name_or_path:
         raise ValueError("Set --model_name_or_path (a Hub id such as Qwen/Qwen2.5-1.5B or a local directory).")
-    if not training_args.run_name:  # trackers then name the run after the peer
-        training_args.run_name = training_args.peer_id
+    name_the_peer(training_args, model_args)
 
     tokenizer = load_tokenizer(model_args, training_args)
     model = load_model(model_args, training_args)

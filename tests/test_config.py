@@ -192,3 +192,15 @@ def test_credentials_describe_how_messages_are_authenticated():
         "and a shared swarm secret (HMAC)"
     )
     assert "none are required" in SwarmCredentials(None, object(), None).describe()
+
+
+def test_variant_names_are_normalised_on_the_command_line_as_in_python(tmp_path):
+    """docs/api.md promises `F_TIS` -> `f-tis`; argparse `choices` used to refuse it before the config saw it."""
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--variant", "F_TIS"]
+    (args,) = HfArgumentParser(FTISConfig).parse_args_into_dataclasses(argv)
+    assert args.variant == "f-tis"
+    assert FTISConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, variant="F_Nois").variant == "f-nois"
+    with pytest.raises(ValueError, match="Unknown F-TIS variant 'ftis'"):
+        HfArgumentParser(FTISConfig).parse_args_into_dataclasses([*argv[:-1], "ftis"])

@@ -279,3 +279,19 @@ def test_shared_names_are_the_ones_each_part_uses():
 
     assert config.SWARM_SECRET_ENV == rules.SWARM_SECRET_ENV == "FTIS_SWARM_SECRET"
     assert collaboration.SUMMARY_FILE == rules.SUMMARY_FILE  # the summary callback writes the file the launcher reads
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("Qwen/Qwen2.5-1.5B", "qwen2.5-1.5b"),
+        ("/models/Qwen2.5-1.5B/", "qwen2.5-1.5b"),
+        ("SmolLM2 135M", "smollm2-135m"),
+        ("C:\\models\\Llama..3", "llama.3"),
+        ("..", "peer"),
+        ("", "peer"),
+        ("x" * 100, "x" * 64),
+    ],
+)
+def test_a_peer_id_is_made_from_a_model_name(name, expected):
+    assert rules.peer_id_from(name) == expected and rules.is_peer_id(expected)

@@ -19,7 +19,6 @@ from .objective import (
     KL_REDUCTIONS,
     LOSS_TYPES,
     THRESHOLD_MODES,
-    VARIANTS,
     parse_variant,
 )
 from .rules import (
@@ -290,8 +289,9 @@ class FTISConfig(GRPOConfig):
     variant: str = field(
         default="f-tis",
         metadata={
-            "help": "Objective variant: 'f-tis' (the method) or an ablation: 'nois', 'vis', 'tis', 'f-nois', 'f-vis'.",
-            "choices": list(VARIANTS),
+            # No argparse `choices`: names are normalised (`F_TIS` -> `f-tis`) and checked in __post_init__.
+            "help": "Objective variant: 'f-tis' (the method) or an ablation: 'nois', 'vis', 'tis', 'f-nois', 'f-vis' "
+            "(case and '_'/'-' insensitive).",
         },
     )
     is_cap: float = field(

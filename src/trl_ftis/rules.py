@@ -53,6 +53,14 @@ def is_peer_id(value: object) -> bool:
     return peer_id_problem(value) is None
 
 
+def peer_id_from(name: str) -> str:
+    """A valid peer id made from a model's name or path (`Qwen/Qwen2.5-1.5B` -> `qwen2.5-1.5b`): its last path part,
+    lower-cased, with every other character replaced by '-'; `"peer"` when nothing is left."""
+    last = str(name).rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1].lower()
+    text = re.sub(r"\.{2,}", ".", re.sub(r"[^a-z0-9_.-]+", "-", last)).lstrip(".-")[:PEER_ID_MAX_CHARS]
+    return text if is_peer_id(text) else "peer"
+
+
 def check_peer_id(value: object, what: str = "peer_id") -> str:
     """Return `value` if it is a valid peer id, else raise `ValueError` naming `what` and the rule."""
     problem = peer_id_problem(value)

@@ -117,7 +117,14 @@ def test_paper_config_parses_into_the_papers_recipe():
     assert (training_args.is_cap, training_args.kl_threshold) == (2.0, 50.0)
     assert training_args.logging_steps == 1
     assert training_args.report_to == [] and training_args.save_strategy == "no"
-    assert training_args.peer_id == "qwen2.5-1.5b"
+    # No fixed peer id in the config: the script names the peer after its model.
+    assert training_args.peer_id == "peer"
+    module.name_the_peer(training_args, model_args)
+    assert training_args.peer_id == training_args.run_name == "qwen2.5-1.5b"
+    model_args.model_name_or_path = "/models/SmolLM2-135M"
+    training_args.peer_id, training_args.run_name = "peer", None
+    module.name_the_peer(training_args, model_args)
+    assert training_args.peer_id == "smollm2-135m"
 
 
 def test_the_same_rows_baseline_differs_from_the_paper_config_only_in_its_rows_and_names():
