@@ -18,9 +18,14 @@ Evaluate the result with `examples/eval_math500.py`.
 
 from dataclasses import dataclass, field
 
+from trl_ftis.dependency_warnings import quiet_dependency_warnings
+
+quiet_dependency_warnings()  # before the imports that warn
+
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
 from trl_ftis import FTISConfig, FTISTrainer
+from trl_ftis.console import use_script_console
 from trl_ftis.rules import peer_id_from
 from trl_ftis.tasks.math_problems import (
     R1_ZERO_SYSTEM_PROMPT,
@@ -186,6 +191,7 @@ def main(script_args: GSM8KScriptArguments, training_args: FTISConfig, model_arg
         processing_class=tokenizer,
         peft_config=get_peft_config(model_args),
     )
+    use_script_console(trainer)  # one line per logged step; FTIS_CONSOLE=dict keeps Trainer's dicts
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.accelerator.print(f"✅ Training of peer {training_args.peer_id!r} completed.")
 

@@ -6,7 +6,9 @@
 
 or all at once: `trl-ftis swarm examples/swarms/tiny.yaml`. Every FTISConfig / GRPOConfig option is a flag
 (`--kl_threshold 5`, `--variant f-nois`, `--expected_peers big small`, ...). Models and tokenizer are built locally,
-so this runs offline in seconds; `--model_name_or_path` loads a saved model instead.
+so this runs offline in seconds; `--model_name_or_path` loads a saved model instead. On a machine without a GPU it
+runs on the CPU in fp32 (`--use_cpu true --bf16 false` are its defaults there; flags still win), and it prints one
+line per logged step (`FTIS_CONSOLE=dict` prints Trainer's dicts instead).
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from trl_ftis.dependency_warnings import quiet_dependency_warnings
+
+quiet_dependency_warnings()  # before the imports that warn
+
 import torch  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis import FTISConfig, FTISTrainer  # noqa: E402
+from trl_ftis.console import use_script_console
 from trl_ftis.demo.tiny import (  # noqa: E402
     TINY_TOKENIZERS,
     build_tiny_causal_lm,
@@ -103,6 +110,8 @@ class StepDelay(TrainerCallback):
 
 def main() -> None:
     parser = TrlParser((TinyPeerArguments, FTISConfig, ModelConfig))
+    if not torch.cuda.is_available():  # TRL's bf16 default refuses to start on a CPU-only machine; flags still win
+        parser.set_defaults(use_cpu=True, bf16=False)
     peer_args, training_args, model_args = parser.parse_args_and_config()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
 
@@ -148,6 +157,7 @@ def main() -> None:
         peft_config=get_peft_config(model_args),
         callbacks=[StepDelay(peer_args.step_delay)] if peer_args.step_delay > 0 else None,
     )
+    use_script_console(trainer)  # one line per logged step; FTIS_CONSOLE=dict keeps Trainer's dicts
     if peer_args.start_at > time.time():
         time.sleep(peer_args.start_at - time.time())
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)

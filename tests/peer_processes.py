@@ -29,7 +29,9 @@ COMMON = {
 
 def peer_env(**extra):
     env = {k: v for k, v in os.environ.items() if k != "FTIS_SWARM_SECRET"}
-    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **extra)
+    # FTIS_CONSOLE=dict: the examples print step lines by default; these tests read the metrics dicts in the logs.
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", FTIS_CONSOLE="dict")
+    env.update(extra)
     return env
 
 

@@ -66,3 +66,25 @@ def test_the_environment_switch(monkeypatch):
     with warnings.catch_warnings():
         assert apply_console_env(trainer) is True
     assert [type(c) for c in trainer.callback_handler.callbacks] == [StepLineCallback]
+
+
+def test_the_example_scripts_print_step_lines_unless_asked_for_dicts(monkeypatch, tmp_path):
+    from trl_ftis.console import StepLineCallback, use_script_console
+
+    class Trainer:
+        def __init__(self):
+            self.callback_handler = type("Handler", (), {"callbacks": []})()
+
+        def remove_callback(self, kind):
+            pass
+
+        def add_callback(self, callback):
+            self.callback_handler.callbacks.append(callback)
+
+    monkeypatch.setenv(rules.CONSOLE_ENV, rules.CONSOLE_DICTS)
+    dicts = Trainer()
+    assert use_script_console(dicts) is False and dicts.callback_handler.callbacks == []
+    monkeypatch.delenv(rules.CONSOLE_ENV)
+    lines = Trainer()
+    assert use_script_console(lines) is True
+    assert [type(c) for c in lines.callback_handler.callbacks] == [StepLineCallback]

@@ -4,7 +4,8 @@ keys, ~2.7 KB, no step number), and the dependencies' deprecation notices a user
 The full metrics stay in the trackers and `trainer.state.log_history`. The launcher turns both on for its peers
 with the environment switch [`trl_ftis.rules.CONSOLE_ENV`] (read by [`apply_console_env`], which `FTISTrainer`
 calls); scripts call `trl_ftis.dependency_warnings.quiet_dependency_warnings` (before importing transformers: this
-module imports it) and [`use_step_lines`] themselves. Standard library and transformers only.
+module imports it) and [`use_step_lines`] themselves, or [`use_script_console`] (the examples: step lines unless
+`CONSOLE_ENV=dict`). Standard library and transformers only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from .dependency_warnings import quiet_dependency_warnings
-from .rules import CONSOLE_ENV, CONSOLE_LINES
+from .rules import CONSOLE_DICTS, CONSOLE_ENV, CONSOLE_LINES
 
 
 def step_line(step: int, max_steps: int, logs: Mapping[str, Any], elapsed: float) -> str | None:
@@ -67,6 +68,16 @@ def use_step_lines(trainer, prefix: str = "") -> StepLineCallback:
 def apply_console_env(trainer) -> bool:
     """With `CONSOLE_ENV=lines` (the launcher sets it for its peers): quiet dependency warnings and step lines."""
     if os.environ.get(CONSOLE_ENV, "").strip().lower() != CONSOLE_LINES:
+        return False
+    quiet_dependency_warnings()
+    use_step_lines(trainer)
+    return True
+
+
+def use_script_console(trainer) -> bool:
+    """What the example scripts call: step lines (and quiet dependency warnings) unless `CONSOLE_ENV=dict` asks for
+    Trainer's dicts. Returns whether step lines are on."""
+    if os.environ.get(CONSOLE_ENV, "").strip().lower() == CONSOLE_DICTS:
         return False
     quiet_dependency_warnings()
     use_step_lines(trainer)

@@ -170,6 +170,9 @@ CONSOLE_ENV = "FTIS_CONSOLE"
 """Set to [`CONSOLE_LINES`] (by the launcher, for its peers): one short line per logged step and the dependencies'
 deprecation notices hidden (`trl_ftis.console.apply_console_env`); the full metrics stay in the trackers."""
 CONSOLE_LINES = "lines"
+CONSOLE_DICTS = "dict"
+"""[`CONSOLE_ENV`] set to this: Trainer's full dict per logged step, also in the example scripts (which default to
+step lines: `trl_ftis.console.use_script_console`)."""
 PEER_ID_ENV = "FTIS_PEER_ID"
 """Set by the launcher to each peer's id (scripts read it as their default `peer_id`)."""
 GPU_MEMORY_FRACTION_ENV = "FTIS_GPU_MEMORY_FRACTION"

@@ -65,10 +65,29 @@ def test_eval_progress_lines_and_the_combined_scores_equal_one_evaluation():
     assert eval_math500.combine_scores([])["n"] == 0
 
 
-@pytest.mark.parametrize("name", ["quick_demo", "eval_math500"])
+@pytest.mark.parametrize("name", ["quick_demo", "eval_math500", "tiny_peer", "gsm8k_ftis"])
 def test_the_scripts_hide_dependency_deprecation_notices_before_importing_the_dependencies(name):
     lines = (ROOT / "examples" / f"{name}.py").read_text().splitlines()
     call = lines.index("quiet_dependency_warnings()  # before the imports that warn")
     dependencies = ("import torch", "from torch", "from transformers", "import transformers", "from trl ", "from peft")
     first = min(i for i, line in enumerate(lines) if line.startswith(dependencies))
     assert lines.index("from trl_ftis.dependency_warnings import quiet_dependency_warnings") < call < first
+
+
+def test_tiny_peer_runs_on_a_cpu_only_machine_without_device_flags_and_prints_step_lines(tmp_path):
+    """docs/swarm.md's commands give no --use_cpu/--bf16: on a machine without a GPU, TRL's bf16 default used to
+    refuse to start."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("FTIS_CONSOLE", "FTIS_SWARM_SECRET")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    command = [sys.executable, str(ROOT / "examples" / "tiny_peer.py"), "--peer_id", "solo", "--hidden_size", "32"]
+    command += ["--output_dir", str(tmp_path / "solo"), "--max_steps", "2", "--logging_steps", "1"]
+    command += ["--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "step 1/2  reward" in output and "step 2/2  reward" in output
+    assert "{'loss'" not in output and "FutureWarning" not in output
