@@ -170,7 +170,12 @@ def main() -> None:
             summary["accuracy_before"] = before
             summary["accuracy_after"] = greedy_accuracy(trainer.model, tokenizer, held_out)
         summary_path.write_text(json.dumps(summary, indent=2))
-        print(f"[{training_args.peer_id}] done: {json.dumps(summary)}", flush=True)
+        accuracy = f", accuracy {before:.2f} -> {summary['accuracy_after']:.2f}" if held_out else ""
+        print(
+            f"[{training_args.peer_id}] done: {summary['steps']} steps, {summary['rows_accepted']} peer rows accepted"
+            f"{accuracy}; summary in {summary_path}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

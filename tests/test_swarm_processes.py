@@ -246,6 +246,35 @@ def test_peers_that_end_on_different_rounds_are_not_waited_for(tmp_path):
     assert summary(tmp_path, "long")["rows_accepted"] == 16 * 2 + 16 * 4
 
 
+def test_a_launcher_swarm_that_exchanged_nothing_says_so_per_peer(tmp_path):
+    """Issue 22: a secret set on one peer only; that peer refused every message and trained on 0 peer rows, and the
+    launcher printed "all peers finished; exit code 0" and nothing else. Now the table counts the refused messages
+    and the end of the run warns for that peer, with the reason."""
+    config = {
+        "script": PEER_SCRIPT,
+        "args": {**COMMON, "max_steps": 2, "expected_peers": ["locked", "open"], "peer_timeout": 5},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "peers": [
+            {"id": "locked", "args": {"hidden_size": 32}, "env": {"FTIS_SWARM_SECRET": "only-mine"}},
+            {"id": "open", "args": {"hidden_size": 32}},
+        ],
+    }
+    result = run_launcher(tmp_path, config)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    warnings = [line for line in output.splitlines() if "warning: locked: accepted no peer rows" in line]
+    assert len(warnings) == 1, output[-4000:]
+    assert "unsigned: 2" in warnings[0] and "secret" in warnings[0]
+    assert any("(1 exchange warnings above)" in line or "(1 exchange warning above)" in line for line in output.splitlines())
+    rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
+    assert rows["locked"]["rows_accepted"] == 0 and rows["locked"]["messages_refused"] == 2
+    assert rows["open"]["rows_accepted"] > 0 and rows["open"]["warning"] is None  # unsigned rows are welcome there
+    # The peers say it themselves: how messages are authenticated, one line each at start.
+    logs = tmp_path / "run" / "logs"
+    assert "message authentication: a shared swarm secret (HMAC)." in (logs / "locked.log").read_text()
+    assert "message authentication: none" in (logs / "open.log").read_text()
+
+
 def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     from trl_ftis import PeerRow
     from trl_ftis.demo.tiny import build_char_tokenizer

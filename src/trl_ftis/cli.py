@@ -1,6 +1,6 @@
 """The `trl-ftis` command line.
 
-    trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS] [--slurm]
+    trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS] [--slurm] [--only PEER_ID ...] [--resume]
     trl-ftis keygen PEER_ID [--dir DIR] [--keys-file FILE]
 
 Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets `func` to a handler
@@ -23,9 +23,11 @@ def _add_swarm(subparsers) -> None:
             "Start every peer listed in CONFIG.yaml as its own job (own process group, own accelerate port), "
             "stream their output prefixed with the peer id, stop all of them when one fails or on Ctrl-C, and print "
             "a summary table. With `launcher: slurm` in the config (or --slurm) every peer is one SLURM job instead, "
-            "submitted with submitit, and Ctrl-C or a failing peer cancels every job. Exit code: 0 all peers "
-            "succeeded, 1 a peer failed, 2 invalid config, 130 interrupted. See docs/swarm-launcher.md for the "
-            "config schema."
+            "submitted with submitit, and Ctrl-C or a failing peer cancels every job. At the end, a warning line for "
+            "each peer that accepted no peer rows, dropped more than it accepted or refused most messages (or any "
+            "for their signature: a swarm secret some peer lacks). An earlier run's logs/<id>.log and .cmd are kept "
+            "as logs/<id>.log.<N> and .cmd.<N>. Exit code: 0 all peers succeeded, 1 a peer failed, 2 invalid "
+            "config, 130 interrupted. See docs/swarm-launcher.md for the config schema and for restarting one peer."
         ),
     )
     parser.add_argument("config", help="swarm config (YAML)")
@@ -51,6 +53,21 @@ def _add_swarm(subparsers) -> None:
         metavar="SECONDS",
         help="when stopping peers, seconds between SIGTERM and SIGKILL (on SLURM: and scancel) (default: 10)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="PEER_ID",
+        help="start only this peer, with the command the full run gives it (repeat for several); the others are "
+        "not touched: to restart a peer while the rest keep training, run each peer with its own --only launcher. "
+        "Not with a Redis job the launcher starts (SLURM's default exchange): name your own exchange_url",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="each peer started resumes from the newest complete checkpoint-<step> in its output dir "
+        "(--resume_from_checkpoint PATH); one without a checkpoint yet starts from the beginning",
+    )
     parser.set_defaults(func=_run_swarm)
 
 
@@ -59,6 +76,9 @@ def _run_swarm(args: argparse.Namespace) -> int:
 
     try:
         config = launcher.load_swarm_config(args.config, run_dir=args.run_dir, slurm=args.slurm)
+        config, said = launcher.restart_config(config, only=args.only, resume=args.resume)
+        for line in said:  # which checkpoint each peer resumes from, before its output starts
+            print(f"# {line}" if args.dry_run else f"trl-ftis swarm: {line}", flush=True)
         if args.dry_run:
             return launcher.dry_run(config)
         return launcher.run_swarm(config, grace=args.grace)

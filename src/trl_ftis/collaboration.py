@@ -29,6 +29,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from .exchange_report import exchange_warning  # stdlib-only home (the launcher words it too); importable here too
 from .rules import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
@@ -190,38 +191,6 @@ class SummaryCallback(TrainerCallback):
         problem = exchange_warning(summary) if in_swarm else None
         if problem is not None:
             logger.warning("%s", problem)
-
-
-def exchange_warning(summary: Mapping[str, Any]) -> str | None:
-    """What a swarm peer's end-of-run summary must not keep quiet: it accepted no peer rows, or dropped more peer rows
-    than it accepted; with the counts by reason of the messages refused and the rows dropped. `None` when neither.
-
-    Messages and rows are counted apart: a refused message (bad signature, another swarm, ...) never yields rows, so
-    it is not compared with rows."""
-    accepted = int(summary.get("rows_accepted") or 0)
-    refused = {str(k): int(v) for k, v in (summary.get("refused") or {}).items()}
-    dropped = {str(k): int(v) for k, v in (summary.get("dropped") or {}).items()}
-    if accepted > 0 and sum(dropped.values()) <= accepted:
-        return None
-
-    def by_reason(counts: Mapping[str, int]) -> str:
-        return ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-
-    head = (
-        f"{summary.get('peer_id')}: accepted no peer rows"
-        if accepted == 0
-        else f"{summary.get('peer_id')}: dropped more peer rows ({sum(dropped.values())}) than it accepted ({accepted})"
-    )
-    parts = [f"received {int(summary.get('rows_received') or 0)} rows"]
-    parts.append(
-        f"refused {sum(refused.values())} messages ({by_reason(refused)})" if refused else "refused no messages"
-    )
-    if dropped:
-        parts.append(f"dropped {sum(dropped.values())} rows ({by_reason(dropped)})")
-    hint = ""
-    if {"signature", "unsigned"} & set(refused):
-        hint = "; the peers do not share one swarm secret or key set (docs/security.md)"
-    return f"{head}: {'; '.join(parts)}{hint}."
 
 
 # -- the value of peer rows ----------------------------------------------------------------------------------------

@@ -414,13 +414,17 @@ def test_real_run_streams_logs_and_writes_summary(tmp_path, pid_dir, monkeypatch
     assert "rows_sent" in table and "rows_filtered" in table
     alpha_row = next(line for line in table.splitlines() if line.startswith("alpha"))
     assert "generation_share" in table and "peer_rows_worth" in table and "generation_saved_s" in table
-    # The last columns: the ledger's, read from nested entries of the peer's summary file.
-    assert alpha_row.split()[:2] == ["alpha", "ok"] and alpha_row.split()[-10:] == [
+    # rows_dropped and messages_refused sum the peer's counts by reason; the last columns are the ledger's, read from
+    # nested entries of the peer's summary file.
+    assert "rows_dropped" in table and "messages_refused" in table
+    assert alpha_row.split()[:2] == ["alpha", "ok"] and alpha_row.split()[-12:] == [
         "20",
         "160",
         "320",
         "300",
         "20",
+        "20",
+        "2",
         "0.8125",
         "0.25",
         "150",
@@ -428,13 +432,17 @@ def test_real_run_streams_logs_and_writes_summary(tmp_path, pid_dir, monkeypatch
         "3",
     ]
     b_row = next(line for line in table.splitlines() if line.startswith("b "))
-    assert b_row.split()[-10:] == ["7", "-", "-", "-", "-", "0.5", "-", "-", "-", "-"]
+    assert b_row.split()[-12:] == ["7", "-", "-", "-", "-", "-", "-", "0.5", "-", "-", "-", "-"]
     assert "note: c3: could not read" in table
 
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exit_code"] == 0
     rows = {row["id"]: row for row in summary["peers"]}
     assert rows["alpha"]["rows_accepted"] == 300 and rows["alpha"]["exit_code"] == 0
+    alpha = rows["alpha"]
+    assert (alpha["rows_dropped"], alpha["messages_refused"], alpha["warning"]) == (20, 2, None)
+    assert rows["b"]["rows_dropped"] is None and rows["b"]["messages_refused"] is None and rows["b"]["warning"] is None
+    assert "warning:" not in text  # a healthy exchange (and a summary that says nothing of one) warns of nothing
     assert rows["b"]["steps"] == 7 and rows["b"]["rows_sent"] is None
     assert rows["c3"]["steps"] is None and "could not read" in rows["c3"]["note"]
     assert all(0 < row["wall_time_s"] < 10 and row["status"] == "ok" for row in rows.values())
@@ -579,7 +587,9 @@ def test_signal_to_launcher_stops_everything(tmp_path, pid_dir, sig):
 def test_cli_is_light_and_has_help():
     code = (
         "import sys, trl_ftis.cli as c\n"
-        "heavy = [m for m in ('transformers', 'trl', 'accelerate', 'peft', 'datasets') if m in sys.modules]\n"
+        # What the launcher runs to the end of a swarm (the summary, --only/--resume, the exchange warnings) too.
+        "import trl_ftis.launcher, trl_ftis.launcher.summary, trl_ftis.launcher.restart, trl_ftis.exchange_report\n"
+        "heavy = [m for m in ('torch', 'transformers', 'trl', 'accelerate', 'peft', 'datasets') if m in sys.modules]\n"
         "assert not heavy, heavy\n"
         "assert c.main(['--help']) == 0 and c.main(['swarm', '--help']) == 0\n"
     )

@@ -22,7 +22,10 @@ The package, one concern per module (each step can be used and tested alone), im
 * `local` (`LocalBackend`, with `processes`: every process the peers started, found with psutil, and die-with-parent)
   and `slurm` (`SlurmBackend`: a Redis job, one submitit job per peer, `squeue`/`scontrol`/`scancel`, their logs and
   exit files; `slurm_jobs` is what runs inside those jobs): the two backends.
-* `summary`: each peer's summary file, the summary rows and `format_summary_table`.
+* `summary`: each peer's summary file, the summary rows, `format_summary_table` and the end-of-run exchange warnings
+  (worded by `trl_ftis.exchange_report`, standard library only).
+* `restart`: `restart_config(config, only, resume)`, the CLI's `--only PEER_ID` (some peers of the swarm, each with the
+  command the full run gives it) and `--resume` (each from its newest complete checkpoint).
 
 A new backend (Ray, Kubernetes, ...) is one module with a class that follows `backend.Backend`, its line in
 `driver.BACKENDS` (and `schema.SCHEDULERS`), and, for keys of its own, its schema section.
@@ -49,6 +52,7 @@ from .commands import (
     render_args,
 )
 from .driver import BACKENDS, dry_run, run_swarm
+from .restart import restart_config
 from .schema import LAUNCHERS as LAUNCHERS
 from .schema import PEER_KEYS as PEER_KEYS
 from .schema import RESERVED_ARGS as RESERVED_ARGS
@@ -78,5 +82,6 @@ __all__ = [
     "redact_env",
     "redact_text",
     "render_args",
+    "restart_config",
     "run_swarm",
 ]

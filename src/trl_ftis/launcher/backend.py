@@ -31,7 +31,7 @@ from ..rules import INTERRUPTED_EXIT_CODE, redact_text
 if TYPE_CHECKING:
     from .commands import PeerCommand
 
-__all__ = ["Backend", "Console", "Outcome", "PeerState", "Signals", "short_error"]
+__all__ = ["Backend", "Console", "Outcome", "PeerState", "Signals", "finished_outcome", "short_error"]
 
 
 def short_error(exc: BaseException) -> str:
@@ -50,6 +50,14 @@ class Outcome:
     @classmethod
     def interrupted(cls, signum: int) -> Outcome:
         return cls(INTERRUPTED_EXIT_CODE, f"interrupted by {signal.Signals(signum).name}")
+
+
+def finished_outcome(failed: list[str]) -> Outcome:
+    """Every peer has exited: 0 when none failed, else 1 naming those that did (`on_failure: continue` lets the others
+    finish after one fails)."""
+    if not failed:
+        return Outcome(0, "all peers finished")
+    return Outcome(1, f"all peers ended; failed: {', '.join(failed)}")
 
 
 @dataclass

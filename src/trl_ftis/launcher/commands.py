@@ -5,6 +5,7 @@ its secrets.
 `check_files` lists what is missing on this machine; `describe_commands` (the dry runs) and `write_cmd_file` (one
 peer's command next to its log) show them with secrets redacted (`redact_env`, `redact_argv`, `is_secret_name`;
 passwords in URLs through `trl_ftis.rules.redact_text`). `free_port` picks the accelerate ports (and the Redis job's).
+`keep_earlier` keeps an earlier run's log and `.cmd` file of a peer before a new run writes them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shlex
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ __all__ = [
     "describe_commands",
     "free_port",
     "is_secret_name",
+    "keep_earlier",
+    "peer_output_dir",
     "redact_argv",
     "redact_env",
     "render_args",
@@ -109,6 +112,11 @@ def free_port(taken: set[int] | None = None) -> int:
     raise RuntimeError("could not find a free TCP port")
 
 
+def peer_output_dir(config: SwarmConfig, peer_id: str) -> Path:
+    """The `--output_dir` the launcher gives peer `peer_id`: `<run_dir>/<id>`."""
+    return config.run_dir / peer_id
+
+
 def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> list[PeerCommand]:
     """One `PeerCommand` per peer, in config order. Starts nothing and writes nothing.
 
@@ -125,7 +133,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
     logs = config.run_dir / "logs"
     commands = []
     for peer in config.peers:
-        output_dir = config.run_dir / peer.id
+        output_dir = peer_output_dir(config, peer.id)
         port = None
         if peer.launcher == "accelerate":
             argv = [sys.executable, "-m", "accelerate.commands.launch"]
@@ -171,18 +179,50 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
     return commands
 
 
+def keep_earlier(paths: Sequence[Path]) -> int | None:
+    """Keep what an earlier run wrote at `paths` (a peer's log and `.cmd` file; `summary.json`) before a new run
+    writes there: each one that exists is renamed to `<name>.<N>` (`logs/b.log.1`, `logs/b.cmd.1`), one N for all of
+    `paths` so that they stay a pair, the next one free (1, 2, ...: the highest is the most recent earlier run).
+    Returns N, or None when none existed.
+
+    The number goes after the whole name, not before `.log`: a peer id may hold dots and digits (`b.1`), and
+    `b.1.log` is that peer's own log."""
+    existing = [path for path in paths if os.path.lexists(path)]
+    if not existing:
+        return None
+    taken = 0
+    for path in paths:
+        prefix = path.name + "."
+        for name in os.listdir(path.parent) if path.parent.is_dir() else ():
+            number = name[len(prefix) :] if name.startswith(prefix) else ""
+            if number.isascii() and number.isdigit():
+                taken = max(taken, int(number))
+    for path in existing:
+        os.replace(path, path.with_name(f"{path.name}.{taken + 1}"))
+    return taken + 1
+
+
 def check_files(config: SwarmConfig) -> list[str]:
-    """Problems only visible on this machine (missing script or accelerate config, accelerate not installed)."""
+    """Problems only visible on this machine (missing script or accelerate config, accelerate not installed, a local
+    model folder that does not exist)."""
     import importlib.util
 
+    from .preflight import local_model_problem
+
     problems = []
-    for peer in config.peers:
+    for index, peer in enumerate(config.peers):
         if not peer.script.is_file():
             problems.append(f"peer {peer.id!r}: script {peer.script} does not exist")
         if peer.accelerate_config is not None and not peer.accelerate_config.is_file():
             problems.append(f"peer {peer.id!r}: accelerate_config {peer.accelerate_config} does not exist")
         if peer.launcher == "accelerate" and importlib.util.find_spec("accelerate") is None:
             problems.append(f"peer {peer.id!r}: launcher accelerate, but the accelerate package is not installed")
+        # transformers takes a path that is no folder for a Hub id and answers "Repo id must be in the form ...".
+        key = "model" if peer.model is not None else "args.model_name_or_path"
+        model = peer.model if peer.model is not None else peer.args.get("model_name_or_path")
+        problem = local_model_problem(model)
+        if problem is not None:
+            problems.append(f"`peers[{index}] (id {peer.id!r}).{key}`: {problem}")
     return problems
 
 

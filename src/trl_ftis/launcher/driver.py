@@ -23,7 +23,9 @@ from typing import TextIO
 
 from ..rules import redact_text
 from .backend import Backend, Console, Outcome, Signals, short_error
+from .commands import is_secret_name
 from .local import LocalBackend
+from .preflight import before_start, secret_warnings
 from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
 from .slurm import SlurmBackend
 from .summary import report_summary, summary_rows
@@ -44,6 +46,8 @@ def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
     """Print what `run_swarm` would start (for SLURM: the jobs it would submit), secrets hidden; start nothing, write
     nothing. Returns 0."""
     stream = sys.stdout if stream is None else stream
+    for warning in secret_warnings(config, is_secret_name):  # what a real run warns about too (no Redis check here)
+        stream.write(f"# warning: {redact_text(warning)}\n")
     backend_for(config).dry_run(stream)
     stream.flush()
     return 0
@@ -58,7 +62,13 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
     to `<run_dir>/summary.json`. Stopping means a polite stop (SIGTERM), `grace` seconds to exit, then a forced one
     (SIGKILL); the same clean-up runs when all peers succeeded, so nothing the swarm started outlives this call.
 
-    Raises `SwarmConfigError` before anything starts when a file or a prerequisite of the backend is missing."""
+    Raises `SwarmConfigError` before anything starts when a file or a prerequisite of the backend is missing, or
+    when an external Redis exchange does not answer (`preflight.before_start`, which also prints its warnings)."""
+    problems, warnings = before_start(config, is_secret_name)
+    for warning in warnings:
+        print(f"warning: {redact_text(warning)}", file=sys.stderr)
+    if problems:
+        raise SwarmConfigError("cannot start the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
     return drive(backend_for(config), config, grace=grace, stream=stream)
 
 

@@ -20,8 +20,8 @@ from typing import BinaryIO, TextIO
 
 from .. import rules
 from ..rules import redact_text
-from .backend import Console, Outcome, PeerState, Signals
-from .commands import build_commands, check_files, describe_commands, write_cmd_file
+from .backend import Console, Outcome, PeerState, Signals, finished_outcome
+from .commands import build_commands, check_files, describe_commands, keep_earlier, write_cmd_file
 from .processes import ProcessTracker, die_with_parent
 from .schema import SwarmConfig
 from .summary import describe_code
@@ -95,6 +95,7 @@ class LocalBackend:
                 break
             command = run.command
             command.output_dir.mkdir(parents=True, exist_ok=True)
+            keep_earlier([command.log_path, command.cmd_path])  # a restarted peer's earlier log tells why it stopped
             write_cmd_file(command)
             log = open(command.log_path, "wb", buffering=0)  # noqa: SIM115 - closed by the reader thread
             try:
@@ -173,12 +174,20 @@ class LocalBackend:
             run = self._record_exit(index, code, when)
             if run is None:
                 continue
+            if code != 0 and self.config.on_failure == "continue":
+                self.console.say(
+                    f"peer {run.command.id} exited with code {describe_code(code)}; the others go on (on_failure: "
+                    f"continue): restart it with `trl-ftis swarm CONFIG --only {run.command.id} --resume`"
+                )
+                continue
             if code != 0:
-                self.console.say(f"peer {run.command.id} exited with code {describe_code(code)}; stopping the other peers")
+                self.console.say(
+                    f"peer {run.command.id} exited with code {describe_code(code)}; stopping the other peers"
+                )
                 return Outcome(1, f"peer {run.command.id} exited with code {code}")
             self.console.say(f"peer {run.command.id} finished (exit code 0)")
         if all(run.returncode is not None for run in self.runs if run.proc is not None):
-            return Outcome(0, "all peers finished")
+            return finished_outcome([run.command.id for run in self.runs if run.returncode])
         if time.monotonic() >= self.next_scan:
             self.tracker.scan()  # remember descendants while their parents still lead back to a peer
             self.next_scan = time.monotonic() + self.SCAN_EVERY
@@ -246,4 +255,3 @@ class LocalBackend:
 
     def summary_fields(self) -> dict:
         return {}
-

@@ -11,8 +11,10 @@ the validators as pydantic's validation context.
 
 `load_swarm_config(path_or_dict)` returns a `SwarmConfig` of `PeerConfig`s (their `args` and `env` merged over the
 top-level ones, the sugar applied, paths absolute), or raises `SwarmConfigError` listing every problem pydantic found,
-each naming the peer and the key (with a did-you-mean for unknown keys), before anything starts. The rules shared
-with the rest of trl-ftis (peer ids, exchange URLs, environment variable names) come from `trl_ftis.rules`.
+each naming the peer and the key (with a did-you-mean for unknown keys), before anything starts. Across peers it also
+checks each `args` key against the options of the peer's script when they can be read (`preflight.script_options`)
+and that `expected_peers` names peers of the config. The rules shared with the rest of trl-ftis (peer ids, exchange
+URLs, environment variable names) come from `trl_ftis.rules`.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from .. import rules
+from .preflight import ScriptOptions, expected_peer_problems, script_options
 from .slurm_schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
 from .validation import Spec, bad, format_problems, problems, said, with_problems
 
@@ -64,7 +68,13 @@ GPU_MEMORY_FRACTION_ARG = "gpu_memory_fraction"  # FTISConfig.gpu_memory_fractio
 
 _ARG_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_GPU_ID_RE = re.compile(r"^[A-Za-z0-9:_-]+$")  # an index, or a GPU-/MIG- UUID
+# An index, or a GPU-/MIG- UUID: CUDA reads anything else ("two", "1.5") as "no GPU" and the peer runs on the CPU.
+_GPU_ID_RE = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9:_-]+)$")
+# FTISConfig's arguments the launcher reads: how long a round waits, and for whom.
+PEER_TIMEOUT_ARG = "peer_timeout"
+EXPECTED_PEERS_ARG = "expected_peers"
+# What the sugar keys of a peer set in its args.
+SUGAR_ARGS = {"model": "model_name_or_path", "lora": "use_peft", "gpu_share": GPU_MEMORY_FRACTION_ARG}
 
 
 class SwarmConfigError(ValueError):
@@ -89,6 +99,9 @@ class _TopLevel:
     has_script: bool = False
     slurm_nodes: int = 1  # the top-level `slurm.nodes`, the default of every peer's job
     run_dir_given: bool = False  # --run-dir wins over the config's run_dir (which is then not checked)
+    exchange_given: bool = False  # an exchange of the user's: peers started elsewhere may meet there too
+    # The top-level `args` as written, for the checks across peers (so that a bad value there hides no other problem).
+    args: Mapping = field(default_factory=dict)
 
     @classmethod
     def of(cls, raw: Mapping, slurm: bool, run_dir: Any) -> _TopLevel:
@@ -101,6 +114,8 @@ class _TopLevel:
             has_script=raw.get("script") is not None,
             slurm_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1,
             run_dir_given=run_dir is not None,
+            exchange_given=raw.get("exchange_url") is not None,
+            args=_raw_args(raw),
         )
 
 
@@ -171,9 +186,28 @@ def _env_value(value: Any) -> str:
     raise bad(f"must be a string or a number, got {type(value).__name__} {value!r}{hint}")
 
 
+def _peer_timeout(args: dict) -> dict:
+    # FTISConfig takes 0 (a round that never waits), but a swarm whose rounds never wait trades almost nothing: in
+    # lock-step every peer trains before the others' rows arrive.
+    value = args.get(PEER_TIMEOUT_ARG)
+    if value is None:
+        return args
+    try:
+        seconds = float(value) if not isinstance(value, bool) and isinstance(value, (int, float, str)) else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise bad(
+            f"must be a number of seconds > 0 (how long a round waits for the expected peers), got {value!r}",
+            suffix=f".{PEER_TIMEOUT_ARG}",
+        )
+    return args
+
+
 Args = Annotated[
     dict[Annotated[str, BeforeValidator(_arg_key)], Annotated[Any, BeforeValidator(_arg_value)]],
     BeforeValidator(_mapping("argument names to values")),
+    AfterValidator(_peer_timeout),
 ]
 Env = Annotated[
     dict[Annotated[str, BeforeValidator(_env_name)], Annotated[str, BeforeValidator(_env_value)]],
@@ -230,6 +264,20 @@ def _top_launcher(value: Any) -> str:
     return value
 
 
+ON_FAILURE = ("stop", "continue")
+"""What the launcher does when a peer exits non-zero: stop every other peer (the default), or let them go on (a peer
+can then be restarted with `--only PEER --resume` while the others train)."""
+
+
+def _on_failure(value: Any) -> str:
+    if value not in ON_FAILURE:
+        raise bad(
+            "must be 'stop' (stop every peer when one fails, the default) or 'continue' (the others go on; restart "
+            f"the failed one with --only PEER --resume), got {value!r}"
+        )
+    return value
+
+
 def _peer_launcher(value: Any) -> str | None:
     if value == "slurm":
         raise said(
@@ -271,7 +319,9 @@ def _gpus(value: Any) -> str | None:
         items = [str(value)]
     elif isinstance(value, str):
         items = [part.strip() for part in value.split(",")]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value):
+    elif isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, str)) and not isinstance(v, bool) for v in value
+    ):
         items = [str(v).strip() for v in value]
     if not items or not all(item and _GPU_ID_RE.match(item) for item in items):
         raise bad(f'must be a device list such as "0,1", 0 or [0, 1], got {value!r}')
@@ -308,7 +358,9 @@ class PeerSpec(Spec):
     MAPPING_HINT: ClassVar[str] = " with at least `id`"
 
     id: Annotated[str, BeforeValidator(_peer_id)]
-    model: Annotated[str | None, BeforeValidator(_model)] = Field(None, description="sugar for args.model_name_or_path")
+    model: Annotated[str | None, BeforeValidator(_model)] = Field(
+        None, description="sugar for args.model_name_or_path"
+    )
     lora: Annotated[bool | None, BeforeValidator(_optional_flag)] = Field(None, description="sugar for args.use_peft")
     args: Args = Field(default_factory=dict, description="merged over the top-level args")
     env: Env = Field(default_factory=dict, description="merged over the top-level env")
@@ -404,6 +456,76 @@ def _peers_list(value: Any) -> Any:
     return value
 
 
+def _raw_args(entry: Any) -> dict:
+    """The `args` of a raw section (top level or peer) as written, less the keys `_arg_key` refuses itself."""
+    args = entry.get("args") if isinstance(entry, Mapping) else None
+    if not isinstance(args, Mapping):
+        return {}
+    return {k: v for k, v in args.items() if isinstance(k, str) and _ARG_KEY_RE.match(k)}
+
+
+def _raw_script(entry: Any, top_script: Path | None) -> Path | None:
+    script = entry.get("script") if isinstance(entry, Mapping) else None
+    if script is None:
+        return top_script
+    try:
+        return _path(script)
+    except PydanticCustomError:
+        return None  # its own problem
+
+
+def _unknown_argument(key: str, script: Path, options: ScriptOptions) -> str:
+    hint = options.suggestion(key)
+    suggestion = f"; did you mean `args.{hint}`?" if hint else ""
+    takes = f"{script.name} takes the fields of {', '.join(options.classes)}"
+    return f"unknown argument `args.{key}` ({takes}){suggestion}"
+
+
+def _argument_problems(entries: list, top_args: Mapping, top_script: Path | None) -> list[tuple[str, str]]:
+    """The `args` keys (and sugar) a peer's script does not take, for the scripts whose options can be read
+    (`preflight.script_options`; the others are not checked: their options cannot be known)."""
+    found: list[tuple[str, str]] = []
+    top_keys = [k for k in top_args if k not in RESERVED_ARGS]
+    top_said: set[tuple[str, Path]] = set()
+    for index, entry in enumerate(entries):
+        script = _raw_script(entry, top_script)
+        options = script_options(script) if script is not None else None
+        if options is None:
+            continue
+        where = _peer_where(index, entry.get("id") if isinstance(entry, Mapping) else None)
+        for key in top_keys:
+            if not options.accepts(key) and (key, script) not in top_said:
+                top_said.add((key, script))  # once per script, not once per peer
+                found.append(("top level", _unknown_argument(key, script, options)))
+        for key in _raw_args(entry):
+            if key not in RESERVED_ARGS and not options.accepts(key):
+                found.append((where, _unknown_argument(key, script, options)))
+        for sugar, arg in SUGAR_ARGS.items():
+            if isinstance(entry, Mapping) and entry.get(sugar) is not None and not options.accepts(arg):
+                found.append((where, f"`{sugar}` sets `args.{arg}`, which {script.name} does not take"))
+    return found
+
+
+def _expected_peer_problems(entries: list, top: _TopLevel) -> list[tuple[str, str]]:
+    """`expected_peers` names that no peer of the config has: on the launcher's own exchange nobody else can join, so
+    a round would wait `peer_timeout` for them every time. With the user's `exchange_url` a peer started elsewhere
+    may join: `preflight.before_start` only warns."""
+    if top.exchange_given:
+        return []
+    ids = [e.get("id") for e in entries if isinstance(e, Mapping) and rules.peer_id_problem(e.get("id")) is None]
+    ids = list(dict.fromkeys(ids))  # a duplicate is its own problem
+    if not ids:
+        return []
+    found = [
+        ("top level", f"`args.{EXPECTED_PEERS_ARG}` {message}")
+        for message in expected_peer_problems(top.args.get(EXPECTED_PEERS_ARG), ids)
+    ]
+    for index, entry in enumerate(entries):
+        for message in expected_peer_problems(_raw_args(entry).get(EXPECTED_PEERS_ARG), ids):
+            found.append((_peer_where(index, entry.get("id")), f"`args.{EXPECTED_PEERS_ARG}` {message}"))
+    return found
+
+
 def _only_on_slurm(key: str):
     def check(value: Any, info: ValidationInfo) -> Any:
         if value is not None and _top(info).scheduler != "slurm":
@@ -428,6 +550,9 @@ class SwarmSpec(Spec):
     env: Env = Field(default_factory=dict, description="every peer's environment additions")
     slurm: Annotated[SlurmResources | None, BeforeValidator(_only_on_slurm("slurm"))] = None
     redis: Annotated[RedisSpec | None, BeforeValidator(_only_on_slurm("redis"))] = None
+    on_failure: Annotated[str, BeforeValidator(_on_failure)] = Field(
+        "stop", description="stop | continue: whether a peer that fails stops the others"
+    )
     peers: Annotated[list[PeerSpec], BeforeValidator(_peers_list)]
 
     @field_validator("redis")
@@ -442,11 +567,14 @@ class SwarmSpec(Spec):
 
     @field_validator("peers", mode="wrap")
     @classmethod
-    def _peers_together(cls, value: Any, handler) -> list[PeerSpec]:
-        # Duplicate ids are read from the raw entries, so that they are reported with the other peers' errors.
-        found = []
+    def _peers_together(cls, value: Any, handler, info: ValidationInfo) -> list[PeerSpec]:
+        # Duplicate ids, the args a peer's script does not take and `expected_peers` are read from the raw entries,
+        # so that they are reported with the other peers' errors.
+        entries = value if isinstance(value, list) else []
+        found = _argument_problems(entries, _top(info).args, info.data.get("script"))
+        found += _expected_peer_problems(entries, _top(info))
         seen: dict[str, int] = {}
-        for index, entry in enumerate(value if isinstance(value, list) else []):
+        for index, entry in enumerate(entries):
             peer_id = entry.get("id") if isinstance(entry, Mapping) else None
             if not isinstance(peer_id, str) or rules.peer_id_problem(peer_id) is not None:
                 continue  # its own problem
@@ -471,7 +599,9 @@ class SwarmSpec(Spec):
             total = sum(p.gpu_share for p in sharing)
             if total > 1.0 + 1e-9:
                 names = ", ".join(repr(p.id) for p in sharing)
-                found.append((f"peers {names}", f"`gpu_share` values on GPU {gpu} add up to {total:g} > 1 (one GPU's memory)"))
+                found.append(
+                    (f"peers {names}", f"`gpu_share` values on GPU {gpu} add up to {total:g} > 1 (one GPU's memory)")
+                )
         if found:
             raise problems(found)
         return peers
@@ -519,6 +649,8 @@ class SwarmConfig:
     source: str | None = None  # the config file, for messages; None for a dict
     scheduler: str = "local"
     redis: RedisJobConfig | None = None
+    on_failure: str = "stop"  # `ON_FAILURE`: whether a peer that fails stops the others
+    not_started: tuple[str, ...] = ()  # peers of the config this launcher leaves alone (`--only`, `restart.py`)
 
     def peer(self, peer_id: str) -> PeerConfig:
         for peer in self.peers:
@@ -657,4 +789,5 @@ def _resolve(spec: SwarmSpec, top: _TopLevel, source: str | None, run_dir: Any, 
         source=source,
         scheduler=top.scheduler,
         redis=redis_job,
+        on_failure=spec.on_failure,
     )

@@ -43,8 +43,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ..rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
-from .backend import Console, Outcome, PeerState, Signals, short_error
-from .commands import build_commands, check_files, is_secret_name, redact_env, shell_line, write_cmd_file
+from .backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
+from .commands import (
+    build_commands,
+    check_files,
+    is_secret_name,
+    keep_earlier,
+    redact_env,
+    shell_line,
+    write_cmd_file,
+)
 from .schema import SwarmConfig
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
@@ -603,6 +611,11 @@ class SlurmBackend:
                 return self.signals.outcome()
             command = run.command
             command.output_dir.mkdir(parents=True, exist_ok=True)
+            # An earlier run's logs (its nodes' too: their jobs append) are kept as <name>.<N>, never reused.
+            node_logs = [
+                command.log_path.with_name(f"{command.id}.node{k}.log") for k in range(1, run.resources.nodes)
+            ]
+            keep_earlier([command.log_path, command.cmd_path, *node_logs])
             command.log_path.write_bytes(b"")  # the job appends; a log left by an earlier run must not show
             # A peer summary file older than this is stale: the log's mtime comes from the clock of the filesystem
             # the job writes to as well, so a skewed clock on this machine cannot make a fresh summary look stale.
@@ -684,6 +697,13 @@ class SlurmBackend:
                     why = f", job {state}" + (
                         ": it reached its time limit (`slurm.time`)" if state == "TIMEOUT" else ""
                     )
+                if self.config.on_failure == "continue":
+                    self.say(
+                        f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); the "
+                        f"others go on (on_failure: continue): restart it with `trl-ftis swarm CONFIG --only "
+                        f"{run.command.id} --resume`"
+                    )
+                    continue
                 self.say(
                     f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); "
                     "cancelling the other jobs"
@@ -781,8 +801,8 @@ class SlurmBackend:
         if failure is not None:
             self._tail_logs()
             return failure
-        if all(run.returncode == 0 for run in self.runs):
-            return Outcome(0, "all peers finished")
+        if all(run.returncode is not None for run in self.runs):  # non-zero ones only with on_failure: continue
+            return finished_outcome([run.command.id for run in self.runs if run.returncode])
         failure = self._poll_states()
         if failure is not None:
             self._tail_logs()

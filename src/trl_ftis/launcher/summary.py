@@ -1,6 +1,7 @@
 """The end-of-run summary every backend shares: each peer's own summary file (`trl_ftis.rules.SUMMARY_FILE`, written
 by the trainer into its output directory), one row per peer (`summary_rows`, from each backend's `PeerState`s), the
-table the driver prints (`format_summary_table`) and `summary.json` (`report_summary`).
+table the driver prints (`format_summary_table`), the peers' exchange warnings (`exchange_warnings`) and
+`summary.json` (`report_summary`).
 
 Reading a peer's file never raises: a missing, unreadable, malformed or stale file shows `-` with a note.
 """
@@ -13,12 +14,18 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
+from ..exchange_report import SECRET_REASONS, exchange_problem, reason_counts, total_count
 from .backend import PeerState
+from .commands import keep_earlier
 
 __all__ = [
     "SUMMARY_FIELDS",
     "describe_code",
+    "exchange_warnings",
     "format_summary_table",
+    "peer_fields",
+    "peer_warning",
+    "read_peer_file",
     "read_peer_summary",
     "report_summary",
     "summary_rows",
@@ -30,6 +37,8 @@ SUMMARY_FIELDS = (
     "rows_received",
     "rows_accepted",
     "rows_filtered",
+    "rows_dropped",
+    "messages_refused",
     "reward",
     "generation_share",
     "peer_rows_worth",
@@ -44,6 +53,14 @@ SUMMARY_SOURCES = {
     "exchange_s": ("time_seconds", "exchange"),
 }
 """Where a column that is not a top-level key of the peer's summary file is read (a path of keys)."""
+SUMMARY_TOTALS = {"rows_dropped": "dropped", "messages_refused": "refused"}
+"""Columns that sum the counts by reason of an entry of the peer's summary file (`{reason: count}`): `-` when the
+file has no such entry, 0 when it is empty."""
+SECRET_HINT = (
+    "give every peer the same FTIS_SWARM_SECRET (peers inherit the launcher's environment: set it in the shell that "
+    "runs `trl-ftis swarm`, for --only too)"
+)
+"""What the launcher adds to a warning about messages refused for their signature (`SECRET_REASONS`)."""
 
 
 def describe_code(code: int | None) -> str:
@@ -80,7 +97,26 @@ def _format_field(value: Any) -> str:
 
 
 def read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None, str | None]:
-    """(fields, note): the peer's own summary file, or a note saying why it is not shown. Never raises."""
+    """(fields, note): the `SUMMARY_FIELDS` of the peer's own summary file, or a note saying why it is not shown.
+    Never raises."""
+    data, note = read_peer_file(path, not_before)
+    return (None if data is None else peer_fields(data)), note
+
+
+def peer_fields(data: dict) -> dict:
+    """The `SUMMARY_FIELDS` of a peer's summary file (`SUMMARY_SOURCES`, `SUMMARY_TOTALS`); `None` when missing."""
+    fields = {}
+    for key in SUMMARY_FIELDS:
+        if key in SUMMARY_TOTALS:
+            fields[key] = total_count(data.get(SUMMARY_TOTALS[key]))
+        else:
+            fields[key] = _lookup(data, SUMMARY_SOURCES.get(key, (key,)))
+    return fields
+
+
+def read_peer_file(path: Path, not_before: float | None) -> tuple[dict | None, str | None]:
+    """(the whole file, note): the peer's own summary file as a dict, or a note saying why it is not shown (`None`
+    for both when there is no file). Never raises."""
     try:
         if not path.exists():
             return None, None
@@ -91,7 +127,7 @@ def read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None
         return None, f"could not read {path}: {exc}"
     if not isinstance(data, dict):
         return None, f"{path} does not hold a JSON object; not shown"
-    return {key: _lookup(data, SUMMARY_SOURCES.get(key, (key,))) for key in SUMMARY_FIELDS}, None
+    return data, None
 
 
 def _lookup(data: Any, path: tuple[str, ...]) -> Any:
@@ -104,11 +140,13 @@ def _lookup(data: Any, path: tuple[str, ...]) -> Any:
 
 def summary_rows(states: list[PeerState]) -> list[dict]:
     """One row per peer: its status, exit code, wall time, pid and log, the `SUMMARY_FIELDS` of its own summary file,
-    and a note (why that file is not shown, or the backend's own note before it)."""
+    a note (why that file is not shown, or the backend's own note before it) and its exchange `warning` (see
+    `peer_warning`; `None` when there is nothing to say)."""
     rows = []
     for state in states:
         wall = (state.ended - state.started) if state.ended is not None and state.started else None
-        fields, note = read_peer_summary(state.command.output_dir / rules.SUMMARY_FILE, state.started_at or None)
+        data, note = read_peer_file(state.command.output_dir / rules.SUMMARY_FILE, state.started_at or None)
+        fields = None if data is None else peer_fields(data)
         row = {
             "id": state.command.id,
             "status": state.status,
@@ -122,8 +160,27 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         if state.note:
             note = state.note if not note else f"{state.note}; {note}"
         row["note"] = note
+        row["warning"] = None if data is None else peer_warning(data, state.command.id)
         rows.append(row)
     return rows
+
+
+def peer_warning(data: dict, peer_id: str) -> str | None:
+    """What the launcher warns about one peer at the end (`trl_ftis.exchange_report.exchange_problem`: it accepted no
+    peer rows, dropped more rows than it accepted, refused most messages or refused some for their signature), with
+    the launcher's hint when signatures were refused; `None` when nothing."""
+    try:
+        text = exchange_problem(data, peer_id)
+    except Exception:  # noqa: BLE001 - another process's file: a bad one must not cost the summary
+        return None
+    if text is not None and SECRET_REASONS & set(reason_counts(data.get("refused"))):
+        text = f"{text.rstrip('.')}; {SECRET_HINT}."
+    return text
+
+
+def exchange_warnings(rows: list[dict]) -> list[str]:
+    """The warning lines of the summary rows, one per peer that has one (`peer_warning`), in the rows' order."""
+    return [f"warning: {row['warning']}" for row in rows if row.get("warning")]
 
 
 def format_summary_table(rows: list[dict]) -> str:
@@ -155,15 +212,22 @@ def format_summary_table(rows: list[dict]) -> str:
 
 
 def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
-    """Write `summary` (its `peers` are the table's rows) to `run_dir/summary.json`, then print the summary table and
-    the swarm's last line (`say`: the launcher's own lines, `emit`: plain output). A summary that cannot be written
-    is said, not raised: the peers' exit codes decide the launcher's."""
+    """Write `summary` (its `peers` are the table's rows) to `run_dir/summary.json`, then print the summary table, one
+    `[swarm] warning: ...` line per peer whose exchange went wrong (`exchange_warnings`) and the swarm's last line
+    (`say`: the launcher's own lines, `emit`: plain output). An earlier run's `summary.json` is kept, renamed to
+    `summary.json.<N>` (`commands.keep_earlier`). A summary that cannot be written is said, not raised: the peers'
+    exit codes decide the launcher's; warnings never change the exit code either."""
     path = Path(run_dir) / "summary.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        keep_earlier([path])
         path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         say(f"could not write {path}: {exc}")
     emit("")
     emit(format_summary_table(summary["peers"]))
-    say(f"{summary['reason']}; exit code {summary['exit_code']}; summary in {path}")
+    warnings = exchange_warnings(summary["peers"])
+    for line in warnings:
+        say(line)
+    said = f" ({len(warnings)} exchange warning{'s' if len(warnings) != 1 else ''} above)" if warnings else ""
+    say(f"{summary['reason']}; exit code {summary['exit_code']}{said}; summary in {path}")

@@ -1,0 +1,446 @@
+"""What the launcher checks before any peer starts, beyond the shape of the config: what a peer script accepts, local
+model folders, the external Redis server, and the secrets written in the config.
+
+* `script_options(path)`: the `--key` options a peer script accepts, read from its source without running it: the
+  dataclasses it hands to `HfArgumentParser` / `TrlParser` (its own, read from its source, and those it imports from
+  trl, transformers or trl_ftis, imported). `None` when they cannot be known: then nothing is checked (the schema
+  checks the `args` keys against it, `schema.load_swarm_config`).
+* `local_model_problem(value)`: a `model` that is a local path (not a Hub id) and no folder (`commands.check_files`).
+* `redis_problem(url)`: an external Redis that does not answer, in seconds (`before_start`).
+* `before_start(config, is_secret)`: what `driver.run_swarm` says before anything starts: the problems that stop the
+  swarm (an unreachable Redis) and the warnings printed once (secrets written in the config, `expected_peers` names
+  no peer of the config runs).
+
+Pure functions apart from the file, network and import look-ups they are named after; `config` is a
+`schema.SwarmConfig` (not imported: the schema imports this module).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import importlib
+import os
+import socket
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from .. import rules
+from .validation import did_you_mean
+
+__all__ = [
+    "ARGUMENT_PARSERS",
+    "REDIS_TIMEOUT",
+    "ScriptOptions",
+    "before_start",
+    "expected_peer_problems",
+    "local_model_problem",
+    "looks_like_local_path",
+    "redis_problem",
+    "script_options",
+    "secret_warnings",
+]
+
+# The parsers whose options are the fields of the dataclasses they are given (`--name`, `--name-with-dashes`,
+# `--no_name` for a true boolean, a field's `aliases`). TrlParser also reads `--config FILE`.
+ARGUMENT_PARSERS = {"HfArgumentParser": (), "TrlParser": ("config",)}
+# Packages whose argument dataclasses are imported to read their fields: installed with trl-ftis, and importing them
+# runs no code of the user's. A dataclass from anywhere else leaves the script's options unknown.
+_KNOWN_PACKAGES = ("trl", "transformers", "trl_ftis")
+# Keywords of the parse call that let unknown options through: the script's options are then not all it accepts.
+_LENIENT_KEYWORDS = {"return_remaining_strings": True, "fail_with_unknown_args": False}
+REDIS_TIMEOUT = 3.0  # seconds: a Redis that is up answers in milliseconds, one that is not fails in seconds
+_REDIS_DEFAULT_PORT = 6379
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What a peer script accepts
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScriptOptions:
+    """The options of a peer script: `names` (every spelling argparse accepts), `fields` (the dataclass fields, for
+    did-you-mean) and `classes` (the dataclasses they come from, for messages)."""
+
+    names: frozenset[str]
+    fields: tuple[str, ...]
+    classes: tuple[str, ...]
+
+    def accepts(self, key: str) -> bool:
+        return key in self.names
+
+    def suggestion(self, key: str) -> str | None:
+        return did_you_mean(key, self.fields)
+
+
+class _Unknown(Exception):
+    """The script's options cannot be known (a dataclass from elsewhere, a parser call this module does not read)."""
+
+
+def _is_dataclass_decorator(node: ast.expr) -> bool:
+    target = node.func if isinstance(node, ast.Call) else node
+    return (isinstance(target, ast.Name) and target.id == "dataclass") or (
+        isinstance(target, ast.Attribute) and target.attr == "dataclass"
+    )
+
+
+def _annotation_text(node: ast.expr) -> str:
+    # A quoted annotation ("ClassVar[int]") reads as its text.
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ast.unparse(node)
+
+
+def _field_aliases(value: ast.expr | None) -> list[str]:
+    """The `--` aliases of `field(metadata={"aliases": [...]})`, which HfArgumentParser accepts too."""
+    keywords = value.keywords if isinstance(value, ast.Call) else []
+    metadata = next((k.value for k in keywords if k.arg == "metadata"), None)
+    if not isinstance(metadata, ast.Dict):
+        return []
+    for key, item in zip(metadata.keys, metadata.values):
+        if isinstance(key, ast.Constant) and key.value == "aliases":
+            try:
+                aliases = ast.literal_eval(item)
+            except ValueError:
+                raise _Unknown from None  # computed aliases: what they are is not in the source
+            aliases = [aliases] if isinstance(aliases, str) else list(aliases)
+            return [a.lstrip("-") for a in aliases if isinstance(a, str) and a.startswith("--")]
+    return []
+
+
+def _local_fields(node: ast.ClassDef) -> list[tuple[str, bool, list[str]]]:
+    """(name, may have a --no_ form, aliases) of each init field a dataclass declares in its body (the ones argparse
+    sees)."""
+    found = []
+    for item in node.body:
+        if not isinstance(item, ast.AnnAssign) or not isinstance(item.target, ast.Name):
+            continue
+        annotation = _annotation_text(item.annotation)
+        if annotation.startswith(("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar")):
+            continue
+        value = item.value
+        if isinstance(value, ast.Call) and any(
+            k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False for k in value.keywords
+        ):
+            continue  # field(init=False): not an option
+        found.append((item.target.id, "bool" in annotation, _field_aliases(value)))
+    return found
+
+
+def _imported_fields(cls: Any) -> list[tuple[str, bool, list[str]]]:
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise _Unknown
+    found = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        aliases = f.metadata.get("aliases") or []
+        aliases = [aliases] if isinstance(aliases, str) else list(aliases)
+        found.append((f.name, f.default is True, [a.lstrip("-") for a in aliases if a.startswith("--")]))
+    return found
+
+
+class _Module:
+    """The names a script binds at its top level: its classes and what it imports."""
+
+    def __init__(self, tree: ast.Module):
+        self.classes: dict[str, ast.ClassDef] = {}
+        self.imported: dict[str, tuple[str, str | None]] = {}  # name -> (module, attribute or None for a module)
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                self.classes[node.name] = node
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name] = (node.module, alias.name)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    # `import a.b` binds `a`; `import a.b as c` binds `c` to `a.b`.
+                    bound = alias.asname or alias.name.split(".")[0]
+                    self.imported[bound] = (alias.name if alias.asname else bound, None)
+
+    def resolve(self, node: ast.expr) -> Any:
+        """The imported object `node` names (`FTISConfig`, `trl.ModelConfig`), or the script's own ClassDef."""
+        if isinstance(node, ast.Name):
+            if node.id in self.classes:
+                return self.classes[node.id]
+            if node.id in self.imported:
+                module, attribute = self.imported[node.id]
+                found = _import(module)
+                return found if attribute is None else _attribute(found, attribute)
+        if isinstance(node, ast.Attribute):
+            return _attribute(self.resolve(node.value), node.attr)
+        raise _Unknown
+
+    def fields_of(self, node: ast.expr, seen: frozenset[str] = frozenset()) -> list[tuple[str, bool, list[str]]]:
+        target = self.resolve(node)
+        if not isinstance(target, ast.ClassDef):
+            return _imported_fields(target)
+        if target.name in seen or not any(_is_dataclass_decorator(d) for d in target.decorator_list):
+            raise _Unknown
+        found: list[tuple[str, bool, list[str]]] = []
+        for base in target.bases:
+            if not (isinstance(base, ast.Name) and base.id == "object"):
+                found += self.fields_of(base, seen | {target.name})
+        return found + _local_fields(target)
+
+
+def _import(module: str) -> Any:
+    if module.split(".")[0] not in _KNOWN_PACKAGES:
+        raise _Unknown
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the libraries' import-time notices are not the launcher's to show
+            return importlib.import_module(module)
+    except Exception:  # noqa: BLE001 - not installed here, or broken: the options stay unknown
+        raise _Unknown from None
+
+
+def _attribute(owner: Any, name: str) -> Any:
+    if isinstance(owner, ast.ClassDef):
+        raise _Unknown
+    try:
+        return getattr(owner, name)
+    except Exception:  # noqa: BLE001 - a lazy module that fails to load the name
+        raise _Unknown from None
+
+
+def _parser_call(tree: ast.Module) -> tuple[str, list[ast.expr]]:
+    """The one argument parser the script builds, and the dataclasses it is given."""
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and _call_name(node) in ARGUMENT_PARSERS]
+    if len(calls) != 1:
+        raise _Unknown  # none (argparse, say), or several: which one parses the command line is not known
+    call = calls[0]
+    given = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "dataclass_types"), None)
+    if isinstance(given, (ast.Tuple, ast.List)) and given.elts:
+        return _call_name(call), list(given.elts)
+    if isinstance(given, (ast.Name, ast.Attribute)):
+        return _call_name(call), [given]
+    raise _Unknown
+
+
+def _call_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _lenient(tree: ast.Module) -> bool:
+    return any(
+        isinstance(node, ast.Call)
+        and any(
+            k.arg in _LENIENT_KEYWORDS
+            and isinstance(k.value, ast.Constant)
+            and k.value.value == _LENIENT_KEYWORDS[k.arg]
+            for k in node.keywords
+        )
+        for node in ast.walk(tree)
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _options_of(path: str, mtime_ns: int, size: int) -> ScriptOptions | None:
+    del mtime_ns, size  # the cache key: an edited script is read again
+    try:
+        tree = ast.parse(Path(path).read_text(encoding="utf-8"), filename=path)
+    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
+        return None  # `commands.check_files` reports a script that is missing; the rest is the script's own business
+    try:
+        if _lenient(tree):
+            raise _Unknown
+        module = _Module(tree)
+        parser, given = _parser_call(tree)
+        fields: list[tuple[str, bool, list[str]]] = []
+        for node in given:
+            fields += module.fields_of(node)
+    except _Unknown:
+        return None
+    names = set(ARGUMENT_PARSERS[parser])
+    for name, maybe_bool, aliases in fields:
+        names.update({name, name.replace("_", "-"), *aliases})
+        if maybe_bool:
+            names.update({f"no_{name}", f"no-{name.replace('_', '-')}"})
+    ordered = tuple(dict.fromkeys(name for name, _, _ in fields))
+    return ScriptOptions(frozenset(names), ordered, tuple(_annotation_text(node) for node in given))
+
+
+def script_options(path: str | os.PathLike) -> ScriptOptions | None:
+    """The options the peer script at `path` accepts, or `None` when they cannot be known (see the module docstring).
+
+    Read from the script's source, which is not run; the dataclasses it imports from trl, transformers or trl_ftis
+    are imported (trl_ftis's `FTISConfig` imports torch: a few seconds, once per process)."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return _options_of(os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Local models, expected peers
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def looks_like_local_path(value: Any) -> bool:
+    """A model that transformers would read from a folder: `/x`, `./x`, `../x`, `~/x`, or more than one `/`. A Hub id
+    is `name` or `org/name`."""
+    if not isinstance(value, str):
+        return False
+    return value.startswith(("/", "./", "../", "~")) or value in (".", "..") or value.count("/") > 1
+
+
+def local_model_problem(value: Any) -> str | None:
+    """What is wrong with a `model` that is a local path (None for a Hub id, or a folder that exists)."""
+    if not looks_like_local_path(value):
+        return None
+    path = os.path.abspath(os.path.expanduser(value))
+    if os.path.isdir(path):
+        return None
+    if os.path.exists(path):
+        return f"{path} is not a folder (a model is a folder with its config.json)"
+    return f"no such local model folder {path}"
+
+
+def expected_peer_problems(expected: Any, peer_ids: Iterable[str]) -> list[str]:
+    """One message per name of `expected` (an `expected_peers` value) that is none of `peer_ids`."""
+    names = [expected] if isinstance(expected, str) else expected if isinstance(expected, (list, tuple)) else []
+    ids = list(peer_ids)
+    found = []
+    for name in names:
+        if name in ids:
+            continue
+        hint = did_you_mean(name, ids)
+        suggestion = f"; did you mean {hint!r}?" if hint else ""
+        found.append(f"names {name!r}, which is no peer of this config (peers: {', '.join(ids)}){suggestion}")
+    return found
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Redis
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _reason(exc: BaseException) -> str:
+    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return rules.redact_text(text)
+
+
+def redis_problem(url: str, timeout: float = REDIS_TIMEOUT) -> str | None:
+    """`"cannot reach Redis at redis://host:6379/0: connection refused"`, or None when it answers (a TCP connect, then
+    a PING through redis-py when it is installed: a wrong password is caught too). The URL's password is never shown.
+    """
+    shown = rules.redact_url(url)
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or _REDIS_DEFAULT_PORT
+    except ValueError as exc:
+        return f"cannot reach Redis at {shown}: {_reason(exc)}"
+    if not host:
+        return f"cannot reach Redis at {shown}: the URL names no host"
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:  # refused, unreachable, unknown host, timed out
+        return f"cannot reach Redis at {shown}: {_reason(exc)}"
+    try:
+        import redis
+    except ImportError:
+        return None  # the port answers; the peers' transport says the rest
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if parts.password is None and os.environ.get(rules.REDIS_PASSWORD_ENV):
+        options["password"] = os.environ[rules.REDIS_PASSWORD_ENV]  # as the peers' transport does
+    try:
+        client = redis.Redis.from_url(url, **options)
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 - authentication, TLS, a server that is not Redis: all stop the peers
+        return f"cannot reach Redis at {shown}: {_reason(exc)}"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Before start
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _peers_text(ids: list[str], every: int) -> str:
+    return "every peer" if len(ids) == every else "peer" + ("s " if len(ids) > 1 else " ") + ", ".join(map(repr, ids))
+
+
+def _secret_hint(name: str, where: str) -> str:
+    if name.lower() == "swarm_secret" or name == rules.SWARM_SECRET_ENV:
+        return (
+            f"export {rules.SWARM_SECRET_ENV} in your shell instead (every peer inherits the launcher's environment)"
+        )
+    if where == "args":
+        return "pass it through the environment or a file only you can read instead (e.g. HF_TOKEN for hub_token)"
+    return "export it in your shell instead (every peer inherits the launcher's environment)"
+
+
+def secret_warnings(config: Any, is_secret: Callable[[str], bool]) -> list[str]:
+    """One warning per secret written in the config (an `args` or `env` key named like a secret, a password in a URL):
+    whoever can read the file can read it. The launcher never shows it (`commands.redact_argv`), but it is better
+    kept out of the file."""
+    source = f" ({config.source})" if config.source else ""
+    holders: dict[tuple[str, str], list[str]] = {}
+    for peer in config.peers:
+        for where, section in (("args", peer.args), ("env", peer.env)):
+            for name, value in section.items():
+                in_url = any(isinstance(v, str) and rules.redact_text(v) != v for v in _values(value))
+                if is_secret(name) or in_url:
+                    holders.setdefault((where, name), []).append(peer.id)
+    lines = []
+    for (where, name), ids in holders.items():
+        whose = _peers_text(ids, len(config.peers))
+        lines.append(
+            f"`{where}.{name}` holds a secret written in the config{source}, for {whose}; {_secret_hint(name, where)}"
+        )
+    if rules.redact_url(config.exchange_url) != config.exchange_url:
+        lines.append(
+            f"`exchange_url` holds a password written in the config{source}; leave it out of the URL and export "
+            f"{rules.REDIS_PASSWORD_ENV} in your shell instead (the peers' Redis transport reads it)"
+        )
+    return lines
+
+
+def _values(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _uses_exchange(config: Any) -> bool:
+    """Whether some peer's script is known to take `--exchange_url` (an FTISConfig script connects at start)."""
+    for script in dict.fromkeys(peer.script for peer in config.peers):
+        options = script_options(script)
+        if options is not None and options.accepts("exchange_url"):
+            return True
+    return False
+
+
+def before_start(config: Any, is_secret: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+    """(problems, warnings) of `config` that `driver.run_swarm` reports before anything starts.
+
+    Problems: an external Redis exchange (`exchange_url: redis://...`, not the launcher's own Redis job) that does
+    not answer within `REDIS_TIMEOUT` seconds, when a peer's script is known to connect to it (its options include
+    `exchange_url`); for scripts whose options are not known it is a warning. Warnings: the secrets written in the
+    config (`secret_warnings`), and `expected_peers` names that no peer of the config has (refused by the schema
+    when the exchange is the launcher's own; with an external exchange a peer started elsewhere may join)."""
+    problems: list[str] = []
+    found = secret_warnings(config, is_secret)
+    if getattr(config, "redis", None) is None and rules.exchange_scheme(config.exchange_url) in ("redis", "rediss"):
+        problem = redis_problem(config.exchange_url)
+        if problem is not None and _uses_exchange(config):
+            problems.append(problem)
+        elif problem is not None:
+            found.append(f"{problem} (the peers' scripts are not known to use it: starting anyway)")
+    ids = [peer.id for peer in config.peers] + list(getattr(config, "not_started", ()))  # --only: still peers
+    said: set[str] = set()
+    for peer in config.peers:
+        for message in expected_peer_problems(peer.args.get("expected_peers"), ids):
+            if message not in said:
+                said.add(message)
+                found.append(f"`args.expected_peers` {message}; a round waits for it up to `peer_timeout` each time")
+    return problems, found

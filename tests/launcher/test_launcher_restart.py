@@ -1,0 +1,392 @@
+"""Restarting peers and what the end of a run says: `trl-ftis swarm CONFIG --only PEER_ID [--resume]` starts only
+those peers, with the command the full run gives them (resuming from their newest complete checkpoint); an earlier
+run's logs, `.cmd` files and `summary.json` are kept, never overwritten; the summary table counts refused messages
+and dropped rows, and a peer whose exchange went wrong gets a warning line.
+
+The peers are `tests/fixtures/swarm_peer.py` (standard library only), as in test_launcher.py: a run takes a fraction
+of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from trl_ftis import cli
+from trl_ftis.exchange_report import exchange_problem, exchange_warning
+from trl_ftis.launcher import SwarmConfigError, build_commands, format_summary_table, load_swarm_config
+from trl_ftis.launcher.commands import keep_earlier
+from trl_ftis.launcher.restart import (
+    CHECKPOINT_PREFIX,
+    TRAINER_STATE_FILE,
+    latest_checkpoint,
+    restart_config,
+)
+from trl_ftis.launcher.summary import SUMMARY_FIELDS, peer_warning, read_peer_summary
+
+PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+
+
+def _write_config(tmp_path, peers, **top) -> Path:
+    raw = {"script": PEER, "run_dir": str(tmp_path / "run"), "args": {"lines": 1}, "peers": peers}
+    raw.update(top)
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _argv_in_cmd_file(path: Path) -> list[str]:
+    line = next(line for line in path.read_text().splitlines() if line.startswith("# argv (JSON): "))
+    return json.loads(line[len("# argv (JSON): ") :])
+
+
+def _checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
+    path = output_dir / f"{CHECKPOINT_PREFIX}-{step}"
+    path.mkdir(parents=True)
+    if complete:
+        (path / TRAINER_STATE_FILE).write_text("{}")
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# An earlier run's files are kept
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_keep_earlier_renames_to_the_next_free_number_and_keeps_pairs(tmp_path):
+    log, cmd = tmp_path / "b.log", tmp_path / "b.cmd"
+    assert keep_earlier([log, cmd]) is None  # nothing there yet: nothing renamed
+    log.write_text("run 1")
+    cmd.write_text("cmd 1")
+    assert keep_earlier([log, cmd]) == 1
+    assert not log.exists() and (tmp_path / "b.log.1").read_text() == "run 1" and (tmp_path / "b.cmd.1").exists()
+    log.write_text("run 2")  # a run that wrote its log but no .cmd keeps the pair's numbering all the same
+    (tmp_path / "b.cmd.7").write_text("kept by hand")
+    assert keep_earlier([log, cmd]) == 8  # past every number either file has used
+    assert (tmp_path / "b.log.8").read_text() == "run 2" and not (tmp_path / "b.cmd.8").exists()
+
+
+def test_kept_files_never_take_another_peers_name(tmp_path):
+    """Peer ids may hold dots and digits: `b.1.log` is peer `b.1`'s log, so the number goes after `.log`."""
+    (tmp_path / "b.log").write_text("peer b")
+    (tmp_path / "b.1.log").write_text("peer b.1")
+    (tmp_path / "b.log.log").write_text("peer b.log")
+    assert keep_earlier([tmp_path / "b.log"]) == 1
+    assert keep_earlier([tmp_path / "b.1.log"]) == 1
+    assert (tmp_path / "b.log.1").read_text() == "peer b" and (tmp_path / "b.1.log.1").read_text() == "peer b.1"
+    assert (tmp_path / "b.log.log").read_text() == "peer b.log"
+
+
+def test_a_second_run_keeps_the_first_runs_logs_and_summary(tmp_path, capsys):
+    path = _write_config(tmp_path, [{"id": "a"}, {"id": "b.1"}])
+    assert cli.main(["swarm", str(path)]) == 0
+    assert cli.main(["swarm", str(path)]) == 0
+    assert cli.main(["swarm", str(path)]) == 0
+    logs = tmp_path / "run" / "logs"
+    assert sorted(p.name for p in logs.iterdir()) == sorted(
+        f"{peer}.{kind}{n}" for peer in ("a", "b.1") for kind in ("log", "cmd") for n in ("", ".1", ".2")
+    )
+    assert all("hello from a" in (logs / name).read_text() for name in ("a.log", "a.log.1", "a.log.2"))
+    run = tmp_path / "run"
+    assert {p.name for p in run.glob("summary.json*")} == {"summary.json", "summary.json.1", "summary.json.2"}
+    assert "summary in" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --only
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_only_starts_that_peer_with_the_full_runs_command(tmp_path, capsys):
+    path = _write_config(tmp_path, [{"id": "a", "args": {"seed": 1}}, {"id": "b", "args": {"seed": 2}}, {"id": "c"}])
+    assert cli.main(["swarm", str(path)]) == 0
+    logs = tmp_path / "run" / "logs"
+    full_argv = _argv_in_cmd_file(logs / "b.cmd")
+    a_log = (logs / "a.log").read_text()
+    capsys.readouterr()
+
+    assert cli.main(["swarm", str(path), "--only", "b"]) == 0
+    out = capsys.readouterr().out
+    assert "started b" in out and "started a" not in out and "started c" not in out
+    assert _argv_in_cmd_file(logs / "b.cmd") == full_argv  # the same command, exchange and output dir
+    assert (logs / "b.log.1").exists() and (logs / "b.cmd.1").exists()  # the full run's, kept
+    assert (logs / "a.log").read_text() == a_log and not (logs / "a.log.1").exists()  # the others untouched
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [row["id"] for row in summary["peers"]] == ["b"]
+    earlier = json.loads((tmp_path / "run" / "summary.json.1").read_text())
+    assert [row["id"] for row in earlier["peers"]] == ["a", "b", "c"]
+
+    # Several --only: those peers, in the config's order.
+    assert cli.main(["swarm", str(path), "--only", "c", "--only", "a"]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [row["id"] for row in summary["peers"]] == ["a", "c"]
+
+
+def test_only_builds_the_same_commands_as_the_full_run(tmp_path):
+    config = load_swarm_config(yaml.safe_load(_write_config(tmp_path, [{"id": "a"}, {"id": "b"}]).read_text()))
+    selected, said = restart_config(config, only=["b"])
+    assert said == [] and [peer.id for peer in config.peers] == ["a", "b"]  # the config itself is left as it is
+    (full_b,) = [command for command in build_commands(config) if command.id == "b"]
+    (only_b,) = build_commands(selected)
+    assert (only_b.argv, only_b.env, only_b.log_path) == (full_b.argv, full_b.env, full_b.log_path)
+
+
+def test_unknown_only_peer_is_one_line_with_a_did_you_mean(tmp_path, capsys):
+    path = _write_config(tmp_path, [{"id": "alpha"}, {"id": "beta"}])
+    assert cli.main(["swarm", str(path), "--only", "bta"]) == 2
+    err = capsys.readouterr().err
+    assert err == "trl-ftis swarm: error: --only 'bta': no such peer (peers: alpha, beta); did you mean 'beta'?\n"
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+    assert cli.main(["swarm", str(path), "--only", "zzz", "--dry-run"]) == 2
+    assert "did you mean" not in capsys.readouterr().err
+
+
+def test_only_refuses_a_redis_job_the_launcher_starts(tmp_path):
+    """On SLURM the default exchange is a Redis job that lives as long as its launcher: a peer started by another
+    launcher could not meet the rest of the swarm there. An exchange_url of your own works."""
+    raw = {"launcher": "slurm", "script": PEER, "run_dir": str(tmp_path / "run"), "peers": [{"id": "a"}, {"id": "b"}]}
+    config = load_swarm_config(raw)
+    assert config.redis is not None
+    with pytest.raises(SwarmConfigError) as info:
+        restart_config(config, only=["b"])
+    message = str(info.value)
+    assert "\n" not in message and "exchange_url: redis://HOST:PORT/0" in message and "--only" in message
+    restart_config(config, resume=True)  # the whole swarm again, with a new Redis job: fine
+    own = load_swarm_config({**raw, "exchange_url": "redis://redis.cluster:6379/0"})
+    selected, _ = restart_config(own, only=["b"])
+    assert [peer.id for peer in selected.peers] == ["b"] and selected.exchange_url == "redis://redis.cluster:6379/0"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# --resume
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
+    assert latest_checkpoint(tmp_path / "missing") is None
+    assert latest_checkpoint(tmp_path) is None
+    _checkpoint(tmp_path, 9)
+    best = _checkpoint(tmp_path, 20)
+    _checkpoint(tmp_path, 30, complete=False)  # killed while saving
+    (tmp_path / "checkpoint-40").write_text("a file, not a folder")
+    _checkpoint(tmp_path, 100, complete=False)
+    (tmp_path / "checkpoint-x").mkdir()
+    assert latest_checkpoint(tmp_path) == best
+
+
+def test_the_checkpoint_rule_is_the_trainers(tmp_path):
+    """The launcher does not import transformers, so it names the checkpoint folders itself: the same names, and the
+    same choice as `trl_ftis.checkpoint.last_complete_checkpoint`."""
+    pytest.importorskip("transformers")
+    from transformers.trainer import TRAINER_STATE_NAME
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    from trl_ftis.checkpoint import last_complete_checkpoint
+
+    assert (CHECKPOINT_PREFIX, TRAINER_STATE_FILE) == (PREFIX_CHECKPOINT_DIR, TRAINER_STATE_NAME)
+    for step, complete in ((5, True), (12, True), (50, False)):
+        _checkpoint(tmp_path, step, complete)
+    assert str(latest_checkpoint(tmp_path)) == last_complete_checkpoint(tmp_path)
+
+
+def test_resume_passes_each_peers_newest_complete_checkpoint(tmp_path, capsys):
+    path = _write_config(tmp_path, [{"id": "a"}, {"id": "b", "args": {"resume_from_checkpoint": "last"}}, {"id": "c"}])
+    run = tmp_path / "run"
+    _checkpoint(run / "b", 10)
+    best = _checkpoint(run / "b", 20)
+    _checkpoint(run / "b", 30, complete=False)
+    _checkpoint(run / "c", 5, complete=False)
+
+    assert cli.main(["swarm", str(path), "--only", "b", "--only", "c", "--resume", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"# b: resuming from {best}\n" in out
+    assert f"# c: no complete checkpoint in {run / 'c'} yet; it starts from the beginning\n" in out
+    assert "--peer_id a" not in out and not (run / "logs").exists()
+
+    assert cli.main(["swarm", str(path), "--only", "b", "--only", "c", "--resume"]) == 0
+    out = capsys.readouterr().out
+    assert f"trl-ftis swarm: b: resuming from {best}" in out
+    b_argv = _argv_in_cmd_file(run / "logs" / "b.cmd")
+    assert b_argv.count("--resume_from_checkpoint") == 1  # --resume replaces the config's `last`
+    assert b_argv[b_argv.index("--resume_from_checkpoint") + 1] == str(best)
+    assert f"--resume_from_checkpoint {best}" in (run / "logs" / "b.log").read_text()  # what the peer got
+    assert "--resume_from_checkpoint" not in _argv_in_cmd_file(run / "logs" / "c.cmd")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The summary's new columns and the end-of-run warnings
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _summary(**fields):
+    return {"peer_id": "me", "rows_received": 0, "rows_accepted": 0, "refused": {}, "dropped": {}, **fields}
+
+
+def test_refused_and_dropped_columns_sum_the_reasons(tmp_path):
+    path = tmp_path / "ftis_summary.json"
+    path.write_text(json.dumps({"steps": 3, "refused": {"stale": 4, "signature": 2}, "dropped": {}}))
+    fields, _ = read_peer_summary(path, None)
+    assert (fields["messages_refused"], fields["rows_dropped"]) == (6, 0)  # an empty count is 0, not unknown
+    path.write_text(json.dumps({"steps": 3, "refused": "lots", "dropped": {"a": "b", "c": 2, "d": float("inf")}}))
+    fields, _ = read_peer_summary(path, None)
+    assert (fields["messages_refused"], fields["rows_dropped"]) == (None, 2)  # junk is not a count
+    path.write_text(json.dumps({"steps": 3}))
+    fields, _ = read_peer_summary(path, None)
+    assert fields["messages_refused"] is None and fields["rows_dropped"] is None
+    row = {"id": "a", "status": "ok", "exit_code": 0, "wall_time_s": 1.0, "note": None, **fields}
+    table = format_summary_table([row])
+    header, _, line = table.splitlines()
+    assert header.split()[4:] == list(SUMMARY_FIELDS)
+    cells = line.split()[4:]
+    assert (
+        cells[SUMMARY_FIELDS.index("rows_dropped")] == "-" and cells[SUMMARY_FIELDS.index("messages_refused")] == "-"
+    )
+
+
+def test_exchange_problem_says_what_exchange_warning_says_and_more():
+    secret = _summary(refused={"signature": 12, "unsigned": 3})
+    assert exchange_problem(secret) == exchange_warning(secret)  # one wording for the peer and the launcher
+    assert exchange_problem(secret, "b").startswith("b: accepted no peer rows: received 0 rows; refused 15 messages")
+    dropped = _summary(rows_received=40, rows_accepted=8, dropped={"too_long": 30})
+    assert exchange_problem(dropped) == exchange_warning(dropped) and exchange_problem(dropped) is not None
+
+    # Refused most messages: more refused messages than rows received, so more than the messages accepted.
+    most = _summary(rows_received=10, rows_accepted=10, refused={"stale": 30})
+    assert exchange_warning(most) is None
+    assert exchange_problem(most) == (
+        "me: refused most messages (30 refused, 10 rows received): received 10 rows; refused 30 messages (stale: 30)."
+    )
+    # A few refused for their signature: some peer lacks the secret, even though the others' rows came in.
+    few = _summary(rows_received=300, rows_accepted=290, refused={"unsigned": 4, "stale": 1})
+    assert exchange_problem(few) == (
+        "me: refused 4 messages for their signature: received 300 rows; refused 5 messages (unsigned: 4, stale: 1); "
+        "the peers do not share one swarm secret or key set (docs/security.md)."
+    )
+    assert exchange_problem(_summary(rows_received=300, rows_accepted=290, refused={"stale": 20})) is None
+    assert exchange_problem({"steps": 7, "reward": 0.5}) is None  # says nothing about an exchange
+    junk = {"rows_accepted": "many", "rows_received": float("nan"), "refused": [1], "dropped": {"x": "y"}}
+    assert exchange_problem(junk, "j") == "j: accepted no peer rows: received 0 rows; refused no messages."
+
+
+def test_the_launchers_hint_for_signature_refusals():
+    text = peer_warning(_summary(refused={"signature": 12}), "b")
+    assert text.startswith("b: accepted no peer rows: received 0 rows; refused 12 messages (signature: 12); ")
+    assert "FTIS_SWARM_SECRET" in text and "--only" in text and text.endswith(".") and ".;" not in text
+    assert "FTIS_SWARM_SECRET" not in peer_warning(_summary(refused={"stale": 1}), "b")
+
+
+def test_a_peer_without_the_secret_is_warned_about_at_the_end(tmp_path, capsys):
+    """A swarm where one peer has the secret and the others not: it refused every message (unsigned), another most of them; the launcher says so
+    per peer, with the reasons and the hint, then ends with exit code 0 as before."""
+    lonely = _summary(peer_id="lonely", refused={"unsigned": 12, "signature": 3})
+    mostly = _summary(peer_id="mostly", rows_received=10, rows_accepted=10, refused={"stale": 30})
+    healthy = _summary(peer_id="healthy", rows_received=300, rows_accepted=290, refused={"stale": 2})
+    path = _write_config(
+        tmp_path,
+        [{"id": name, "args": {"summary_json": json.dumps(data)}} for name, data in
+         (("lonely", lonely), ("mostly", mostly), ("healthy", healthy))],
+    )  # fmt: skip
+    assert cli.main(["swarm", str(path)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    warnings = [line for line in lines if line.startswith("[swarm]") and "warning:" in line]
+    assert len(warnings) == 2, out
+    assert (
+        "warning: lonely: accepted no peer rows: received 0 rows; refused 15 messages (unsigned: 12, signature: 3)"
+        in warnings[0]
+    )
+    assert "FTIS_SWARM_SECRET" in warnings[0]
+    assert "warning: mostly: refused most messages (30 refused, 10 rows received)" in warnings[1]
+    # After the table, before the last line, which counts them.
+    table_end = max(i for i, line in enumerate(lines) if line.startswith("healthy "))
+    assert table_end < lines.index(warnings[0]) < lines.index(warnings[1]) < len(lines) - 1
+    assert lines[-1].endswith(
+        f"all peers finished; exit code 0 (2 exchange warnings above); summary in {tmp_path / 'run' / 'summary.json'}"
+    )
+    rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
+    assert rows["lonely"]["messages_refused"] == 15 and rows["lonely"]["warning"] in warnings[0]
+    assert rows["healthy"]["warning"] is None and rows["healthy"]["messages_refused"] == 2
+
+
+def test_collaboration_still_exports_exchange_warning():
+    pytest.importorskip("transformers")
+    from trl_ftis import collaboration, exchange_report
+
+    assert collaboration.exchange_warning is exchange_report.exchange_warning
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# on_failure: continue, and restarting a failed peer while the others train
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_on_failure_continue_lets_the_others_finish_and_the_run_still_fails(tmp_path):
+    import io
+
+    from trl_ftis.launcher import run_swarm
+
+    crashed = tmp_path / "crashed"
+    peers = [{"id": "crash", "args": {"fail_once": str(crashed)}}, {"id": "steady", "args": {"hold": 1.0}}]
+    config = load_swarm_config(yaml.safe_load(_write_config(tmp_path, peers, on_failure="continue").read_text()))
+    out = io.StringIO()
+    assert run_swarm(config, grace=2, stream=out) == 1
+    text = out.getvalue()
+    assert "peer crash exited with code 3; the others go on (on_failure: continue)" in text
+    assert "--only crash --resume" in text and "stopping the other peers" not in text
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = {row["id"]: row for row in summary["peers"]}
+    assert (rows["crash"]["status"], rows["steady"]["status"]) == ("failed", "ok")
+    assert summary["reason"] == "all peers ended; failed: crash"
+
+
+def test_on_failure_takes_only_stop_or_continue(tmp_path):
+    raw = yaml.safe_load(_write_config(tmp_path, [{"id": "a"}], on_failure="ignore").read_text())
+    with pytest.raises(SwarmConfigError, match=r"`on_failure` must be 'stop' .* or 'continue'"):
+        load_swarm_config(raw)
+    assert load_swarm_config({**raw, "on_failure": "stop"}).on_failure == "stop"
+    assert load_swarm_config({k: v for k, v in raw.items() if k != "on_failure"}).on_failure == "stop"
+
+
+def test_a_failed_peer_restarts_with_only_while_the_others_keep_training(tmp_path):
+    """The issue's case: one peer of a launcher swarm dies; the others go on, and `--only PEER --resume` in another
+    shell starts it again (from its newest checkpoint), its first log kept, the others' files untouched."""
+    crashed, release = tmp_path / "crashed", tmp_path / "release"
+    peers = [
+        {"id": "flaky", "args": {"fail_once": str(crashed)}},
+        {"id": "steady", "args": {"wait_for": str(release)}},  # trains until the test lets it finish
+    ]
+    path = _write_config(tmp_path, peers, on_failure="continue")
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    command = [sys.executable, "-m", "trl_ftis.cli", "swarm", str(path)]
+    full = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        logs = tmp_path / "run" / "logs"
+        for _ in range(300):  # the flaky peer crashed and the full run noticed
+            if crashed.exists() and "crash flaky" in (logs / "flaky.log").read_text():
+                break
+            time.sleep(0.05)
+        _checkpoint(tmp_path / "run" / "flaky", 4)
+        restarted = subprocess.run(
+            [*command, "--only", "flaky", "--resume"], env=env, capture_output=True, text=True, timeout=60, check=False
+        )
+        assert restarted.returncode == 0, restarted.stdout + restarted.stderr
+        assert f"flaky: resuming from {tmp_path / 'run' / 'flaky' / 'checkpoint-4'}" in restarted.stdout
+        assert full.poll() is None, "the full run, with its steady peer, is still going"
+        assert "crash flaky" in (logs / "flaky.log.1").read_text() and "done flaky" in (logs / "flaky.log").read_text()
+        assert not (logs / "steady.log.1").exists()
+        release.write_text("go")
+        output, _ = full.communicate(timeout=60)
+    finally:
+        if full.poll() is None:
+            full.kill()
+    assert full.returncode == 1, output  # the full run saw its flaky peer fail
+    assert "peer steady finished (exit code 0)" in output and "the others go on" in output
+    assert "done steady" in (logs / "steady.log").read_text()
