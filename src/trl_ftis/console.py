@@ -43,6 +43,9 @@ class StepLineCallback(TrainerCallback):
         self.prefix, self.write = prefix, write or (lambda line: print(line, flush=True))
         self.started = time.time()
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.started = time.time()  # seconds of training, not of the set-up before it
+
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
