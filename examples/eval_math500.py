@@ -28,6 +28,7 @@ quiet_dependency_warnings()  # before the imports that warn
 
 from transformers import HfArgumentParser
 
+from trl_ftis.rules import local_model_problem
 from trl_ftis.tasks.math_problems import R1_ZERO_SYSTEM_PROMPT, evaluate_math, load_math_dataset
 
 #: The paper evaluates on the first 512 GSM8K test questions and on all of MATH-500.
@@ -180,6 +181,10 @@ def main(args: EvalArguments) -> dict:
         system_prompt=args.system_prompt,
         limit=limit,
     )
+    for flag, value in (("--model_name_or_path", args.model_name_or_path), ("--adapter", args.adapter)):
+        problem = local_model_problem(value)  # else transformers answers "Repo id must be in the form ..."
+        if problem is not None:
+            raise SystemExit(f"eval: {flag}: {problem}")
     print(f"eval: loading {args.model_name_or_path}" + (f" + {args.adapter}" if args.adapter else ""), file=sys.stderr)
     model, tokenizer = load_model_and_tokenizer(args)
     rows = [dict(row) for row in dataset]

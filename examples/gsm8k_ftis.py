@@ -26,7 +26,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_ftis import FTISConfig, FTISTrainer
 from trl_ftis.console import use_script_console
-from trl_ftis.rules import peer_id_from
+from trl_ftis.rules import local_model_problem, peer_id_from
 from trl_ftis.tasks.math_problems import (
     R1_ZERO_SYSTEM_PROMPT,
     answer_reward,
@@ -149,6 +149,9 @@ def name_the_peer(training_args: FTISConfig, model_args: ModelConfig) -> None:
 def main(script_args: GSM8KScriptArguments, training_args: FTISConfig, model_args: ModelConfig):
     if not model_args.model_name_or_path:
         raise ValueError("Set --model_name_or_path (a Hub id such as Qwen/Qwen2.5-1.5B or a local directory).")
+    problem = local_model_problem(model_args.model_name_or_path)  # else transformers: "Repo id must be in the form"
+    if problem is not None:
+        raise ValueError(f"--model_name_or_path: {problem}")
     name_the_peer(training_args, model_args)
 
     tokenizer = load_tokenizer(model_args, training_args)

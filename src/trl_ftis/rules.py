@@ -70,6 +70,30 @@ def check_peer_id(value: object, what: str = "peer_id") -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# Model paths (the launcher checks them before start, the example scripts before loading)
+
+
+def looks_like_local_path(value: object) -> bool:
+    """A model that transformers would read from a folder: `/x`, `./x`, `../x`, `~/x`, or more than one `/`. A Hub id
+    is `name` or `org/name`."""
+    if not isinstance(value, str):
+        return False
+    return value.startswith(("/", "./", "../", "~")) or value in (".", "..") or value.count("/") > 1
+
+
+def local_model_problem(value: object) -> str | None:
+    """What is wrong with a `model` that is a local path (None for a Hub id, or a folder that exists)."""
+    if not looks_like_local_path(value):
+        return None
+    path = os.path.abspath(os.path.expanduser(value))
+    if os.path.isdir(path):
+        return None
+    if os.path.exists(path):
+        return f"{path} is not a folder (a model is a folder with its config.json)"
+    return f"no such local model folder {path}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # Exchange URLs
 
 EXCHANGE_SCHEMES = ("dir", "memory", "redis", "rediss")

@@ -261,3 +261,24 @@ def test_training_script_runs_under_accelerate_launch(tmp_path, tiny_model_dir):
           "--mixed_precision", "no", "--dynamo_backend", "no", TRAIN_SCRIPT, "--config", config_path])  # fmt: skip
     state = json.loads((output_dir / "trainer_state.json").read_text())
     assert state["global_step"] == 1
+
+
+@pytest.mark.parametrize("script", ["train", "eval"])
+def test_a_missing_local_model_folder_is_one_clear_line(tmp_path, script):
+    """docs/getting-started.md's own `/models/Qwen2.5-1.5B`: transformers used to answer "Repo id must be in the form
+    'repo_name' or 'namespace/repo_name'" for a local path that does not exist."""
+    missing = tmp_path / "models" / "Qwen2.5-1.5B"
+    if script == "train":
+        data = _write_jsonl(tmp_path / "gsm8k_train.jsonl", GSM8K_ROWS)
+        argv = [TRAIN_SCRIPT, "--model_name_or_path", missing, "--dataset_path", data, "--output_dir", tmp_path / "o"]
+        argv += ["--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+    else:
+        argv = [EVAL_SCRIPT, "--model_name_or_path", missing, "--benchmark", "math500"]
+        argv += ["--dataset_path", _write_jsonl(tmp_path / "math500.jsonl", MATH500_ROWS)]
+    result = subprocess.run(
+        [sys.executable, *map(str, argv)], cwd=ROOT, env=_subprocess_env(), capture_output=True, text=True,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert f"--model_name_or_path: no such local model folder {missing}" in result.stderr
+    assert "Repo id must be in the form" not in result.stderr

@@ -20,10 +20,9 @@ import pytest
 import yaml
 
 from trl_ftis import cli
+from trl_ftis.rules import local_model_problem, looks_like_local_path
 from trl_ftis.launcher import SwarmConfigError, check_files, dry_run, load_swarm_config, run_swarm
 from trl_ftis.launcher.preflight import (
-    local_model_problem,
-    looks_like_local_path,
     redis_problem,
     script_options,
 )

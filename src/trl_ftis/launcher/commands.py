@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..rules import CONSOLE_ENV, CONSOLE_LINES, PEER_ID_ENV, REDACTED, redact_text
+from ..rules import CONSOLE_ENV, CONSOLE_LINES, PEER_ID_ENV, REDACTED, local_model_problem, redact_text
 from .schema import SwarmConfig
 
 __all__ = [
@@ -206,8 +206,6 @@ def check_files(config: SwarmConfig) -> list[str]:
     """Problems only visible on this machine (missing script or accelerate config, accelerate not installed, a local
     model folder that does not exist)."""
     import importlib.util
-
-    from .preflight import local_model_problem
 
     problems = []
     for index, peer in enumerate(config.peers):

@@ -5,7 +5,8 @@ model folders, the external Redis server, and the secrets written in the config.
   dataclasses it hands to `HfArgumentParser` / `TrlParser` (its own, read from its source, and those it imports from
   trl, transformers or trl_ftis, imported). `None` when they cannot be known: then nothing is checked (the schema
   checks the `args` keys against it, `schema.load_swarm_config`).
-* `local_model_problem(value)`: a `model` that is a local path (not a Hub id) and no folder (`commands.check_files`).
+* local model folders: `trl_ftis.rules.local_model_problem`, which `commands.check_files` and the example scripts
+  call.
 * `redis_problem(url)`: an external Redis that does not answer, in seconds (`before_start`).
 * `before_start(config, is_secret)`: what `driver.run_swarm` says before anything starts: the problems that stop the
   swarm (an unreachable Redis) and the warnings printed once (secrets written in the config, `expected_peers` names
@@ -39,8 +40,6 @@ __all__ = [
     "ScriptOptions",
     "before_start",
     "expected_peer_problems",
-    "local_model_problem",
-    "looks_like_local_path",
     "redis_problem",
     "script_options",
     "secret_warnings",
@@ -281,26 +280,6 @@ def script_options(path: str | os.PathLike) -> ScriptOptions | None:
 # --------------------------------------------------------------------------------------------------------------------
 # Local models, expected peers
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def looks_like_local_path(value: Any) -> bool:
-    """A model that transformers would read from a folder: `/x`, `./x`, `../x`, `~/x`, or more than one `/`. A Hub id
-    is `name` or `org/name`."""
-    if not isinstance(value, str):
-        return False
-    return value.startswith(("/", "./", "../", "~")) or value in (".", "..") or value.count("/") > 1
-
-
-def local_model_problem(value: Any) -> str | None:
-    """What is wrong with a `model` that is a local path (None for a Hub id, or a folder that exists)."""
-    if not looks_like_local_path(value):
-        return None
-    path = os.path.abspath(os.path.expanduser(value))
-    if os.path.isdir(path):
-        return None
-    if os.path.exists(path):
-        return f"{path} is not a folder (a model is a folder with its config.json)"
-    return f"no such local model folder {path}"
 
 
 def expected_peer_problems(expected: Any, peer_ids: Iterable[str]) -> list[str]:
