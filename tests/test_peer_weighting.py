@@ -147,3 +147,19 @@ def test_ess_scales_each_peers_rows_and_leaves_own_rows_unchanged(apply_ftis):
     assert {k: v for k, v in ess_metrics.items() if k != "ftis/peer/ess_scale"} == dict(none_metrics)
     assert ess_metrics["ftis/peers/a/ess_frac"] == [pytest.approx(0.9)]
     assert ess_metrics["ftis/peers/b/ess_frac"] == [pytest.approx(0.5)]
+
+
+def test_the_loss_scale_and_the_ledgers_effective_fraction_are_one_formula():
+    """`peer_weighting="ess"` scales rows by `source_ess_scale` (tensors, per source); the summary reports the same
+    quantity from sums (`collaboration.effective_fraction`). They must agree, also at the edges (all filtered)."""
+    from trl_ftis.collaboration import effective_fraction
+
+    generator = torch.Generator().manual_seed(0)
+    weights = torch.rand(40, generator=generator) * 2
+    weights[30:] = 0.0  # source 3: every row filtered
+    source = torch.tensor([0] * 10 + [1] * 10 + [2] * 10 + [3] * 10)
+    scale = source_ess_scale(weights, source)
+    for s in (1, 2, 3):
+        w = weights[source == s].double()
+        expected = effective_fraction(float(w.sum()), float((w * w).sum()), len(w))
+        assert scale[source == s] == pytest.approx(torch.full((10,), expected, dtype=scale.dtype))
