@@ -102,6 +102,10 @@ class StandInSwarm:
             result.peers[row.sender].rows_received += 1
         return result
 
+    def leave(self, round=None):
+        self.left = True  # train() announces leaving before it closes
+        return True
+
     def close(self):
         pass
 

@@ -295,3 +295,9 @@ def test_shared_names_are_the_ones_each_part_uses():
 )
 def test_a_peer_id_is_made_from_a_model_name(name, expected):
     assert rules.peer_id_from(name) == expected and rules.is_peer_id(expected)
+
+
+def test_the_redis_client_url_drops_only_trl_ftis_own_parameters():
+    url = "rediss://:pw@host:6380/2?swarm=a&ssl_cert_reqs=none&connect_timeout=3"
+    assert rules.redis_client_url(url) == "rediss://:pw@host:6380/2?ssl_cert_reqs=none"
+    assert rules.redis_client_url("redis://host:6379/0") == "redis://host:6379/0"

@@ -152,6 +152,18 @@ _URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)
 _QUERY_PASSWORD_RE = re.compile(r"([?&]password=)([^&#\s'\"]+)", re.IGNORECASE)
 
 
+REDIS_URL_OPTIONS = ("swarm", "connect_timeout")
+"""Query parameters of a `redis://` exchange URL that trl-ftis reads itself (the swarm's key namespace, the connect
+timeout); every other one is redis-py's."""
+
+
+def redis_client_url(url: str) -> str:
+    """`url` without [`REDIS_URL_OPTIONS`]: what redis-py's `Redis.from_url` is given."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in REDIS_URL_OPTIONS]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def redact_url(url: str) -> str:
     """`url` with its password (in the user info or a `password=` query value) replaced by [`REDACTED`].
 

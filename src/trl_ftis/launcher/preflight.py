@@ -331,7 +331,7 @@ def redis_problem(url: str, timeout: float = REDIS_TIMEOUT) -> str | None:
     if parts.password is None and os.environ.get(rules.REDIS_PASSWORD_ENV):
         options["password"] = os.environ[rules.REDIS_PASSWORD_ENV]  # as the peers' transport does
     try:
-        client = redis.Redis.from_url(url, **options)
+        client = redis.Redis.from_url(rules.redis_client_url(url), **options)  # ?swarm= is ours, not redis-py's
         try:
             client.ping()
         finally:

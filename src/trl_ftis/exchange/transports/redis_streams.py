@@ -7,9 +7,9 @@ import os
 import re
 import time
 from collections import deque
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlsplit
 
-from ...rules import REDACTED, REDIS_PASSWORD_ENV, redact_url
+from ...rules import REDACTED, REDIS_PASSWORD_ENV, redact_url, redis_client_url
 from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MALFORMED,
@@ -135,8 +135,7 @@ class RedisTransport(Transport):
         if not isinstance(self.swarm, str) or not _SWARM_RE.match(self.swarm):
             raise ValueError(f"swarm name must match {_SWARM_RE.pattern}, got {self.swarm!r}")
         self.key = f"ftis:{self.swarm}"
-        ours = ("swarm", "connect_timeout")
-        client_url = urlunsplit(parts._replace(query=urlencode([(k, v) for k, v in query if k not in ours])))
+        client_url = redis_client_url(url)
 
         try:
             import redis
