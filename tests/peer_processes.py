@@ -63,3 +63,9 @@ def start_peer(tmp_path, peer_id, exchange, *, hidden_size, steps=3, env=None, l
         )
     log = open(tmp_path / f"{peer_id}.log", log_mode)
     return subprocess.Popen(command, cwd=ROOT, env=peer_env(**(env or {})), stdout=log, stderr=subprocess.STDOUT)
+
+
+def rows_taken(result):
+    """Rows a peer accepted, plus those it dropped for holding special tokens mid-completion (`special_tokens`): the
+    tiny untrained models write `<pad>`, `<bos>` or `<unk>` inside some completions, which receivers refuse."""
+    return result["rows_accepted"] + result["dropped"].get("special_tokens", 0)

@@ -14,6 +14,7 @@ Rows reach a trainer three ways here, each the way real rows do:
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import uuid
@@ -331,6 +332,7 @@ def test_every_rejection_in_one_round_is_counted_by_reason(tokenizer, make_args)
         "reward_error": rows("p", 2, prompt="98+98=", extra={}, group="columns"),
         "unscorable": rows("p", 2, prompt="97+97=", extra={"answer": "none"}, group="none"),
         "nonfinite": rows("p", 2, prompt="96+96=", extra={"answer": "inf"}, group="inf"),
+        "special_tokens": rows("p", 2, ids=(8, tokenizer.bos_token_id, 9), group="special"),
     }
     for sent in cases.values():
         received += unpacked("p", sent)
@@ -344,7 +346,7 @@ def test_every_rejection_in_one_round_is_counted_by_reason(tokenizer, make_args)
     )
     trainer.train()
     first, second = [e for e in trainer.state.log_history if "loss" in e]
-    assert dropped(first) == {reason: 2 for reason in cases} and first["ftis/peer_rows_dropped"] == 12
+    assert dropped(first) == {reason: 2 for reason in cases} and first["ftis/peer_rows_dropped"] == 14
     assert first["ftis/peer_rows"] == 4
     assert dropped(second) == {reason: 0 for reason in cases} and second["ftis/peer_rows_dropped"] == 0
     assert trainer.summary()["dropped"] == {reason: 2 for reason in cases}
@@ -730,3 +732,34 @@ def test_drop_warnings_are_bounded_and_once_per_peer_and_reason(tokenizer, make_
     for sender in range(2000):  # a flood of made-up sender names: counted, warned about at most 1000 times
         trainer._ledger.count(f"s{sender}", "too_long")
     assert trainer._ledger.num_warned <= 1000 and trainer._ledger.dropped["too_long"] == 2000
+
+
+def test_special_and_added_tokens_inside_a_completion_are_dropped_at_both_levels(tokenizer, make_args):
+    """Issue 23: a peer sharing the tokenizer sent `<|im_end|><|im_start|>` mid-completion, and SmolLM2's 14 added
+    special tokens (`<file_sep>`, ...) are missing from `all_special_ids`, so they were trained on while the reward
+    functions saw them stripped. Every special or added token is refused except a final end of sequence."""
+    from tokenizers import AddedToken
+
+    from trl_ftis.admission import control_token_ids
+
+    added = copy.deepcopy(tokenizer)
+    added.add_tokens([AddedToken("<file_sep>", special=True), AddedToken("<|im_start|>", special=True)])
+    file_sep, im_start = added.convert_tokens_to_ids(["<file_sep>", "<|im_start|>"])
+    assert file_sep not in added.all_special_ids  # as in SmolLM2: the old check missed them
+    control = set(control_token_ids(added).tolist())
+    assert {file_sep, im_start, added.pad_token_id, added.bos_token_id, added.eos_token_id} <= control
+
+    trainer = make_trainer(added, make_args, swarm=True, cross_tokenizer=True)
+    admission, eos = trainer._admission, added.eos_token_id
+    assert not admission.holds_control_tokens([8, 9, eos])  # a final end of sequence is how completions end
+    assert not admission.holds_control_tokens([8, 9, 10])  # cut at max length
+    for ids in ([8, im_start, 9], [8, file_sep], [8, eos, 9], [added.pad_token_id, 8], [8, 9, file_sep]):
+        assert admission.holds_control_tokens(ids), ids
+    # Through the whole admission: token level (same tokenizer) and text level (another tokenizer's text).
+    foreign = rows("f", 2, ids=(500, 501), group="text")  # another tokenizer's ids: its text is what counts
+    for row, text in zip(foreign, ["12<file_sep>3", "12"], strict=True):
+        row.foreign_tokenizer, row.completion_text, row.ends_with_eos = True, text, True
+    sent = rows("p", 2, ids=(8, 9, eos)) + rows("p", 2, ids=(8, file_sep, 9), group="bad") + foreign
+    kept = admission.admit(sent)
+    assert len(kept) == 3 and trainer._ledger.dropped["special_tokens"] == 2
+    assert trainer._ledger.dropped["text_special_tokens"] == 1  # the added token inside the text, re-tokenised

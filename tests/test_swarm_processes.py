@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peer_processes import COMMON, PEER_SCRIPT, ROOT, peer_env, start_peer, summary  # tests/ is on sys.path
+from peer_processes import COMMON, PEER_SCRIPT, ROOT, peer_env, rows_taken, start_peer, summary  # tests/ is on sys.path
 
 
 def run_launcher(tmp_path, config):
@@ -49,10 +49,11 @@ def check_three_peers(run_dir, output):
         assert set(result["peers"]) == others
         # Each round every peer publishes 16 rows; with expected peers, every round gets both others' rows.
         assert result["rows_sent"] == 48
-        assert result["rows_received"] == 96 and result["rows_accepted"] == 96
+        assert result["rows_received"] == 96 and rows_taken(result) == 96
+        assert set(result["dropped"]) <= {"special_tokens"}, result["dropped"]
         log = (Path(run_dir) / "logs" / f"{peer}.log").read_text()
         for other in others:
-            assert f"'ftis/peers/{other}/rows_accepted': '16'" in log
+            assert f"'ftis/peers/{other}/rows_accepted': '" in log
             assert f"'ftis/peers/{other}/is_weight_mean'" in log  # their rows reached the loss
     assert (Path(run_dir) / "lora" / "adapter_config.json").exists()
     assert (Path(run_dir) / "big" / "model.safetensors").exists()
@@ -83,7 +84,7 @@ def test_async_peers_train_on_each_others_rows_one_round_late(tmp_path):
         outcome = summary(tmp_path / "run", peer)
         assert outcome["steps"] == 4 and outcome["exchange_worker_errors"] == 0
         # Steps 1-3 merge the other's rounds 0-2 (16 rows each); round 3 was collected after the last step.
-        assert outcome["rows_accepted"] >= 48, outcome
+        assert rows_taken(outcome) >= 48, outcome
         log = (tmp_path / "run" / "logs" / f"{peer}.log").read_text()
         assert f"'ftis/peers/{other}/staleness': '1'" in log  # one round of lag
         assert "'ftis/exchange/blocking_seconds'" in log
@@ -149,7 +150,7 @@ def test_three_architectures_one_of_them_lora_train_on_each_others_rows(tmp_path
     for peer, (architecture, _, _) in peers.items():
         outcome = summary(run_dir, peer)
         assert outcome["steps"] == 3 and set(outcome["peers"]) == set(peers) - {peer}
-        assert outcome["rows_received"] == 96 and outcome["rows_accepted"] == 96, outcome
+        assert outcome["rows_received"] == 96 and rows_taken(outcome) == 96, outcome
         log = (run_dir / "logs" / f"{peer}.log").read_text()
         for other in set(peers) - {peer}:
             assert f"'ftis/peers/{other}/is_weight_mean'" in log  # their rows reached the loss
@@ -243,7 +244,7 @@ def test_peers_that_end_on_different_rounds_are_not_waited_for(tmp_path):
         assert result["exchange_blocking_seconds"] < 30, result  # only waits for live peers' rows
         assert "nothing new from" not in (tmp_path / f"{name}.log").read_text()
     # The long peer trained on the others' rows while they were there: 16 a round from each.
-    assert summary(tmp_path, "long")["rows_accepted"] == 16 * 2 + 16 * 4
+    assert rows_taken(summary(tmp_path, "long")) == 16 * 2 + 16 * 4
 
 
 def test_a_launcher_swarm_that_exchanged_nothing_says_so_per_peer(tmp_path):
@@ -265,10 +266,14 @@ def test_a_launcher_swarm_that_exchanged_nothing_says_so_per_peer(tmp_path):
     warnings = [line for line in output.splitlines() if "warning: locked: accepted no peer rows" in line]
     assert len(warnings) == 1, output[-4000:]
     assert "unsigned: 2" in warnings[0] and "secret" in warnings[0]
-    assert any("(1 exchange warnings above)" in line or "(1 exchange warning above)" in line for line in output.splitlines())
+    # The untrained tiny models also write <pad>/<unk> mid-completion, so `open` may warn about its special_tokens
+    # drops; never about signatures: it takes unsigned and signed rows alike.
+    assert not any("warning: open:" in line and "secret" in line for line in output.splitlines())
+    assert any("exchange warning" in line for line in output.splitlines()[-2:]), output[-2000:]
     rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
     assert rows["locked"]["rows_accepted"] == 0 and rows["locked"]["messages_refused"] == 2
-    assert rows["open"]["rows_accepted"] > 0 and rows["open"]["warning"] is None  # unsigned rows are welcome there
+    assert rows["open"]["rows_accepted"] > 0 and rows["open"]["messages_refused"] == 0  # it took signed rows too
+    assert "secret" not in (rows["open"]["warning"] or "")
     # The peers say it themselves: how messages are authenticated, one line each at start.
     logs = tmp_path / "run" / "logs"
     assert "message authentication: a shared swarm secret (HMAC)." in (logs / "locked.log").read_text()
@@ -303,7 +308,7 @@ def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     assert b.wait(timeout=300) == 0, (tmp_path / "b.log").read_text()[-3000:]
     for peer, other in (("a", "b"), ("b", "a")):
         result = summary(tmp_path, peer)
-        assert result["peers"] == [other] and result["rows_accepted"] == 48
+        assert result["peers"] == [other] and rows_taken(result) == 48
         assert result["refused"]["unsigned"] == 1 and result["refused"]["unrecognised"] == 1
         assert sum(result["refused"].values()) == 3
         assert "let-me-in" not in (tmp_path / f"{peer}.log").read_text()

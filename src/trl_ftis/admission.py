@@ -43,6 +43,7 @@ __all__ = [
     "STRIP_REASONS",
     "Admission",
     "PromptRenderer",
+    "control_token_ids",
     "statistics_problem",
 ]
 
@@ -75,8 +76,11 @@ DROP_REASONS: dict[str, str] = {
     "ended with an end-of-sequence token when this tokenizer has none",
     "text_round_trip": "a completion text that does not survive re-tokenisation with this trainer's tokenizer "
     "(decode(encode(text)) != text: characters it cannot represent)",
-    "text_special_tokens": "a completion text that this trainer's tokenizer reads as special tokens (a chat-template "
-    "marker, padding, end of sequence...) inside the completion",
+    "text_special_tokens": "a completion text that this trainer's tokenizer reads as special or added tokens (a "
+    "chat-template marker, padding, end of sequence...) inside the completion",
+    "special_tokens": "completion ids holding a special or added token of this trainer's tokenizer (a chat-template "
+    "marker such as <|im_start|>, padding, <file_sep>...) anywhere but as the final end of sequence: reward functions "
+    "would see the text without it while the loss trains on it",
     "stale": "exchange_mode='free': queued rows more than max_staleness of their sender's steps old before a step "
     "took them (or from after the sender's newest round: it restarted from an older checkpoint)",
     "queue_full": "exchange_mode='free': more rows arrived than the queue holds (4 x the peer-row cap); the oldest "
@@ -129,6 +133,8 @@ class Admission:
         context_length (`int`, *optional*): the model's context; a prompt and completion longer are dropped.
         has_chat_template (`bool`): whether chat prompts can be rendered at all.
         eos_token_id (`int`, *optional*): appended to a re-tokenised completion that ended with the sender's own.
+        stop_token_ids (`Sequence[int]`, *optional*): the ids a completion may end with (the model's end-of-sequence
+            ids; `eos_token_id` is always one); every other special or added token is refused in a completion.
         scorer ([`RewardScorer`], *optional*): for [`rescore`].
         dataset (*optional*): the training set, whose columns a known prompt gets (`admit(..., local_columns=True)`).
     """
@@ -146,6 +152,7 @@ class Admission:
         eos_token_id: int | None = None,
         scorer: RewardScorer | None = None,
         dataset=None,
+        stop_token_ids: Sequence[int] = (),
     ):
         self.config = config
         self.tokenizer = tokenizer
@@ -155,6 +162,11 @@ class Admission:
         self.context_length = context_length
         self.has_chat_template = bool(has_chat_template)
         self.eos_token_id = eos_token_id
+        self.control_ids = control_token_ids(tokenizer)
+        self.stop_ids = np.asarray(
+            sorted({int(i) for i in stop_token_ids} | ({int(eos_token_id)} if eos_token_id is not None else set())),
+            dtype=np.int64,
+        )
         self.scorer = scorer
         self.dataset = dataset
         self._prompt_columns: dict[str, dict[str, Any]] | None = None  # prompt key -> training set columns
@@ -237,7 +249,7 @@ class Admission:
         texts = [row.completion_text if isinstance(row.completion_text, str) else "" for row in others]
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         decoded = tokenizer.batch_decode(encoded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        special = set(tokenizer.all_special_ids)
+        special = set(self.control_ids.tolist())
         eos = self.eos_token_id
         problems: dict[int, str] = {}
         tokens: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -273,6 +285,8 @@ class Admission:
     def _shape_problem(self, candidate: _Candidate) -> str | None:
         if len(candidate.completion_ids) > self.config.max_completion_length:
             return "too_long"
+        if self.holds_control_tokens(candidate.completion_ids):
+            return "special_tokens"
         problem = self.prompt_problem(candidate.prompt)
         if problem is not None:
             return problem
@@ -280,6 +294,15 @@ class Admission:
         if not isinstance(extra, dict) or not all(isinstance(key, str) for key in extra):
             return "bad_columns"
         return None
+
+    def holds_control_tokens(self, completion_ids: Any) -> bool:
+        """Whether `completion_ids` (checked integers) hold a special or added token anywhere but as a final stop id."""
+        ids = np.asarray(completion_ids, dtype=np.int64).reshape(-1)
+        if not ids.size or not self.control_ids.size:
+            return False
+        if np.isin(ids[:-1], self.control_ids).any():
+            return True
+        return bool(np.isin(ids[-1:], self.control_ids).any() and not np.isin(ids[-1:], self.stop_ids).any())
 
     def prompt_problem(self, prompt: Any) -> str | None:
         """Why `prompt` cannot be rendered, from its shape alone, or `None`."""
@@ -436,3 +459,13 @@ def statistics_problem(row: Any) -> str | None:
     if not (math.isfinite(reward) and math.isfinite(advantage)):
         return "nonfinite"
     return "advantage_too_large" if abs(advantage) > MAX_ABS_ADVANTAGE else None
+
+
+def control_token_ids(tokenizer) -> np.ndarray:
+    """The ids a peer's completion must not hold inside it, sorted: the tokenizer's special tokens
+    (`all_special_ids`) and every added token (`added_tokens_decoder`: SmolLM2's `<file_sep>`, `<jupyter_code>`, ...
+    are added special tokens that `all_special_ids` leaves out). Decoding for the reward functions may drop them
+    while the loss trains on them, and a chat-template marker mid-completion is a prompt injection."""
+    ids = set(getattr(tokenizer, "all_special_ids", None) or [])
+    ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())
+    return np.asarray(sorted(int(i) for i in ids if isinstance(i, int) and i >= 0), dtype=np.int64)
