@@ -26,6 +26,7 @@ def config(**overrides):
         max_peer_rows=None,
         max_peer_ratio=None,
         max_staleness=2,
+        generation_batch_size=8,
     )
     settings.update(overrides)
     return SimpleNamespace(**settings)

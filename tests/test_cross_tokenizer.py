@@ -156,7 +156,7 @@ def test_hostile_texts_are_dropped_not_trained_on(tokenizer, bpe, make_args):
     flood = [bpe_row(bpe, "71", completion_text="1" * 40) for _ in range(200)]
     assert trainer.add_peer_rows([long, not_text, negative_ids, *flood]) == 0
     assert dict(trainer._ledger.dropped) == {"too_long": 201, "no_text": 1, "bad_ids": 1}
-    assert trainer.summary()["rows_retokenised"] == 201  # re-tokenised, then too long for this trainer
+    assert trainer.summary()["rows_retokenised"] == 0  # too long from their length alone: never tokenised
 
 
 def test_admission_drops_foreign_rows_when_cross_tokenizer_is_off(tokenizer, bpe, make_args):

@@ -763,3 +763,43 @@ def test_special_and_added_tokens_inside_a_completion_are_dropped_at_both_levels
     kept = admission.admit(sent)
     assert len(kept) == 3 and trainer._ledger.dropped["special_tokens"] == 2
     assert trainer._ledger.dropped["text_special_tokens"] == 1  # the added token inside the text, re-tokenised
+
+
+def test_oversize_prompts_and_texts_are_dropped_from_their_length_before_any_tokenisation(tokenizer, make_args):
+    """Issue 23: one 16 MiB prompt added ~30 s and ~6 GB to a step (admission tokenised all of it before dropping
+    it as too_long); 256 texts of 128 KiB cost ~22 s. Both are now bounded by what this receiver can use."""
+    import time
+
+    trainer = make_trainer(tokenizer, make_args, swarm=True, cross_tokenizer=True)
+    admission = trainer._admission
+    assert admission.max_prompt_chars < 2**20 and admission.max_text_chars < 2**12  # derived from its settings
+    seen = []
+    real = admission.tokenizer.__class__.__call__
+
+    def spy(self, text, *args, **kwargs):
+        seen.append(sum(map(len, text)) if isinstance(text, list) else len(text))
+        return real(self, text, *args, **kwargs)
+
+    huge_prompt = "12+34=" + "9" * (16 * 2**20)
+    texts = rows("f", 256, ids=(500,), group="texts")
+    for row in texts:
+        row.foreign_tokenizer, row.completion_text, row.ends_with_eos = True, "4" * 2**17, True
+    started = time.monotonic()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(admission.tokenizer.__class__, "__call__", spy)
+        kept = admission.admit(rows("p", 2, prompt=huge_prompt, group="huge") + rows("q", 2) + texts)
+    assert time.monotonic() - started < 5
+    assert len(kept) == 2 and trainer._ledger.dropped["too_long"] == 2 + 256
+    assert max(seen, default=0) < 2**16, "neither the prompt nor the texts reached the tokenizer"
+
+
+def test_a_rounds_texts_are_tokenised_up_to_its_budget(tokenizer, make_args):
+    trainer = make_trainer(tokenizer, make_args, swarm=True, cross_tokenizer=True)
+    admission = trainer._admission
+    each = admission.max_text_chars
+    fit = admission.max_round_text_chars // each
+    texts = rows("f", fit + 5, ids=(500,), group="texts")
+    for row in texts:
+        row.foreign_tokenizer, row.completion_text, row.ends_with_eos = True, "4" * each, False
+    admission.admit(texts)
+    assert trainer._ledger.dropped["text_budget"] == 5  # the rest were tokenised (and judged as usual)

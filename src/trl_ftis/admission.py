@@ -78,6 +78,8 @@ DROP_REASONS: dict[str, str] = {
     "(decode(encode(text)) != text: characters it cannot represent)",
     "text_special_tokens": "a completion text that this trainer's tokenizer reads as special or added tokens (a "
     "chat-template marker, padding, end of sequence...) inside the completion",
+    "text_budget": "a completion text beyond this round's text budget (cross_tokenizer): texts this receiver can use in "
+    "one round, derived from its own settings, were tokenised first",
     "special_tokens": "completion ids holding a special or added token of this trainer's tokenizer (a chat-template "
     "marker such as <|im_start|>, padding, <file_sep>...) anywhere but as the final end of sequence: reward functions "
     "would see the text without it while the loss trains on it",
@@ -163,6 +165,14 @@ class Admission:
         self.has_chat_template = bool(has_chat_template)
         self.eos_token_id = eos_token_id
         self.control_ids = control_token_ids(tokenizer)
+        # What this receiver can use, in characters, so that oversize prompts and texts are dropped from their length
+        # alone, before any tokenisation: a prompt must fit the context, a text max_completion_length of our tokens,
+        # and no token of ours stands for more characters than the longest one in the vocabulary.
+        token_chars = longest_token_chars(tokenizer)
+        self.max_prompt_chars = (context_length or DEFAULT_CONTEXT_TOKENS) * token_chars
+        self.max_text_chars = int(config.max_completion_length) * token_chars
+        rows_per_round = max(int(config.max_peer_rows or 0), int(config.generation_batch_size or 0), 1)
+        self.max_round_text_chars = TEXT_ROUNDS_OF_ROWS * rows_per_round * self.max_text_chars
         self.stop_ids = np.asarray(
             sorted({int(i) for i in stop_token_ids} | ({int(eos_token_id)} if eos_token_id is not None else set())),
             dtype=np.int64,
@@ -246,6 +256,10 @@ class Admission:
             return self.ledger.sift(candidates, ["foreign_tokenizer" if f else None for f in foreign])
         tokenizer = self.tokenizer
         others = [row for row, f in zip(rows, foreign, strict=True) if f]
+        early = self._text_budget(others)  # decided from lengths alone: nothing over it is tokenised
+        if early:
+            candidates = self.ledger.sift(candidates, [early.get(id(c.row)) for c in candidates])
+            others = [row for row in others if id(row) not in early]
         texts = [row.completion_text if isinstance(row.completion_text, str) else "" for row in others]
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
         decoded = tokenizer.batch_decode(encoded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
@@ -282,8 +296,24 @@ class Admission:
         ]
         return self.ledger.sift(candidates, [problems.get(id(c.row)) for c in candidates])
 
+    def _text_budget(self, rows: list[PeerRow]) -> dict[int, str]:
+        """`id(row) -> reason` for the texts not to tokenise: longer than `max_text_chars` (`too_long`), or beyond
+        this round's `max_round_text_chars`, in the order received (`text_budget`)."""
+        problems, spent = {}, 0
+        for row in rows:
+            size = len(row.completion_text) if isinstance(row.completion_text, str) else 0
+            if size > self.max_text_chars:
+                problems[id(row)] = "too_long"
+            elif spent + size > self.max_round_text_chars:
+                problems[id(row)] = "text_budget"
+            else:
+                spent += size
+        return problems
+
     def _shape_problem(self, candidate: _Candidate) -> str | None:
         if len(candidate.completion_ids) > self.config.max_completion_length:
+            return "too_long"
+        if prompt_chars(candidate.prompt) > self.max_prompt_chars:  # before it is rendered or tokenised
             return "too_long"
         if self.holds_control_tokens(candidate.completion_ids):
             return "special_tokens"
@@ -469,3 +499,32 @@ def control_token_ids(tokenizer) -> np.ndarray:
     ids = set(getattr(tokenizer, "all_special_ids", None) or [])
     ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())
     return np.asarray(sorted(int(i) for i in ids if isinstance(i, int) and i >= 0), dtype=np.int64)
+
+
+DEFAULT_CONTEXT_TOKENS = 32_768
+"""The context assumed for a model that declares none (`max_position_embeddings`), to bound peers' prompts."""
+TEXT_ROUNDS_OF_ROWS = 4
+"""A round tokenises the texts of at most this many times the rows a step trains on (`max_peer_rows`, or as many
+as its own `generation_batch_size`), each at most `max_completion_length` of its tokens long."""
+
+
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token of `tokenizer` stands for: its longest vocabulary entry (byte-level and
+    SentencePiece entries are at least as long as the text they decode to), at least 1."""
+    try:
+        vocab = tokenizer.get_vocab()
+    except (AttributeError, NotImplementedError, TypeError):
+        return 64  # a tokenizer without a vocabulary to read: a generous bound
+    return max((len(token) for token in vocab if isinstance(token, str)), default=1) or 1
+
+
+def prompt_chars(prompt: Any) -> int:
+    """A prompt's size in characters: the string, or every string of its chat messages (0 for other shapes)."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    if isinstance(prompt, list):
+        return sum(
+            sum(len(v) for v in message.values() if isinstance(v, str)) if isinstance(message, dict) else 0
+            for message in prompt
+        )
+    return 0
