@@ -512,3 +512,27 @@ def test_a_directory_wait_looks_again_quickly_then_backs_off_to_poll_interval(tm
     fast = DirTransport(f"dir://{tmp_path / 'ex'}", poll_interval=0.002)
     fast.wait(0.01)
     assert set(slept) <= {0.002}  # a shorter poll_interval caps the first looks too
+
+
+def test_a_waiting_receiver_paces_its_listings_by_what_a_listing_costs(tmp_path, monkeypatch):
+    """Issue 23: junk nobody deletes makes a listing slow (0.41 s at 300,000 names), and a waiting round that lists
+    every 50 ms kept a core busy. The next look waits at least 9 times the last listing's duration."""
+    t = DirTransport(f"dir://{tmp_path / 'ex'}")
+    slept, clock = [], [0.0]
+    real_list = t._list
+
+    def slow_list():
+        clock[0] += 0.4  # a listing that takes 0.4 s
+        return real_list()
+
+    def fake_sleep(seconds):
+        slept.append(round(seconds, 4))
+        clock[0] += seconds
+
+    monkeypatch.setattr(t, "_list", slow_list)
+    monkeypatch.setattr(directory_module.time, "sleep", fake_sleep)
+    monkeypatch.setattr(directory_module.time, "monotonic", lambda: clock[0])
+    assert t.wait(20.0) is False
+    listings = len(slept) + 1
+    assert all(s >= 3.6 - 1e-9 for s in slept[:-1]), slept  # 9 x 0.4 s between listings
+    assert listings * 0.4 <= 0.11 * 20.0 + 0.4  # listing took about 10% of the wait (a 50 ms pace: ~89%)

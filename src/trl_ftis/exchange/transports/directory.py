@@ -57,6 +57,9 @@ _NO_ROUND = 10**10  # names without a round sort after every round: hand-made na
 
 _JUNK_MEMORY = 256  # names of non-messages remembered (each reported once); beyond that, ignored unreported
 _FIRST_POLL_DELAY = 0.005  # seconds before `wait` lists the directory again the first time (then doubling)
+# A waiting receiver sleeps at least this many times as long as its last listing took: a folder that keeps growing
+# (junk nobody deletes: 300,000 names take 0.4 s to list) costs a waiting round at most ~1/(1+this) of a core.
+_LIST_COST_FACTOR = 9
 _JUNK_REPORTS_PER_POLL = 32  # so one poll's "unrecognised" reports (and the receiver's log lines) stay few
 
 _OPEN_FLAGS_COMMON = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -152,6 +155,7 @@ class DirTransport(Transport):
         self.path = os.path.abspath(os.path.expanduser(raw))
         self._set_bounds(max_message_bytes=max_message_bytes, max_batch=max_batch, max_poll_bytes=max_poll_bytes)
         self.poll_interval = positive_number("poll_interval", poll_interval)
+        self._list_seconds = 0.0  # how long the last listing in `wait` took (it paces the next one)
         self.incomplete_timeout = positive_number("incomplete_timeout", incomplete_timeout)
         self.fsync = bool(fsync)
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
@@ -408,8 +412,10 @@ class DirTransport(Transport):
         return PREAMBLE.size + header_length + body_length  # Python ints: a 2**64 claim cannot wrap
 
     def _has_new(self) -> bool:
+        started = time.monotonic()
         try:
             entries = self._list()
+            self._list_seconds = time.monotonic() - started
         except OSError:
             return False  # poll() reports (and repairs) the problem; wait() only promises to return in time
         now = self._clock()
@@ -439,7 +445,7 @@ class DirTransport(Transport):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
-            time.sleep(min(delay, remaining))
+            time.sleep(min(max(delay, _LIST_COST_FACTOR * self._list_seconds), remaining))
             delay = min(2 * delay, self.poll_interval)
 
     def _prune(self, *, sender: str, cutoff: int) -> None:
