@@ -105,8 +105,10 @@ def _add_keygen(subparsers) -> None:
             "Write PEER_ID's private key to DIR/PEER_ID.key (PEM, mode 0600; an existing file is never replaced) and "
             "print, on stdout, the line to add to the swarm's public-key file (`FTISConfig.peer_keys_file`), e.g. "
             "`trl-ftis keygen peer-a >> peers.yaml`; with --keys-file the line is added to that file directly. Give "
-            "the key file to that peer only (`--private_key_file`) and the public-key file to every peer. Exit code: "
-            "0 written, 1 a key for PEER_ID exists already, 2 invalid arguments or files. See docs/swarm.md."
+            "the key file to that peer only (`--private_key_file`) and the public-key file to every peer. The public-key "
+            "file is written mode 0644 whatever the umask; a warning names a key file or folder that others can "
+            "write. Exit code: 0 written, 1 a key for PEER_ID exists already, 2 invalid arguments or files. See "
+            "docs/swarm.md."
         ),
     )
     parser.add_argument("peer_id", metavar="PEER_ID", help="the peer's id (FTISConfig.peer_id)")
@@ -167,7 +169,8 @@ def _run_keygen(args: argparse.Namespace) -> int:
             content = existing + ("" if not existing or existing.endswith("\n") else "\n") + line + "\n"
         staged = keys_file.with_name(f".{keys_file.name}.keygen-{os.getpid()}")
         try:
-            staged.write_text(content, encoding="utf-8")
+            # Mode 0644 whatever the umask, and never through a file or link someone else put there.
+            keys.write_public_file(staged, content, exclusive=True)
             keys.load_public_keys(staged)
         except (keys.KeyFileError, OSError) as error:
             staged.unlink(missing_ok=True)
@@ -189,6 +192,9 @@ def _run_keygen(args: argparse.Namespace) -> int:
         f"Wrote {str(path)!r} (mode 0600): give it to peer {args.peer_id!r} only (--private_key_file).",
         file=sys.stderr,
     )
+    # Whoever can change a key file (or replace it in its folder) can sign as this peer or register keys of their own.
+    for problem in keys.key_file_problems(path) + (keys.key_file_problems(keys_file) if keys_file else []):
+        print(f"trl-ftis keygen: warning: {problem}", file=sys.stderr)
     if keys_file is not None:
         print(f"Added {args.peer_id!r} to {str(keys_file)!r}.", file=sys.stderr)
     else:

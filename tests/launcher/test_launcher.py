@@ -332,7 +332,8 @@ def test_dry_run_prints_commands_and_hides_secrets(tmp_path, monkeypatch, capsys
     assert f"{PEER} --peer_id a --exchange_url 'redis://:<redacted>@localhost:6379/0'" in out
     assert "accelerate.commands.launch --main_process_port" in out and "--peer_id b" in out
     assert "OMP_NUM_THREADS=1" in out and "FTIS_PEER_ID=b" in out
-    assert "FTIS_SWARM_SECRET=<redacted>" in out and "HF_TOKEN=<redacted>" in out and "--hub_token '<redacted>'" in out
+    assert "FTIS_SWARM_SECRET=<redacted>" in out and "HF_TOKEN=<redacted>" in out
+    assert "--hub_token" not in out  # passed as HF_TOKEN, never on the command line
     for secret in ("s3cr3t-value-1", "hf_tokenvalue", "p4ssw0rd", "tok-abc"):
         assert secret not in out
     assert not run_dir.exists()
@@ -403,7 +404,8 @@ def test_real_run_streams_logs_and_writes_summary(tmp_path, pid_dir, monkeypatch
         assert log[3:6] == ["line 0", "line 1", "line 2"] and log[-1] == f"done {peer}"
         assert [line[8:] for line in lines] == log
         cmd = (run / "logs" / f"{peer}.cmd").read_text()
-        assert f"--peer_id {peer}" in cmd and "MY_TOKEN='<redacted>'" in cmd and "FTIS_SWARM_SECRET=<redacted>" in cmd
+        assert f"--peer_id {peer}" in cmd and "MY_TOKEN='<redacted>'" in cmd
+        assert "FTIS_SWARM_SECRET" not in cmd  # the caller's environment is theirs: only the additions are written
         assert "swarm-secret-xyz" not in cmd and "tok-1" not in cmd
     log_b = (run / "logs" / "b.log").read_text()
     assert "cuda=3" in log_b and "--use_flag true" in log_b

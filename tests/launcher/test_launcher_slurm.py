@@ -460,7 +460,7 @@ def test_redis_job_serves_with_a_password_and_stops_on_sigterm(tmp_path):
             assert sock.recv(64).startswith(b"-NOAUTH")  # up, and it wants the password
         import redis as redis_py
 
-        client = redis_py.Redis(host="127.0.0.1", port=address["port"], password='p"w\\x')
+        client = redis_py.Redis(host="127.0.0.1", port=address["port"], username="ftis", password='p"w\\x')
         assert client.ping()
         conf = tmp_path / "redis" / "redis.conf"
         assert stat.S_IMODE(conf.stat().st_mode) == 0o600
@@ -575,10 +575,13 @@ def test_slurm_two_tiny_peers_train_through_the_launchers_redis_job(tmp_path, sl
     for row in summary["peers"]:
         other = {"big": "small", "small": "big"}[row["id"]]
         assert row["status"] == "ok" and row["job_id"] and row["node"], row
-        # 3 rounds of 16 rows each way, every one of them accepted.
-        assert (row["steps"], row["rows_sent"], row["rows_received"], row["rows_accepted"]) == (3, 48, 48, 48), row
+        # 3 rounds of 16 rows each way, every one of them accepted, but for the completions in which the untrained
+        # tiny models wrote <pad>/<unk> (special_tokens: the peers' own summaries count them).
+        assert (row["steps"], row["rows_sent"], row["rows_received"]) == (3, 48, 48), row
+        peer = json.loads((run_dir / row["id"] / "ftis_summary.json").read_text())
+        assert row["rows_accepted"] + peer["dropped"].get("special_tokens", 0) == 48, peer["dropped"]
         log = (run_dir / "logs" / f"{row['id']}.log").read_text()
-        assert f"'ftis/peers/{other}/rows_accepted': '16'" in log
+        assert f"'ftis/peers/{other}/rows_accepted': '" in log
         assert f"[{row['id']}]" in result.stdout and "'ftis/peers/" in result.stdout  # streamed to the console
     assert "running on" in result.stdout and "peer big finished (exit code 0)" in result.stdout
     assert "Ready to accept connections" in (run_dir / "logs" / "redis.server.log").read_text()

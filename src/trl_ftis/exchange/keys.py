@@ -11,7 +11,13 @@ Files:
 * a private key: PEM (PKCS #8, unencrypted), written with mode 0600 by [`save_private_key`], read by
   [`load_private_key`] (also what `openssl genpkey -algorithm ed25519` writes);
 * the public keys: a JSON or YAML mapping of peer id to the base64 of the raw 32-byte public key (what
-  [`public_key_text`] prints), e.g. `{"peer-a": "kQ2l...=", "peer-b": "..."}`.
+  [`public_key_text`] prints), e.g. `{"peer-a": "kQ2l...=", "peer-b": "..."}`, written with mode 0644 by
+  [`save_public_keys`] and [`write_public_file`] whatever the umask.
+
+Whoever can write a key file, or replace it in its folder, can sign as that peer (a private key) or register keys
+of their own (the public keys): loading logs a warning for a file or a folder that its group or others can write
+([`key_file_problems`]). It is a warning, not a refusal: shared folders are common on clusters, and the file may be
+read-only in practice; fix the permissions it names.
 
 The `cryptography` package is imported on first use (the optional extra `trl-ftis[keys]`): importing this module,
 and the wire format without keys, need only the standard library.
@@ -41,6 +47,7 @@ __all__ = [
     "check_key_pair",
     "check_private_key",
     "generate_keypair",
+    "key_file_problems",
     "load_private_key",
     "load_public_keys",
     "public_key_from_text",
@@ -48,6 +55,7 @@ __all__ = [
     "public_key_text",
     "save_private_key",
     "save_public_keys",
+    "write_public_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -170,6 +178,49 @@ def save_private_key(path: str | os.PathLike, key: Ed25519PrivateKey, *, overwri
     return path
 
 
+def key_file_problems(path: str | os.PathLike) -> list[str]:
+    """Why others than its owner could change the key file `path`: the file, or the folder holding it (where anyone
+    who can write may replace it), writable by its group or by others; a file owned by another user. One sentence
+    each, naming the path and the mode; empty when none (or when `path` cannot be looked at: reading it will say)."""
+    path = Path(path)
+    problems = []
+    try:
+        info = os.stat(path)
+        folder = path.parent
+        folder_mode = os.stat(folder).st_mode
+    except OSError:
+        return []
+    if info.st_mode & 0o022:
+        problems.append(
+            f"{str(path)!r} is writable by its group or others (mode {info.st_mode & 0o777:o}): chmod go-w it"
+        )
+    if hasattr(os, "geteuid") and info.st_uid not in (os.geteuid(), 0):
+        problems.append(f"{str(path)!r} belongs to another user (uid {info.st_uid})")
+    if folder_mode & 0o022:
+        problems.append(
+            f"its folder {str(folder)!r} is writable by its group or others (mode {folder_mode & 0o777:o}): they can "
+            "replace the file; keep key files in a folder only you can write"
+        )
+    return problems
+
+
+def _warn_if_exposed(path: str | os.PathLike, what: str) -> None:
+    for problem in key_file_problems(path):
+        logger.warning("%s: %s.", what, problem)
+
+
+def write_public_file(path: str | os.PathLike, text: str, *, exclusive: bool = False) -> Path:
+    """Write `text` to the public-key file `path`, mode 0644 whatever the umask (anyone may read public keys; only
+    the owner may change them). `exclusive`: never through an existing file or a symbolic link (a staging file in a
+    folder others may write)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) if exclusive else os.O_TRUNC)
+    fd = os.open(path, flags, 0o644)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o644)
+        f.write(text)
+    return Path(path)
+
+
 def _read(path: str | os.PathLike, what: str) -> bytes:
     try:
         with open(path, "rb") as f:
@@ -185,7 +236,8 @@ def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
     """The Ed25519 private key in the PEM file `path` (as [`save_private_key`] or `openssl genpkey` write it).
 
     Raises [`KeyFileError`] naming the file when it cannot be read, is not PEM, is encrypted, or holds another
-    kind of key; logs a warning when the file is readable by others than its owner.
+    kind of key; logs a warning when the file is readable by others than its owner, and when others could change it
+    ([`key_file_problems`]).
     """
     from cryptography.hazmat.primitives import serialization
 
@@ -204,6 +256,7 @@ def load_private_key(path: str | os.PathLike) -> Ed25519PrivateKey:
         mode = 0
     if mode & 0o077:
         logger.warning("Private key file %r is readable by others (mode %o); chmod 600 it.", str(path), mode & 0o777)
+    _warn_if_exposed(path, "Private key file")
     return key
 
 
@@ -269,10 +322,12 @@ def load_public_keys(path: str | os.PathLike) -> dict[str, Ed25519PublicKey]:
 
     Every id must follow the peer-id rule ([`trl_ftis.rules.check_peer_id`]), every key must be base64 of 32 bytes,
     and no key may be registered for two peers (its holder could then write as both). Raises [`KeyFileError`]
-    naming the file and the entry.
+    naming the file and the entry. Logs a warning when others than its owner could change the file
+    ([`key_file_problems`]): they could register a key of their own for any peer.
     """
     name = str(path)
     mapping = _parse_mapping(_read(path, "public key file"), path)
+    _warn_if_exposed(path, "Public key file")
     if not isinstance(mapping, dict):
         raise KeyFileError(
             f"public key file {name!r}: expected a mapping of peer id to base64 Ed25519 public key, "
@@ -303,15 +358,13 @@ def load_public_keys(path: str | os.PathLike) -> dict[str, Ed25519PublicKey]:
 
 
 def save_public_keys(path: str | os.PathLike, keys: Mapping[str, Any]) -> Path:
-    """Write a public-key file (JSON) that [`load_public_keys`] reads: peer id -> key (a public or private key,
-    of which only the public half is written, or its [`public_key_text`])."""
+    """Write a public-key file (JSON, mode 0644 whatever the umask) that [`load_public_keys`] reads: peer id -> key
+    (a public or private key, of which only the public half is written, or its [`public_key_text`])."""
     out = {}
     for peer_id, key in keys.items():
         check_peer_id(peer_id, what=f"public keys: peer id {str(peer_id)[:80]!r}")
         out[peer_id] = public_key_text(public_key_from_text(key) if isinstance(key, str) else public_key_of(key))
-    path = Path(path)
-    path.write_text(json.dumps(out, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path
+    return write_public_file(path, json.dumps(out, indent=2, sort_keys=True) + "\n")
 
 
 # --------------------------------------------------------------------------------------------------------------

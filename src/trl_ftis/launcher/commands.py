@@ -5,7 +5,10 @@ its secrets.
 `check_files` lists what is missing on this machine; `describe_commands` (the dry runs) and `write_cmd_file` (one
 peer's command next to its log) show them with secrets redacted (`redact_env`, `redact_argv`, `is_secret_name`;
 passwords in URLs through `trl_ftis.rules.redact_text`). `free_port` picks the accelerate ports (and the Redis job's).
-`keep_earlier` keeps an earlier run's log and `.cmd` file of a peer before a new run writes them.
+`keep_earlier` keeps an earlier run's log and `.cmd` file of a peer before a new run writes them. `open_private`
+opens every file the launcher writes that may hold a secret (logs, `.cmd` files) readable by its owner only, whatever
+the umask; `shell_quote` quotes a value on one line, so that nothing a config holds can start a line of its own in
+a script or a comment block.
 """
 
 from __future__ import annotations
@@ -22,10 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..rules import CONSOLE_ENV, CONSOLE_LINES, PEER_ID_ENV, REDACTED, local_model_problem, redact_text
+from ..rules import (
+    CONSOLE_ENV,
+    CONSOLE_LINES,
+    PEER_ID_ENV,
+    REDACTED,
+    SWARM_SECRET_ENV,
+    local_model_problem,
+    redact_text,
+)
 from .schema import SwarmConfig
 
 __all__ = [
+    "HUB_TOKEN_ENV",
+    "SECRET_ARGS",
     "PeerCommand",
     "build_commands",
     "check_files",
@@ -33,11 +46,14 @@ __all__ = [
     "free_port",
     "is_secret_name",
     "keep_earlier",
+    "open_private",
     "peer_output_dir",
     "redact_argv",
     "redact_env",
+    "redact_shell_line",
     "render_args",
     "shell_line",
+    "shell_quote",
     "write_cmd_file",
 ]
 
@@ -46,6 +62,20 @@ __all__ = [
 _SECRET_NAME_RE = re.compile(r"SECRET|TOKEN(?!IZ)|PASSWORD|PASSWD|API_KEY|CREDENTIAL", re.IGNORECASE)
 # `NAME=VALUE` as a command-line item (what `env` takes).
 _ASSIGNMENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+# In a shell line (`slurm.setup`): `NAME=VALUE` / `--name=VALUE` anywhere, and `--name VALUE`; VALUE one shell word
+# (quoted or not).
+_WORD = r"""(?:'[^']*'|"(?:[^"\\]|\\.)*"|[^\s;&|()'"]+)+"""
+_SHELL_NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
+_SHELL_ASSIGNMENT_RE = re.compile(rf"(?P<name>(?<![^\s;&|(])(?:--?)?{_SHELL_NAME})=(?P<value>{_WORD})?")
+_SHELL_OPTION_RE = re.compile(rf"(?P<name>(?<!\S)--?{_SHELL_NAME})(?P<space>[ \t]+)(?P<value>(?!-){_WORD})")
+# Characters a shell line or a comment must not hold raw: a newline would start a line of its own.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+HUB_TOKEN_ENV = "HF_TOKEN"  # huggingface_hub reads it when TrainingArguments.hub_token is not set
+# Secret arguments the peers read from the environment as well: the launcher passes them there, never on a command
+# line (others on the machine read command lines with `ps`). FTISConfig reads FTIS_SWARM_SECRET when swarm_secret is
+# not set.
+SECRET_ARGS = {"swarm_secret": SWARM_SECRET_ENV, "hub_token": HUB_TOKEN_ENV}
 
 
 @dataclass
@@ -147,7 +177,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
             argv = [sys.executable]
         argv.append(str(peer.script))
         argv += ["--peer_id", peer.id, "--exchange_url", exchange_url, "--output_dir", str(output_dir)]
-        argv += render_args(peer.args)
+        argv += render_args({k: v for k, v in peer.args.items() if k not in SECRET_ARGS})
         if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
             argv += ["--project", swarm_name]
 
@@ -163,6 +193,9 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
             env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs
         if peer.gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = peer.gpus
+        for name, variable in SECRET_ARGS.items():  # the argument wins over the same variable in `env`
+            if peer.args.get(name) is not None:
+                env[variable] = _render_value(peer.args[name])
         commands.append(
             PeerCommand(
                 id=peer.id,
@@ -179,14 +212,15 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
     return commands
 
 
-def keep_earlier(paths: Sequence[Path]) -> int | None:
+def keep_earlier(paths: Sequence[Path], *, private: bool = False) -> int | None:
     """Keep what an earlier run wrote at `paths` (a peer's log and `.cmd` file; `summary.json`) before a new run
     writes there: each one that exists is renamed to `<name>.<N>` (`logs/b.log.1`, `logs/b.cmd.1`), one N for all of
     `paths` so that they stay a pair, the next one free (1, 2, ...: the highest is the most recent earlier run).
     Returns N, or None when none existed.
 
     The number goes after the whole name, not before `.log`: a peer id may hold dots and digits (`b.1`), and
-    `b.1.log` is that peer's own log."""
+    `b.1.log` is that peer's own log. With `private`, the kept files become readable by their owner only (an
+    earlier version's `.cmd` file listed the whole environment)."""
     existing = [path for path in paths if os.path.lexists(path)]
     if not existing:
         return None
@@ -198,8 +232,28 @@ def keep_earlier(paths: Sequence[Path]) -> int | None:
             if number.isascii() and number.isdigit():
                 taken = max(taken, int(number))
     for path in existing:
-        os.replace(path, path.with_name(f"{path.name}.{taken + 1}"))
+        kept = path.with_name(f"{path.name}.{taken + 1}")
+        os.replace(path, kept)
+        if private and not kept.is_symlink():
+            try:
+                kept.chmod(0o600)
+            except OSError:
+                pass
     return taken + 1
+
+
+def open_private(path: str | os.PathLike, mode: str = "w", **kwargs: Any):
+    """`open(path, mode)` ("w", "a", "wb", "ab"; `kwargs` as for `open`), the file readable and writable by its owner
+    only (0600) whatever the umask, an existing file included: logs and `.cmd` files may hold what a peer prints or
+    the config holds."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if mode.startswith("a") else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # os.open's mode is masked by the umask and ignored for an existing file
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def check_files(config: SwarmConfig) -> list[str]:
@@ -264,10 +318,51 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def redact_shell_line(line: str) -> str:
+    """A shell line (a `slurm.setup` line, a line of a batch script) with its secrets replaced by `<redacted>`: the
+    value of every secret-named `NAME=VALUE` or `--name=VALUE` (`export GH_TOKEN=X`, `--password=X`), of every
+    secret-named `--name VALUE`, and URL passwords (`trl_ftis.rules.redact_text`). A secret the line holds under
+    another name (`curl -H "Authorization: ..."`) is not recognised."""
+
+    def assignment(match: re.Match) -> str:
+        if not is_secret_name(match.group("name").lstrip("-")):
+            return match.group(0)
+        return f"{match.group('name')}={REDACTED}"
+
+    def option(match: re.Match) -> str:
+        if not is_secret_name(match.group("name").lstrip("-")):
+            return match.group(0)
+        return f"{match.group('name')}{match.group('space')}{REDACTED}"
+
+    return redact_text(_SHELL_OPTION_RE.sub(option, _SHELL_ASSIGNMENT_RE.sub(assignment, line)))
+
+
+def shell_quote(value: str) -> str:
+    """`shlex.quote(value)`, on one line: a value holding a newline or another control character is written in
+    bash's `$'...'` form (`$'a\\nb'`), so that it cannot start a line of its own in a script or a comment."""
+    if not _CONTROL_RE.search(value):
+        return shlex.quote(value)
+
+    def escape(char: str) -> str:
+        if char in "\\'":
+            return "\\" + char
+        if _CONTROL_RE.match(char):
+            return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char, f"\\x{ord(char):02x}")
+        return char
+
+    return "$'" + "".join(escape(char) for char in value) + "'"
+
+
+def _shown(value: str) -> str:
+    """A value on a comment line: the placeholder as it is, anything else quoted on one line."""
+    return value if value == REDACTED else shell_quote(value)
+
+
 def shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
-    """`env K=V ... <argv>`, shell-quoted, secrets in `argv` redacted (`env` is shown as given: redact it first)."""
-    parts = [f"{k}={shlex.quote(v)}" for k, v in env.items()]
-    return " ".join(["env", *parts, *(shlex.quote(a) for a in redact_argv(command.argv))])
+    """`env K=V ... <argv>`, shell-quoted on one line, secrets in `argv` redacted (`env` is shown as given: redact it
+    first)."""
+    parts = [f"{k}={shell_quote(v)}" for k, v in env.items()]
+    return " ".join(["env", *parts, *(shell_quote(a) for a in redact_argv(command.argv))])
 
 
 def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | None = None) -> str:
@@ -278,8 +373,9 @@ def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | 
     for command in commands:
         port = f", main_process_port {command.main_process_port}" if command.main_process_port else ""
         lines.append(f"# peer {command.id} (launcher {command.launcher}{port}; log {command.log_path})")
-        lines.append("# env additions: " + " ".join(f"{k}={v}" for k, v in redact_env(command.env).items()))
-        lines.append(f"cd {shlex.quote(str(command.cwd))} && {shell_line(command, redact_env(command.env))}")
+        added = redact_env(command.env)
+        lines.append("# env additions: " + " ".join(f"{k}={_shown(v)}" for k, v in added.items()))
+        lines.append(f"cd {shell_quote(str(command.cwd))} && {shell_line(command, redact_env(command.env))}")
         lines.append("")
     if passed:
         lines.append(
@@ -289,16 +385,19 @@ def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | 
 
 
 def write_cmd_file(command: PeerCommand):
-    """The exact command (secrets redacted) and environment of a peer, to reproduce or debug it by hand."""
-    inherited = redact_env({k: v for k, v in os.environ.items() if k not in command.env})
+    """The exact command (secrets redacted) of a peer and the environment the launcher adds to the caller's, to
+    reproduce or debug it by hand. Only what the launcher adds is written: the rest is the caller's own environment,
+    already theirs, and may hold secrets under any name. Readable by its owner only (`open_private`); every value is
+    quoted on one line (`shell_quote`)."""
+    added = redact_env(command.env)
     lines = [
         f"# peer {command.id}: started by `trl-ftis swarm` at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         f"# argv (JSON): {json.dumps(redact_argv(command.argv))}",
-        f"cd {shlex.quote(str(command.cwd))} && {shell_line(command, redact_env(command.env))}",
+        f"cd {shell_quote(str(command.cwd))} && {shell_line(command, added)}",
         "",
-        "# environment added by the launcher:",
-        *(f"#   {k}={v}" for k, v in redact_env(command.env).items()),
-        "# inherited environment (secret-named values redacted):",
-        *(f"#   {k}={v}" for k, v in sorted(inherited.items())),
+        "# environment added by the launcher (secret-named values redacted), on top of the environment it was",
+        "# started in (not written here):",
+        *(f"#   {k}={_shown(v)}" for k, v in added.items()),
     ]
-    command.cmd_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with open_private(command.cmd_path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")

@@ -23,7 +23,7 @@ from typing import TextIO
 
 from ..rules import redact_text
 from .backend import Backend, Console, Outcome, Signals, short_error
-from .commands import is_secret_name
+from .commands import SECRET_ARGS, is_secret_name
 from .local import LocalBackend
 from .preflight import before_start, secret_warnings
 from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
@@ -46,7 +46,8 @@ def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
     """Print what `run_swarm` would start (for SLURM: the jobs it would submit), secrets hidden; start nothing, write
     nothing. Returns 0."""
     stream = sys.stdout if stream is None else stream
-    for warning in secret_warnings(config, is_secret_name):  # what a real run warns about too (no Redis check here)
+    # What a real run warns about too (no Redis check here).
+    for warning in secret_warnings(config, is_secret_name, SECRET_ARGS):
         stream.write(f"# warning: {redact_text(warning)}\n")
     backend_for(config).dry_run(stream)
     stream.flush()
@@ -64,7 +65,7 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
 
     Raises `SwarmConfigError` before anything starts when a file or a prerequisite of the backend is missing, or
     when an external Redis exchange does not answer (`preflight.before_start`, which also prints its warnings)."""
-    problems, warnings = before_start(config, is_secret_name)
+    problems, warnings = before_start(config, is_secret_name, SECRET_ARGS)
     for warning in warnings:
         print(f"warning: {redact_text(warning)}", file=sys.stderr)
     if problems:

@@ -21,7 +21,7 @@ from typing import BinaryIO, TextIO
 from .. import rules
 from ..rules import redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome
-from .commands import build_commands, check_files, describe_commands, keep_earlier, write_cmd_file
+from .commands import build_commands, check_files, describe_commands, keep_earlier, open_private, write_cmd_file
 from .processes import ProcessTracker, die_with_parent
 from .schema import SwarmConfig
 from .summary import describe_code
@@ -95,9 +95,11 @@ class LocalBackend:
                 break
             command = run.command
             command.output_dir.mkdir(parents=True, exist_ok=True)
-            keep_earlier([command.log_path, command.cmd_path])  # a restarted peer's earlier log tells why it stopped
+            # A restarted peer's earlier log tells why it stopped.
+            keep_earlier([command.log_path, command.cmd_path], private=True)
             write_cmd_file(command)
-            log = open(command.log_path, "wb", buffering=0)  # noqa: SIM115 - closed by the reader thread
+            # Owner only: a peer may print a secret (the log is the peer's output, raw).
+            log = open_private(command.log_path, "wb", buffering=0)  # closed by the reader thread
             try:
                 run.proc = subprocess.Popen(
                     command.argv,

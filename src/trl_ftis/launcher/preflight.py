@@ -350,20 +350,33 @@ def _peers_text(ids: list[str], every: int) -> str:
     return "every peer" if len(ids) == every else "peer" + ("s " if len(ids) > 1 else " ") + ", ".join(map(repr, ids))
 
 
-def _secret_hint(name: str, where: str) -> str:
+def _secret_hint(name: str, where: str, passed_as: dict[str, str]) -> str:
+    if where == "args" and name in passed_as:  # the launcher hands it over by environment, never as an argument
+        variable = passed_as[name]
+        return (
+            f"the peers get it as {variable}, never on their command lines; export {variable} in your shell instead "
+            "(every peer inherits the launcher's environment)"
+        )
     if name.lower() == "swarm_secret" or name == rules.SWARM_SECRET_ENV:
         return (
             f"export {rules.SWARM_SECRET_ENV} in your shell instead (every peer inherits the launcher's environment)"
         )
     if where == "args":
-        return "pass it through the environment or a file only you can read instead (e.g. HF_TOKEN for hub_token)"
+        return (
+            "it is on the peers' command lines, which others on the machine can read (`ps`): pass it through the "
+            "environment or a file only you can read instead"
+        )
     return "export it in your shell instead (every peer inherits the launcher's environment)"
 
 
-def secret_warnings(config: Any, is_secret: Callable[[str], bool]) -> list[str]:
+def secret_warnings(
+    config: Any, is_secret: Callable[[str], bool], passed_as: dict[str, str] | None = None
+) -> list[str]:
     """One warning per secret written in the config (an `args` or `env` key named like a secret, a password in a URL):
     whoever can read the file can read it. The launcher never shows it (`commands.redact_argv`), but it is better
-    kept out of the file."""
+    kept out of the file. `passed_as`: the secret `args` the launcher hands to the peers as environment variables
+    (`commands.SECRET_ARGS`), named in the hint."""
+    passed_as = passed_as or {}
     source = f" ({config.source})" if config.source else ""
     holders: dict[tuple[str, str], list[str]] = {}
     for peer in config.peers:
@@ -376,7 +389,7 @@ def secret_warnings(config: Any, is_secret: Callable[[str], bool]) -> list[str]:
     for (where, name), ids in holders.items():
         whose = _peers_text(ids, len(config.peers))
         lines.append(
-            f"`{where}.{name}` holds a secret written in the config{source}, for {whose}; {_secret_hint(name, where)}"
+            f"`{where}.{name}` holds a secret written in the config{source}, for {whose}; {_secret_hint(name, where, passed_as)}"
         )
     if rules.redact_url(config.exchange_url) != config.exchange_url:
         lines.append(
@@ -399,7 +412,9 @@ def _uses_exchange(config: Any) -> bool:
     return False
 
 
-def before_start(config: Any, is_secret: Callable[[str], bool]) -> tuple[list[str], list[str]]:
+def before_start(
+    config: Any, is_secret: Callable[[str], bool], passed_as: dict[str, str] | None = None
+) -> tuple[list[str], list[str]]:
     """(problems, warnings) of `config` that `driver.run_swarm` reports before anything starts.
 
     Problems: an external Redis exchange (`exchange_url: redis://...`, not the launcher's own Redis job) that does
@@ -408,7 +423,7 @@ def before_start(config: Any, is_secret: Callable[[str], bool]) -> tuple[list[st
     config (`secret_warnings`), and `expected_peers` names that no peer of the config has (refused by the schema
     when the exchange is the launcher's own; with an external exchange a peer started elsewhere may join)."""
     problems: list[str] = []
-    found = secret_warnings(config, is_secret)
+    found = secret_warnings(config, is_secret, passed_as)
     if getattr(config, "redis", None) is None and rules.exchange_scheme(config.exchange_url) in ("redis", "rediss"):
         problem = redis_problem(config.exchange_url)
         if problem is not None and _uses_exchange(config):

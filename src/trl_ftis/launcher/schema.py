@@ -66,10 +66,14 @@ RESERVED_ARGS = {
 }
 GPU_MEMORY_FRACTION_ARG = "gpu_memory_fraction"  # FTISConfig.gpu_memory_fraction: what `gpu_share` sets
 
-_ARG_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Matched whole (`fullmatch`: `$` would let a trailing newline through, into a command line or a `.cmd` file).
+_ARG_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A newline in a path the SLURM batch script names (run_dir: submitit's folder, its #SBATCH --output) would start a
+# line of its own there: a command the job runs.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
 # An index, or a GPU-/MIG- UUID: CUDA reads anything else ("two", "1.5") as "no GPU" and the peer runs on the CPU.
-_GPU_ID_RE = re.compile(r"^(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9:_-]+)$")
+_GPU_ID_RE = re.compile(r"(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9:_-]+)")
 # FTISConfig's arguments the launcher reads: how long a round waits, and for whom.
 PEER_TIMEOUT_ARG = "peer_timeout"
 EXPECTED_PEERS_ARG = "expected_peers"
@@ -140,7 +144,7 @@ def _mapping(what: str):
 
 
 def _arg_key(key: Any) -> str:
-    if not isinstance(key, str) or not _ARG_KEY_RE.match(key):
+    if not isinstance(key, str) or not _ARG_KEY_RE.fullmatch(key):
         raise said(f"args key {key!r} is not a valid argument name (write `lr`, not `--lr`)")
     if key in RESERVED_ARGS:
         raise said(f"`args.{key}` is set by the launcher; use {RESERVED_ARGS[key]} instead")
@@ -167,7 +171,7 @@ def _arg_value(value: Any) -> Any:
 
 
 def _env_name(name: Any) -> str:
-    if not isinstance(name, str) or not _ENV_NAME_RE.match(name):
+    if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
         raise said(f"env name {name!r} is not a valid environment variable name")
     if name == rules.PEER_ID_ENV:
         raise said(f"`env.{name}` is set by the launcher from the peer's `id`")
@@ -250,11 +254,22 @@ def _exchange_url(url: Any) -> str | None:
     return url
 
 
+def _run_dir_problem(path: Any) -> str | None:
+    """Why `path` cannot be a run directory (a newline or another control character in it), or None."""
+    text = os.fspath(path)
+    if _CONTROL_RE.search(text):
+        return f"must not contain a newline or another control character (job scripts name it), got {text!r}"
+    return None
+
+
 def _run_dir(value: Any, info: ValidationInfo) -> str | None:
     if value is None or _top(info).run_dir_given:
         return None
     if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
         raise bad(f"must be a path string, got {value!r}")
+    problem = _run_dir_problem(value)
+    if problem is not None:
+        raise bad(problem)
     return os.fspath(value)
 
 
@@ -323,7 +338,7 @@ def _gpus(value: Any) -> str | None:
         isinstance(v, (int, str)) and not isinstance(v, bool) for v in value
     ):
         items = [str(v).strip() for v in value]
-    if not items or not all(item and _GPU_ID_RE.match(item) for item in items):
+    if not items or not all(item and _GPU_ID_RE.fullmatch(item) for item in items):
         raise bad(f'must be a device list such as "0,1", 0 or [0, 1], got {value!r}')
     return ",".join(items)
 
@@ -461,7 +476,7 @@ def _raw_args(entry: Any) -> dict:
     args = entry.get("args") if isinstance(entry, Mapping) else None
     if not isinstance(args, Mapping):
         return {}
-    return {k: v for k, v in args.items() if isinstance(k, str) and _ARG_KEY_RE.match(k)}
+    return {k: v for k, v in args.items() if isinstance(k, str) and _ARG_KEY_RE.fullmatch(k)}
 
 
 def _raw_script(entry: Any, top_script: Path | None) -> Path | None:
@@ -741,6 +756,10 @@ def _resolve(spec: SwarmSpec, top: _TopLevel, source: str | None, run_dir: Any, 
     """The validated spec as the backends run it: defaults filled in, every peer merged over the top level."""
     chosen = os.fspath(run_dir) if run_dir is not None else os.path.join("runs", default_name)
     resolved_run_dir = Path(os.path.abspath(os.path.expanduser(chosen)))
+    problem = _run_dir_problem(resolved_run_dir)  # --run-dir, or the default named after the config file
+    if problem is not None:
+        what = "--run-dir" if top.run_dir_given else "run_dir" if spec.run_dir is not None else "the default run_dir"
+        raise SwarmConfigError(f"invalid swarm config{f' {source}' if source else ''}: `{what}` {problem}")
     redis_job = None
     if top.scheduler == "slurm":
         if spec.redis is not None:

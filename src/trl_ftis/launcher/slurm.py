@@ -4,8 +4,9 @@ from here. `SlurmBackend` follows `backend.Backend`; the driver runs it (signals
 What it does in the driver's steps:
 
 1. `start`: with a Redis job (`redis: {start: true}`, the default on SLURM): submits `slurm_jobs.RedisJob`, waits until the
-   server it starts answers from this machine, and hands every peer `--exchange_url redis://HOST:PORT/0` (and the
-   password through `FTIS_REDIS_PASSWORD`, read in the job from a file only the user can read; never printed).
+   server it starts answers from this machine, and hands every peer `--exchange_url redis://ftis@HOST:PORT/0?swarm=S`
+   (its ACL user, `slurm_jobs.redis_acl`; the password through `FTIS_REDIS_PASSWORD`, read in the job from a file
+   only the user can read; never printed).
    Then it submits one job per peer (`slurm_jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the local
    launcher runs it) with the peer's `slurm` resources.
 2. `poll`: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
@@ -42,15 +43,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
+from ..rules import REDACTED, REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
 from .commands import (
     build_commands,
     check_files,
     is_secret_name,
     keep_earlier,
+    open_private,
     redact_env,
+    redact_shell_line,
     shell_line,
+    shell_quote,
     write_cmd_file,
 )
 from .schema import SwarmConfig
@@ -58,7 +62,17 @@ from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
 from .summary import describe_code
 
-__all__ = ["TERMINAL_STATES", "LogTail", "SlurmBackend", "job_outcome", "scancel", "slurm_problems", "squeue"]
+__all__ = [
+    "TERMINAL_STATES",
+    "LogTail",
+    "SlurmBackend",
+    "job_outcome",
+    "redis_job_url",
+    "scancel",
+    "slurm_problems",
+    "squeue",
+    "swarm_name",
+]
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol")
 SLURM_DIR = "slurm"  # <run_dir>/slurm: submitit's folders, exit files, the Redis job's files, jobs.txt
@@ -110,11 +124,16 @@ def slurm_problems(config: SwarmConfig) -> list[str]:
     return problems
 
 
+def swarm_name(config: SwarmConfig) -> str:
+    """The swarm's name on SLURM: its run_dir's name, in characters job names and Redis swarm names take (the
+    Redis job's stream is `ftis:<name>`)."""
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", config.run_dir.name)[:40] or "swarm"
+
+
 def _job_name(config: SwarmConfig, token: str, what: str) -> str:
     """`<swarm>.<token>.<peer id>` (the Redis job: `<swarm>.<token>:redis`): unique per launch, so that the
     launcher can cancel by name a job whose submission a signal interrupted."""
-    swarm = re.sub(r"[^A-Za-z0-9_.-]", "_", config.run_dir.name)[:40] or "swarm"
-    return f"{swarm}.{token}{what}"
+    return f"{swarm_name(config)}.{token}{what}"
 
 
 def peer_job_name(config: SwarmConfig, token: str, peer_id: str) -> str:
@@ -144,6 +163,18 @@ def _describe_resources(resources: SlurmResources) -> str:
     if resources.partition:
         parts.append(f"partition {resources.partition}")
     return ", ".join(parts)
+
+
+def _restrict(folder: Path) -> None:
+    """`folder` and the files in it (submitit's batch script, with the setup lines, and its pickles, with the job's
+    environment additions) readable by their owner only, whatever the umask."""
+    try:
+        folder.chmod(0o700)
+        for path in folder.iterdir():
+            if path.is_file() and not path.is_symlink():
+                path.chmod(0o600)
+    except OSError:
+        pass
 
 
 def _sbatch_script(resources: SlurmResources, name: str, folder: Path) -> str | None:
@@ -294,7 +325,7 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
                 "--machine_rank <node> --main_process_ip <first node>"
             )
         env = redact_env(command.env)
-        out.append(f"#   runs: cd {shlex.quote(str(command.cwd))} && {shell_line(command, env)}")
+        out.append(f"#   runs: cd {shell_quote(str(command.cwd))} && {shell_line(command, env)}")
         out.append(f"#   log {command.log_path}; exit status {root / (peer.id + '.exit')}")
         out.extend(_script_lines(resources, name, root / peer.id))
         out.append("")
@@ -309,25 +340,42 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
 
 
 def _script_lines(resources: SlurmResources, name: str, folder: Path) -> list[str]:
-    lines = ["#   sbatch options: " + " ".join(_option_text(k, v) for k, v in resources.sbatch_options().items())]
+    """The job's sbatch options, setup lines and batch script for the dry run, secrets redacted
+    (`commands.redact_shell_line`): the setup may export a token or name a URL with its password."""
+    lines = ["#   sbatch options: " + _options_text(resources)]
     if resources.setup:
-        lines.append("#   setup: " + " ; ".join(resources.setup))
+        lines.append("#   setup: " + " ; ".join(redact_shell_line(line) for line in resources.setup))
     script = _sbatch_script(resources, name, folder)
     if script is None:
         lines.append("#   (install submitit, pip install 'trl-ftis[slurm]', to see the batch script it writes)")
     else:
         lines.append("#   batch script (written by submitit at submission):")
-        lines.extend("#   | " + line for line in script.rstrip("\n").splitlines())
+        lines.extend("#   | " + redact_shell_line(line) for line in script.rstrip("\n").splitlines())
     return lines
 
 
 def _option_text(name: str, value: str | bool) -> str:
-    return f"--{name}" if value is True else f"--{name}={shlex.quote(str(value))}"
+    """`--name=VALUE` as shown (never as submitted): a secret-named option's value and URL passwords redacted."""
+    if value is True:
+        return f"--{name}"
+    return f"--{name}={REDACTED if is_secret_name(name) else redact_text(shlex.quote(str(value)))}"
+
+
+def _options_text(resources: SlurmResources) -> str:
+    return " ".join(_option_text(k, v) for k, v in resources.sbatch_options().items())
 
 
 # --------------------------------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------------------------------
+
+
+def redis_job_url(address: dict, host: str) -> str:
+    """The exchange URL of the launcher's Redis job from its `redis.json`: its ACL user (when it has a password,
+    which the peers get as FTIS_REDIS_PASSWORD) and its swarm, whose stream is all that user may touch."""
+    user = f"{address['user']}@" if address.get("user") else ""
+    swarm = f"?swarm={address['swarm']}" if address.get("swarm") else ""
+    return f"redis://{user}{host}:{int(address['port'])}/0{swarm}"
 
 
 @dataclass
@@ -516,8 +564,11 @@ class SlurmBackend:
         if not job.started_at:
             job.started_at = time.time()
         job.attempted = True
-        with _signals_blocked():
-            submitted = executor.submit(function)
+        try:
+            with _signals_blocked():
+                submitted = executor.submit(function)
+        finally:
+            _restrict(folder)
         job.job_id = str(submitted.job_id)
         job.submitted = time.monotonic()
         job.status = "pending"
@@ -543,7 +594,7 @@ class SlurmBackend:
         address_path = self.root / "redis.json"
         address_path.unlink(missing_ok=True)
         log_path = self.config.run_dir / "logs" / REDIS_LOG
-        log_path.write_bytes(b"")
+        open_private(log_path, "wb").close()
         self.secret = self._secret_file()
         function = RedisJob(
             server=redis.server,
@@ -553,6 +604,7 @@ class SlurmBackend:
             address_path=str(address_path),
             secret_path=str(self.secret) if self.secret else None,
             start_timeout=redis.start_timeout,
+            swarm=swarm_name(self.config),
         )
         try:
             self._submit(job, function, self.root / "redis-job")
@@ -584,7 +636,7 @@ class SlurmBackend:
                     self.say(f"Redis is up on {address.get('host')} port {address['port']}; checking it answers here")
                 for host in candidates:
                     if answers_ping(host, int(address["port"])):
-                        self.exchange_url = f"redis://{host}:{int(address['port'])}/0"
+                        self.exchange_url = redis_job_url(address, host)
                         self.say(f"exchange {self.exchange_url} (Redis job {job.job_id} on {job.node or host})")
                         return None
                 if time.monotonic() - announced > redis.start_timeout:
@@ -615,8 +667,9 @@ class SlurmBackend:
             node_logs = [
                 command.log_path.with_name(f"{command.id}.node{k}.log") for k in range(1, run.resources.nodes)
             ]
-            keep_earlier([command.log_path, command.cmd_path, *node_logs])
-            command.log_path.write_bytes(b"")  # the job appends; a log left by an earlier run must not show
+            keep_earlier([command.log_path, command.cmd_path, *node_logs], private=True)
+            # The job appends (so the mode stays); a log left by an earlier run must not show.
+            open_private(command.log_path, "wb").close()
             # A peer summary file older than this is stale: the log's mtime comes from the clock of the filesystem
             # the job writes to as well, so a skewed clock on this machine cannot make a fresh summary look stale.
             run.started_at = command.log_path.stat().st_mtime
@@ -648,15 +701,14 @@ class SlurmBackend:
         return None
 
     def _append_job_to_cmd_file(self, run: _Job, folder: Path):
-        options = " ".join(_option_text(k, v) for k, v in run.resources.sbatch_options().items())
         lines = [
             "",
-            f"# SLURM job {run.name}: sbatch {options}",
-            *(f"# setup: {line}" for line in run.resources.setup),
+            f"# SLURM job {run.name}: sbatch {_options_text(run.resources)}",
+            *(f"# setup: {redact_shell_line(line)}" for line in run.resources.setup),
             f"# submitit folder (batch script, stdout/stderr of the job): {folder}",
             f"# exit status: {self._exit_path(run.command.id)}",
         ]
-        with open(run.command.cmd_path, "a", encoding="utf-8") as handle:
+        with open_private(run.command.cmd_path, "a", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
 
     # ---- supervision -----------------------------------------------------------------------------------------

@@ -7,7 +7,10 @@
   write `<id>.node<K>.log` and `<id>.node<K>.exit`.
 * `RedisJob`: starts `redis-server` (config file mode 0600: the password never appears on a command line), waits until
   it answers, writes its address to `<run_dir>/slurm/redis.json` for the launcher, then serves until the launcher
-  cancels the job.
+  cancels the job. The peers get an ACL user (`redis_acl`) that can run only what their transport runs, on the
+  swarm's stream only: no member can lock the others out (`CONFIG SET requirepass`, `CLIENT KILL`), flush the
+  server or read anything else. With a password the default user is off; nobody holds an admin login (the launcher
+  stops the server by cancelling its job).
 
 The launcher reads these files, never submitit's result pickles (without SLURM accounting, submitit cannot tell a
 cancelled job from a running one). submitit is only imported inside a job, where it runs. What this module imports
@@ -28,9 +31,24 @@ from pathlib import Path
 
 from ..files import write_json_atomic
 from ..rules import REDIS_PASSWORD_ENV
-from .commands import free_port
+from .commands import free_port, open_private
 
-__all__ = ["PeerFailedError", "PeerJob", "RedisJob", "answers_ping", "ipv4_addresses"]
+__all__ = [
+    "REDIS_PEER_COMMANDS",
+    "REDIS_USER",
+    "PeerFailedError",
+    "PeerJob",
+    "RedisJob",
+    "answers_ping",
+    "ipv4_addresses",
+    "redis_acl",
+]
+
+REDIS_USER = "ftis"  # the peers' ACL user on the launcher's Redis job (when it has a password)
+# What the peers' transport runs (exchange/transports/redis_streams.py): PING when it connects, XADD (with MAXLEN
+# trimming) to publish, XREAD to poll and wait, XDEL to prune its own entries. AUTH is always allowed; redis-py's
+# CLIENT SETINFO at connect is refused, which it ignores.
+REDIS_PEER_COMMANDS = ("ping", "xadd", "xread", "xdel")
 
 
 def _node_layout() -> tuple[int, int, list[str], str]:
@@ -55,6 +73,22 @@ def _set_handler(signum: int, handler):
         return signal.signal(signum, handler)
     except ValueError:
         return None
+
+
+def _conf_word(text: str) -> str:
+    """`text` as one double-quoted word of redis.conf (which unescapes \\, \", \n and \r in quotes)."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'"{escaped}"'
+
+
+def redis_acl(swarm: str, password: str | None) -> list[str]:
+    """The redis.conf lines of the peers' user: `REDIS_USER` with `password` (the default user off), or the default
+    user without one (`redis.password: false`: no login at all). Either way it may run `REDIS_PEER_COMMANDS` only, on
+    the keys `ftis:<swarm>*` only (the transport's stream, `ftis:<swarm>`), and no pub/sub channel."""
+    rights = f"resetkeys ~ftis:{swarm}* resetchannels -@all " + " ".join(f"+{c}" for c in REDIS_PEER_COMMANDS)
+    if password is None:
+        return [f"user default reset on nopass {rights}"]
+    return ["user default reset off", f"user {REDIS_USER} reset on {_conf_word('>' + password)} {rights}"]
 
 
 def _read_secret(path: str | None) -> str | None:
@@ -109,7 +143,8 @@ class PeerJob:
         argv = self.command(rank, num_nodes, hosts)
         started = time.time()
         # Appended, never truncated: the launcher emptied the log before submitting, and a requeued job keeps it.
-        with open(log_path, "ab", buffering=0) as log:
+        # Owner only (a node's own log is created here): a peer may print a secret.
+        with open_private(log_path, "ab", buffering=0) as log:
             # SLURM sends SIGUSR2 to the job's processes 90 s before its time limit (submitit's --signal); Python's
             # default would kill the peer then. The peer ignores it (inherited across exec) and runs to the limit.
             previous = _set_handler(signal.SIGUSR2, signal.SIG_IGN)
@@ -199,6 +234,7 @@ class RedisJob:
     secret_path: str | None = None
     start_timeout: float = 120.0
     extra_config: list[str] = field(default_factory=list)
+    swarm: str = "default"  # the peers' `?swarm=`: their stream is `ftis:<swarm>`, all their ACL user may touch
 
     def __call__(self) -> int:
         _, _, _, job_id = _node_layout()
@@ -210,17 +246,16 @@ class RedisJob:
         lines = [
             f"port {port}",
             "bind 0.0.0.0",  # peers on other nodes connect to this node's address
-            # Without a password a server bound to every interface would refuse them all: the config asked for none.
+            # Without a password a server bound to every interface would refuse them all: the config asked for none
+            # (the ACL below still limits what anyone can do).
             "protected-mode no",
             'save ""',
             "appendonly no",
             f"dir {directory}",
             "daemonize no",
             *self.extra_config,
+            *redis_acl(self.swarm, password),
         ]
-        if password is not None:
-            quoted = password.replace("\\", "\\\\").replace('"', '\\"')
-            lines.append(f'requirepass "{quoted}"')
         conf = directory / "redis.conf"
         fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -231,7 +266,7 @@ class RedisJob:
             write_json_atomic(self.address_path, {"error": message, "job_id": job_id, "host": host})
             raise RuntimeError(message)
 
-        with open(self.log_path, "ab", buffering=0) as log:
+        with open_private(self.log_path, "ab", buffering=0) as log:
             argv = [*shlex.split(self.server), str(conf)]
             try:
                 proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
@@ -244,7 +279,10 @@ class RedisJob:
             deadline = time.monotonic() + self.start_timeout
             while not answers_ping("127.0.0.1", port):
                 if proc.poll() is not None:
-                    fail(f"{self.server} exited with code {proc.returncode} on {host}; see {self.log_path}")
+                    fail(
+                        f"{self.server} exited with code {proc.returncode} on {host}; see {self.log_path} (the "
+                        "launcher's Redis job needs redis-server >= 6, for its ACL user)"
+                    )
                 if time.monotonic() > deadline:
                     proc.kill()
                     fail(f"{self.server} did not answer on port {port} within {self.start_timeout:g}s on {host}")
@@ -262,6 +300,8 @@ class RedisJob:
                     "port": port,
                     "job_id": job_id,
                     "password": password is not None,
+                    "user": REDIS_USER if password is not None else None,
+                    "swarm": self.swarm,
                 },
             )
             code = proc.wait()

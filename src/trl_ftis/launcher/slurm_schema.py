@@ -232,7 +232,9 @@ def _setup(value: Any) -> tuple[str, ...]:
         raise bad(f"must be shell lines (a string or a list of strings), got {value!r}")
     if any("\x00" in line for line in lines):
         raise bad("must not contain NUL characters")
-    return tuple(line for line in lines if line.strip())
+    # One line per item (an item holding a newline is its lines): the dry run and the `.cmd` file show each one on a
+    # comment line of its own, and submitit writes them one per line all the same.
+    return tuple(part for line in lines for part in line.splitlines() if part.strip())
 
 
 Nodes = Annotated[int, BeforeValidator(_count(1, "nodes", default=1))]
