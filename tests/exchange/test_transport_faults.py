@@ -492,6 +492,23 @@ def test_redis_stream_flooded_with_huge_entries_is_read_in_bounded_polls(redis_s
     reader.close()
 
 
+@pytest.mark.redis
+def test_redis_fields_other_than_data_are_charged_and_bounded(redis_server):
+    """Issue 23: three entries with a 150 MiB `sender` field cost +1 GB and were charged 12 bytes to the round. Every
+    field read is charged now, and an entry larger than a message and its hints is refused as too large."""
+    import redis
+
+    url = redis_server[0]
+    client = redis.Redis.from_url(url)
+    client.xadd("ftis:fields", {"sender": b"m" * 5_000_000, "round": "1", "data": b"tiny"})
+    client.xadd("ftis:fields", {"sender": "alice", "round": "2", "data": b"honest", "junk": b"j" * 3_000})
+    reader = open_transport(url, swarm="fields", max_message_bytes=100_000)
+    big, padded = reader.poll()
+    assert (big.error, big.data, big.size) == ("too_large", b"", len("sender") + 5_000_000 + len("round1") + len("datatiny"))
+    assert padded.error is None and padded.data == b"honest" and padded.size > 3_000  # charged what was read
+    reader.close()
+
+
 def test_a_directory_wait_looks_again_quickly_then_backs_off_to_poll_interval(tmp_path, monkeypatch):
     """Lock-step peers publish within milliseconds: the first looks come after 5, 10, 20, 40 ms, then every
     `poll_interval` (50 ms), so a long wait lists the directory no more often than a fixed 50 ms poll would."""

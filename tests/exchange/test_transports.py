@@ -78,6 +78,14 @@ def _payloads(envelopes):
 # All transports
 
 
+def wire_size(transport, data: bytes, sender: str, round: int) -> int:
+    """What a message costs to read: its bytes, and for a Redis stream entry its hint fields too (every field is
+    read and charged to the round)."""
+    if type(transport).__name__ == "RedisTransport":
+        return len(b"sender") + len(sender) + len(b"round") + len(str(round)) + len(b"data") + len(data)
+    return len(data)
+
+
 def test_publish_poll_round_trip(make_transport):
     t = make_transport()
     t.publish(b"hello \x00 world", sender="alice", round=3)
@@ -86,7 +94,7 @@ def test_publish_poll_round_trip(make_transport):
     assert envelope.data == b"hello \x00 world"
     assert envelope.sender_hint == "alice"
     assert envelope.round_hint == 3
-    assert envelope.size == len(b"hello \x00 world")
+    assert envelope.size == wire_size(t, b"hello \x00 world", "alice", 3)
     assert envelope.error is None
     assert envelope.source
 
@@ -209,7 +217,7 @@ def test_publish_rejects_bad_rounds_and_oversized_messages(make_transport):
     with pytest.raises(ValueError, match="max_message_bytes"):
         t.publish(b"x" * 11, sender="alice", round=0)
     t.publish(b"x" * 10, sender="alice", round=0)  # exactly at the limit is fine
-    assert [e.size for e in t.poll()] == [10]
+    assert [e.size for e in t.poll()] == [wire_size(t, b"x" * 10, "alice", 0)]
 
 
 def test_oversized_message_is_reported_not_returned(make_transport):
@@ -218,7 +226,8 @@ def test_oversized_message_is_reported_not_returned(make_transport):
     writer.publish(b"small", sender="alice", round=5)
     reader = make_transport(max_message_bytes=50)
     big, small = reader.poll()
-    assert (big.data, big.error, big.size, big.sender_hint, big.round_hint) == (b"", "too_large", 100, "mallory", 4)
+    size = wire_size(reader, b"y" * 100, "mallory", 4)
+    assert (big.data, big.error, big.size, big.sender_hint, big.round_hint) == (b"", "too_large", size, "mallory", 4)
     assert (small.data, small.error) == (b"small", None)
     assert reader.poll() == []  # reported once
 

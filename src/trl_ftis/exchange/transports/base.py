@@ -50,7 +50,7 @@ class Envelope:
     source: str  # file name / stream entry id / memory index: unique per message within one transport
     sender_hint: str | None  # sender as claimed by the transport metadata (untrusted)
     round_hint: int | None  # round as claimed by the transport metadata (untrusted)
-    size: int  # bytes on the wire (the file size, or the length of the stream's data field); 0 when not looked at
+    size: int  # bytes read (the file size; for a stream entry, all its fields): charged to the round; 0 when not read
     error: str | None = None  # e.g. "too_large", "unreadable", "unrecognised": the receiver counts it as refused
 
 

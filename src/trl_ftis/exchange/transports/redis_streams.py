@@ -14,6 +14,7 @@ from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MALFORMED,
     MAX_HINT_CHARS,
+    TOO_LARGE,
     Envelope,
     Transport,
     TransportError,
@@ -25,6 +26,8 @@ logger = logging.getLogger(__name__)
 _SWARM_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _FIRST_DELAY = 0.05  # seconds before the first retry; doubled after each failure...
 _MAX_DELAY = 1.0  # ...up to this
+# The `sender` and `round` fields and the field names of an entry: a message is at most max_message_bytes plus this.
+_MAX_HINT_BYTES = 4 * MAX_HINT_CHARS + 64
 _OUTAGE_ATTEMPTS = 2  # attempts per call while the server is known to be down (the second after a fresh connect)
 
 
@@ -267,10 +270,17 @@ class RedisTransport(Transport):
         sender_hint = _text_hint(fields.get(b"sender"))
         round_hint = _int_hint(fields.get(b"round"))
         data = fields.get(b"data")
+        # Every field was read, not only `data`: the round budget is charged all of it (a 150 MiB `sender` field
+        # used to cost 12 bytes), and an entry larger than a message and its hints is refused as too large.
+        size = _entry_bytes(fields)
+        if size > self.max_message_bytes + _MAX_HINT_BYTES:
+            return Envelope(b"", source, sender_hint, round_hint, size, TOO_LARGE)
         if not isinstance(data, bytes):
-            return Envelope(b"", source, sender_hint, round_hint, 0, MALFORMED)
+            return Envelope(b"", source, sender_hint, round_hint, size, MALFORMED)
         # Redis has already sent it (a stream field cannot be sized before reading): one too large is dropped now.
-        return self._received(data, source, sender_hint, round_hint)
+        envelope = self._received(data, source, sender_hint, round_hint)
+        envelope.size = max(envelope.size, size)
+        return envelope
 
     def _take(self, response) -> tuple[list[Envelope], int]:
         """The envelopes of an XREAD reply and the bytes it carried; advances the read cursor."""
