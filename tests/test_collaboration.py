@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from swarm_helpers import LockStepPartner, make_swarm
-from tiny_trainers import exchange_trainer, tiny_trainer
+from tiny_trainers import exchange_trainer, tiny_trainer, without_control_tokens
 
 from trl_ftis.collaboration import (
     OWN,
@@ -185,7 +185,7 @@ def own_rows_of(tokenizer, make_args, steps=2):
     trainer = tiny_trainer(tokenizer, make_args(max_steps=steps), hidden_size=32, seed=3)
     trainer.add_row_listener(rows.extend)
     trainer.train()
-    return [dataclasses.replace(row, sender="other") for row in rows]
+    return without_control_tokens([dataclasses.replace(row, sender="other") for row in rows], tokenizer)
 
 
 def test_a_run_without_peers_logs_its_time_split_and_says_it_had_no_peers(tokenizer, make_args):

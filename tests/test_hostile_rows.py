@@ -803,3 +803,24 @@ def test_a_rounds_texts_are_tokenised_up_to_its_budget(tokenizer, make_args):
         row.foreign_tokenizer, row.completion_text, row.ends_with_eos = True, "4" * each, False
     admission.admit(texts)
     assert trainer._ledger.dropped["text_budget"] == 5  # the rest were tokenised (and judged as usual)
+
+
+def test_invented_sender_ids_cannot_grow_the_per_peer_metrics_without_bound(tokenizer, make_args):
+    """Issue 23: 78,428 metric names in 300 steps from invented ids. The first MAX_NAMED_PEERS peers get their own
+    `ftis/peers/<peer>/...`; the rest are counted together under OTHER_PEERS, in the round and loss metrics alike."""
+    from trl_ftis.ledger import MAX_NAMED_PEERS, OTHER_PEERS
+
+    senders = [f"x{k}" for k in range(MAX_NAMED_PEERS + 30)]
+    received = [row for k, s in enumerate(senders) for row in unpacked(s, rows(s, 2, group=f"g{k}", prompt=KNOWN))]
+    trainer = with_stand_in(make_trainer(tokenizer, make_args, swarm=True), received)
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "loss" in e]
+    names = {key.split("/")[2] for key in entry if key.startswith("ftis/peers/")}
+    assert OTHER_PEERS in names and len(names) == MAX_NAMED_PEERS + 1
+    assert entry[f"ftis/peers/{OTHER_PEERS}/rows_received"] == 2 * 30  # counted, not lost
+    assert len(trainer._ledger.sources) <= MAX_NAMED_PEERS + 1  # the rows a step took, from at most that many
+    # The loss's per-source sums (one all-reduced row per source) are bounded the same way.
+    ledger = trainer._ledger
+    ledger.add_sources(f"y{k}" for k in range(200))
+    assert len(ledger.sources) == MAX_NAMED_PEERS + 1 and ledger.sources[-1] == OTHER_PEERS
+    assert ledger.source_index("y199") == ledger.source_index("y150") == len(ledger.sources)

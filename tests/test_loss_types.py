@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from tiny_trainers import tiny_trainer  # tests/ is on sys.path
+from tiny_trainers import tiny_trainer, without_control_tokens  # tests/ is on sys.path
 from trl import GRPOTrainer
 
 from trl_ftis.objective import (
@@ -216,7 +216,7 @@ def real_peer_rows(tokenizer, tmp_path_factory):
     rows = [row for batch in published for row in batch]
     for row in rows:
         row.sender = "small"
-    return rows
+    return without_control_tokens(rows, tokenizer)  # as a trained model writes them (tiny_trainers.py)
 
 
 @pytest.mark.parametrize(

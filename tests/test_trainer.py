@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_trainers import without_control_tokens  # tests/ is on sys.path
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow, ftis_loss
-from trl_ftis.admission import control_token_ids
 from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
@@ -210,18 +210,7 @@ def peer_rows_from(tokenizer, dataset, make_args, *, steps=1, hidden_size=32, se
     for rows in published:
         for row in rows:
             row.sender = "small"
-    # An untrained model writes <pad>, <bos> or <unk> inside some completions, which receivers drop (special_tokens,
-    # tested in test_hostile_rows.py). These tests are about the loss: such tokens become a digit, so every row counts.
-    control = set(control_token_ids(tokenizer).tolist())
-    digit = tokenizer.convert_tokens_to_ids("0")
-    for rows in published:
-        for row in rows:
-            last = len(row.completion_ids) - 1
-            row.completion_ids = [
-                digit if t in control and not (i == last and t == tokenizer.eos_token_id) else t
-                for i, t in enumerate(row.completion_ids)
-            ]
-    return [row for rows in published for row in rows]
+    return without_control_tokens([row for rows in published for row in rows], tokenizer)
 
 
 TRL_CONTRACT = (

@@ -24,3 +24,21 @@ def exchange_trainer(tokenizer, make_args, url, mode, *, callbacks=(), **overrid
     for callback in callbacks:
         trainer.add_callback(callback)
     return trainer
+
+
+def without_control_tokens(rows, tokenizer):
+    """`rows` with every special or added token of `tokenizer` inside a completion replaced by the digit "0" (a final
+    end of sequence stays). Untrained tiny models write <pad>, <bos> or <unk> inside some completions, which
+    receivers drop (`special_tokens`, tested in test_hostile_rows.py); tests about what peer rows do in the loss or the
+    summary take the rows as a trained model would write them. Changes `rows` in place and returns them."""
+    from trl_ftis.admission import control_token_ids
+
+    control = set(control_token_ids(tokenizer).tolist())
+    digit = tokenizer.convert_tokens_to_ids("0")
+    for row in rows:
+        last = len(row.completion_ids) - 1
+        row.completion_ids = [
+            digit if t in control and not (i == last and t == tokenizer.eos_token_id) else t
+            for i, t in enumerate(row.completion_ids)
+        ]
+    return rows

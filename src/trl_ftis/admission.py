@@ -493,8 +493,8 @@ def statistics_problem(row: Any) -> str | None:
 
 def control_token_ids(tokenizer) -> np.ndarray:
     """The ids a peer's completion must not hold inside it, sorted: the tokenizer's special tokens
-    (`all_special_ids`) and every added token (`added_tokens_decoder`: SmolLM2's `<file_sep>`, `<jupyter_code>`, ...
-    are added special tokens that `all_special_ids` leaves out). Decoding for the reward functions may drop them
+    (`all_special_ids`) and every added token (`added_tokens_decoder`: added tokens such as `<file_sep>` are left out of
+    `all_special_ids` by some tokenizers, SmolLM2's among them). Decoding for the reward functions may drop them
     while the loss trains on them, and a chat-template marker mid-completion is a prompt injection."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or [])
     ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())

@@ -19,7 +19,19 @@ module saves and reads what the state's owners hand it, and needs no trainer:
 [`build_state`] writes the dict, [`parse_state`] checks one (a malformed dict raises `ValueError` before anything is
 restored; the swarm's part is checked by `Swarm.load_state_dict` itself). A checkpoint without the file (written by
 `GRPOTrainer`, or by a run without checkpointing) resumes with a warning and every counter at zero
-([`read_state_file`]). A file that is not valid raises `ValueError` naming it, before any training.
+([`read_state_file`]). A file that is not valid raises `ValueError` naming it and the field, before any training
+([`read_checked_state`]), and nothing is restored.
+
+Checkpoints are shared and pushed to the Hub, so the file is as untrusted as a peer's message. What the file alone
+decides is checked against what this run would ever hold ([`restore_limits`]), and a file beyond it is refused whole:
+every field's type and range (counts and rounds whole numbers in [0, 2**63), numbers finite), exactly the fields
+[`rows_to_json`] writes (a row's `advantage` is recomputed, never read), at most as many rows per queue as the
+arrival queue holds, completions of at most `max_completion_length` tokens (queued rows were admitted by the run
+that saved them; arrived rows, only received, at most the swarm's wire limit), and a `global_step` that is the
+checkpoint's own. Rows that pass are admitted again as received rows are (queued ones by `Admission.restore` at
+once, arrived ones when a step takes them): what depends on this trainer's model, tokenizer or template (ids outside
+its vocabulary, a prompt it cannot render, special tokens, too long for the context) drops the row and counts it by
+reason.
 """
 
 from __future__ import annotations
@@ -37,9 +49,12 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .collaboration import PeerValue, StepClock
+from .exchange.limits import Limits
 from .files import plain_json, write_json_atomic
 from .ledger import LedgerState, PeerRowLedger
 from .peer_rows import PeerRow
+from .round_budget import RoundBudget
+from .rules import MAX_LOGP
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +62,15 @@ STATE_FILE = "ftis_state_{process}.json"
 """The F-TIS state file of process `process` inside a checkpoint folder."""
 STATE_FORMAT = 1
 """Version of the file's layout; a file of another version is refused."""
+
+ROW_FIELDS = ("prompt", "completion_ids", "generator_logps", "reward", "group", "sender", "rewards_per_func", "extra",
+              "round")  # fmt: skip
+"""The fields [`rows_to_json`] writes for every row (format 1 always had them)."""
+OPTIONAL_ROW_FIELDS = ("text_level", "foreign_tokenizer", "completion_text", "ends_with_eos")
+"""The fields it writes for some rows only. Any other (`advantage`, ...) makes the file malformed: a row's advantage
+and statistics are always recomputed, never read."""
+MAX_KEY_DEPTH = 8
+"""Tuples nested in a saved group key (the swarm's are `(sender, round, index)`: one)."""
 
 _LAST = ("last", "latest", "true")  # command-line spellings of `resume_from_checkpoint=True`
 
@@ -67,13 +91,15 @@ def _key_to_json(key: Hashable) -> Any:
     return {"repr": repr(key)}
 
 
-def _key_from_json(value: Any) -> Hashable:
+def _key_from_json(value: Any, depth: int = 0) -> Hashable:
+    if depth > MAX_KEY_DEPTH:  # deeper than any key a trainer writes; also keeps the recursion shallow
+        raise ValueError(f"a group key nested deeper than {MAX_KEY_DEPTH} tuples")
     if isinstance(value, dict) and isinstance(value.get("tuple"), list):
-        return tuple(_key_from_json(item) for item in value["tuple"])
+        return tuple(_key_from_json(item, depth + 1) for item in value["tuple"])
     if isinstance(value, dict) and isinstance(value.get("repr"), str):
         return ("repr", value["repr"])
-    if isinstance(value, (dict, list)):
-        raise ValueError(f"not a group key: {value!r:.80}")  # noqa: TRY004 - a malformed file, not a wrong argument
+    if isinstance(value, (dict, list)) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ValueError(f"not a group key: {value!r:.80}")
     return value
 
 
@@ -95,6 +121,8 @@ def rows_to_json(rows: Sequence[Any]) -> tuple[list[dict[str, Any]], int]:
         }
         if row.text_level:  # re-tokenised from another tokenizer's text: trained on with the text-level weight
             record["text_level"] = True
+        if getattr(row, "foreign_tokenizer", False):  # an arrived row in its sender's tokens: re-tokenised when taken
+            record.update(foreign_tokenizer=True, completion_text=row.completion_text, ends_with_eos=row.ends_with_eos)
         try:
             json.dumps(record, default=plain_json)
         except (TypeError, ValueError):
@@ -104,20 +132,101 @@ def rows_to_json(rows: Sequence[Any]) -> tuple[list[dict[str, Any]], int]:
     return out, unwritable
 
 
-def rows_from_json(records: Any, name: str = "pending_peer_rows", label: str = "pending peer") -> list[PeerRow]:
+def rows_from_json(
+    records: Any, name: str = "pending_peer_rows", label: str = "pending peer", limits: RowLimits | None = None
+) -> list[PeerRow]:
     """The rows [`rows_to_json`] wrote (under the state's key `name`), as [`PeerRow`]s; `ValueError` naming the first
-    malformed one."""
+    malformed one and its field ([`record_problem`]), or saying that there are more than `limits.max_rows`."""
+    limits = limits or RowLimits()
     if not isinstance(records, list):
         raise ValueError(f"{name!r} is not a list")  # noqa: TRY004 - a malformed file, not a wrong argument
+    if len(records) > limits.max_rows:
+        raise ValueError(f"{name!r} holds {len(records)} rows, more than the {limits.max_rows} the queue holds")
     rows = []
     for index, record in enumerate(records):
-        if not isinstance(record, dict):
-            raise ValueError(f"{label} row {index} is not an object")  # noqa: TRY004 - a malformed file, not a wrong argument
+        problem = record_problem(record, limits)
+        if problem is not None:
+            raise ValueError(f"{label} row {index}: {problem}")
         try:
-            rows.append(PeerRow(**{**record, "group": _key_from_json(record.get("group"))}))
+            rows.append(PeerRow(**{**record, "group": _key_from_json(record["group"])}))
         except (TypeError, ValueError) as error:
             raise ValueError(f"{label} row {index}: {error}") from None
     return rows
+
+
+@dataclass(frozen=True)
+class RowLimits:
+    """What one queue of a state file may hold, from the run that reads it ([`restore_limits`]). The defaults are
+    the wire format's own ceilings, for a state checked without a trainer."""
+
+    max_rows: int = RoundBudget().max_rows
+    """Rows in the queue: what the trainer's queue holds (`RoundRunner.queue_bound`)."""
+    max_tokens: int = Limits().max_completion_tokens
+    """Tokens in one completion."""
+    foreign: bool = False
+    """Whether rows in another tokenizer's tokens may be queued (arrived rows, `cross_tokenizer`)."""
+
+
+def record_problem(record: Any, limits: RowLimits) -> str | None:
+    """What makes one saved row malformed (its field and why), or `None`. Only what the file alone decides, within
+    what this run would ever accept: a row that passes is admitted again like a received one, and dropped and
+    counted if the admission refuses it (ids outside this vocabulary, a prompt this tokenizer cannot render, special
+    tokens, the context)."""
+    if not isinstance(record, dict):
+        return "not an object"
+    keys = set(record)
+    if not set(ROW_FIELDS) <= keys <= set(ROW_FIELDS) | set(OPTIONAL_ROW_FIELDS):
+        extra, missing = sorted(keys - set(ROW_FIELDS) - set(OPTIONAL_ROW_FIELDS)), sorted(set(ROW_FIELDS) - keys)
+        return f"fields {extra or missing} are {'not row fields' if extra else 'missing'}"  # 'advantage': recomputed
+    for field_name, check in (
+        ("prompt", lambda v: isinstance(v, (str, list))),
+        ("sender", lambda v: isinstance(v, str)),
+        ("reward", _finite_number),
+        ("round", lambda v: v is None or _count(v)),
+        ("extra", lambda v: v is None or (isinstance(v, dict) and all(isinstance(k, str) for k in v))),
+        ("rewards_per_func", _reward_columns),
+        ("text_level", lambda v: isinstance(v, bool)),
+        ("foreign_tokenizer", lambda v: isinstance(v, bool) and (not v or limits.foreign)),
+        ("completion_text", lambda v: v is None or isinstance(v, str)),
+        ("ends_with_eos", lambda v: isinstance(v, bool)),
+    ):
+        if field_name in record and not check(record[field_name]):
+            return f"{field_name!r} is malformed ({type(record[field_name]).__name__})"
+    ids, logps = record["completion_ids"], record["generator_logps"]
+    if not isinstance(ids, list) or not 0 < len(ids) <= limits.max_tokens:
+        return f"'completion_ids' is not a list of 1 to {limits.max_tokens} token ids"
+    # This vocabulary's bound is the admission's (`bad_ids`, counted): another model may resume from the file.
+    if not all(_count(token) for token in ids):
+        return "'completion_ids' holds an id that is not a whole number >= 0"
+    if not isinstance(logps, list) or len(logps) != len(ids):
+        return "'generator_logps' is not a list with one log-prob per token"
+    if not all(_finite_number(logp) and logp <= MAX_LOGP for logp in logps):
+        return f"'generator_logps' holds a value that is not a finite number <= {MAX_LOGP}"
+    return None
+
+
+def _count(value: Any) -> bool:
+    """A whole number in [0, 2**63) (a round, a token id, a counter): never a bool, a float or a string."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _finite_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float
+        return False
+
+
+def _reward_columns(value: Any) -> bool:
+    """`None`, or reward function names to rewards: finite, or NaN where the function declined (the scorer's None)."""
+    if value is None:
+        return True
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and (_finite_number(v) or (isinstance(v, float) and math.isnan(v)))
+        for k, v in value.items()
+    )
 
 
 # -- the state -------------------------------------------------------------------------------------------------------
@@ -185,25 +294,55 @@ def build_state(
     }
 
 
-def parse_state(state: Any) -> CheckpointState:
-    """Check a state ([`build_state`], read from a file) and return its parts; `ValueError` saying what is wrong.
-    Nothing is restored here: the caller hands the parts to their owners once every check passed."""
+@dataclass(frozen=True)
+class StateLimits:
+    """What each queue of a state file may hold ([`restore_limits`] for a trainer's)."""
+
+    pending: RowLimits = RowLimits()
+    arrived: RowLimits = RowLimits(foreign=True)
+
+
+def restore_limits(config: Any, queue_rows: int, swarm: Any = None) -> StateLimits:
+    """The limits of a trainer's state file: each queue at most `queue_rows` rows (the arrival queue's bound); queued
+    rows were admitted by the run that saved them (in this tokenizer's tokens, at most `config.max_completion_length`
+    of them), arrived rows only received (at most the swarm's wire limit per completion, in another tokenizer's
+    tokens under `cross_tokenizer`)."""
+    wire = swarm.limits.max_completion_tokens if swarm is not None else config.max_completion_length
+    return StateLimits(
+        pending=RowLimits(queue_rows, config.max_completion_length),
+        arrived=RowLimits(queue_rows, wire, foreign=bool(config.cross_tokenizer)),
+    )
+
+
+def parse_state(state: Any, limits: StateLimits | None = None) -> CheckpointState:
+    """Check a state ([`build_state`], read from a file) against `limits` and return its parts; `ValueError` saying
+    which field is wrong. Nothing is restored here: the caller hands the parts to their owners once every check
+    passed."""
+    try:
+        return _parsed(state, limits or StateLimits())
+    except (TypeError, OverflowError, RecursionError) as error:  # a shape no check foresaw: still the file's fault
+        raise ValueError(f"malformed ({type(error).__name__}: {error})") from None
+
+
+def _parsed(state: Any, limits: StateLimits) -> CheckpointState:
     if not isinstance(state, dict):
         raise ValueError("not a JSON object")  # noqa: TRY004 - a malformed file, not a wrong argument
     if state.get("format") != STATE_FORMAT:
         raise ValueError(f"format {state.get('format')!r}, this version reads format {STATE_FORMAT}")
+    if not _count(state.get("global_step")):
+        raise ValueError("'global_step' is not a whole number of steps >= 0")
     ledger = PeerRowLedger.parse_state(state)
-    rows = rows_from_json(state.get("pending_peer_rows"))
-    arrived = rows_from_json(state.get("arrived_peer_rows", []), "arrived_peer_rows", "arrived peer")
+    rows = rows_from_json(state.get("pending_peer_rows"), limits=limits.pending)
+    arrived = rows_from_json(state.get("arrived_peer_rows", []), "arrived_peer_rows", "arrived peer", limits.arrived)
     created = state.get("arrived_created", [])
     if not (
         isinstance(created, list)
         and len(created) == len(arrived)
-        and all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) for t in created)
+        and all(_finite_number(t) and t >= 0 for t in created)
     ):
-        raise ValueError("'arrived_created' is not a list of finite numbers, one per arrived peer row")
+        raise ValueError("'arrived_created' is not a list of finite numbers >= 0, one per arrived peer row")
     threshold = state.get("adaptive_threshold")  # absent in files of earlier versions
-    if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+    if threshold is not None and not _finite_number(threshold):
         raise ValueError("'adaptive_threshold' is not a finite number")
     # Checked by loading them into scratch owners: the trainer's own are changed only once everything passed.
     clock_state, value_state = state.get("time"), state.get("peer_value")  # absent in files of earlier versions
@@ -212,7 +351,7 @@ def parse_state(state: Any) -> CheckpointState:
     if value_state is not None:
         PeerValue().load_state_dict(value_state)
     return CheckpointState(
-        global_step=state.get("global_step"),
+        global_step=state["global_step"],
         ledger=ledger,
         adaptive_threshold=None if threshold is None else float(threshold),
         pending_rows=rows,
@@ -222,6 +361,38 @@ def parse_state(state: Any) -> CheckpointState:
         time=clock_state,
         peer_value=value_state,
     )
+
+
+def read_checked_state(
+    checkpoint: str | os.PathLike, process_index: int, limits: StateLimits, swarm: Any = None
+) -> CheckpointState | None:
+    """The state file of `process_index` in `checkpoint`, checked whole ([`parse_state`], and its step against the
+    checkpoint's `trainer_state.json`), or `None` when there is none ([`read_state_file`]). The swarm's part is
+    loaded into `swarm` last (`Swarm.load_state_dict` checks before it changes anything): once this returns, every
+    part is valid and the caller's restoring cannot fail. `ValueError` naming the file and the field otherwise."""
+    state = read_state_file(checkpoint, process_index)
+    if state is None:
+        return None
+    try:
+        parsed = parse_state(state, limits)
+        step = trainer_step(checkpoint)
+        if step is not None and parsed.global_step != step:  # a file copied from another checkpoint, or forged
+            raise ValueError(f"'global_step' is {parsed.global_step}, but this checkpoint is of step {step}")
+        if swarm is not None and parsed.swarm is not None:
+            swarm.load_state_dict(parsed.swarm)
+    except ValueError as error:
+        raise ValueError(f"{state_path(checkpoint, process_index)}: {error}") from None
+    return parsed
+
+
+def trainer_step(checkpoint: str | os.PathLike) -> int | None:
+    """The `global_step` of the checkpoint's `trainer_state.json`, or `None` when it has none readable (the Trainer
+    itself then resumes as it does, or raises)."""
+    try:
+        step = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return step if _count(step) else None
 
 
 # -- files ---------------------------------------------------------------------------------------------------------
@@ -244,8 +415,8 @@ def read_state_file(checkpoint: str | os.PathLike, process_index: int) -> Any | 
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path}: not a readable trl-ftis state file ({error})") from None
+    except (OSError, ValueError, RecursionError) as error:  # also JSON nested too deep, or an integer too long
+        raise ValueError(f"{path}: not a readable trl-ftis state file ({type(error).__name__}: {error})") from None
 
 
 def warn_unread_states(checkpoint: str | os.PathLike, world_size: int) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -334,6 +333,7 @@ def _value_entry(entry: Any, name: str) -> dict[str, float]:
 
 
 def _non_negative(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    # One range check refuses NaN, inf and integers too large for a float (math.isfinite would overflow on them).
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 2**63:
         raise ValueError(f"{name!r} is not a finite number >= 0")
     return float(value)

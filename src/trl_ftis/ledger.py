@@ -30,6 +30,10 @@ COUNTERS = ("refused", "dropped", "dropped_since_merge", "stripped_since_merge",
 """The counters of a state, by name."""
 MAX_WARNED = 1000
 """(peer, reason) pairs warned about: bounded like the swarm's warnings."""
+MAX_NAMED_PEERS = 64
+"""Peers with metrics of their own (`ftis/peers/<peer>/...`); the rest are counted together as [`OTHER_PEERS`]."""
+OTHER_PEERS = "(others)"
+"""The name every peer beyond [`MAX_NAMED_PEERS`] is counted under (no valid peer id has parentheses)."""
 
 Row = TypeVar("Row")
 
@@ -66,6 +70,7 @@ class PeerRowLedger:
         self.accepted_by_peer: Counter = Counter()  # swarm rows trained on, per sender
         self.row_count_keys: set[str] = set()  # "dropped/<reason>" and "stripped/<reason>" seen so far
         self.sources: list[str] = []  # index k >= 1 in `ftis_source` is sources[k - 1]
+        self._round_named: set[str] = set()  # senders named in the round metrics (main process), see `peer_name`
         self._warned: set[tuple[str, str]] = set()
 
     # -- drops ------------------------------------------------------------------------------------------------------
@@ -170,12 +175,33 @@ class PeerRowLedger:
         return metrics
 
     def add_sources(self, senders: Iterable[str]) -> None:
-        """Add the peers not yet in [`sources`], in order (the same list on every process)."""
-        self.sources.extend(sender for sender in senders if sender not in self.sources)
+        """Add the peers not yet in [`sources`], in order (the same list on every process). The first
+        [`MAX_NAMED_PEERS`] get their own source (and `ftis/peers/<peer>/...` loss metrics); later ones share
+        [`OTHER_PEERS`], so invented sender ids cannot grow the metrics or the loss's per-source sums without bound."""
+        for sender in senders:
+            if sender in self.sources:
+                continue
+            named = len(self.sources) - (OTHER_PEERS in self.sources)
+            if named < MAX_NAMED_PEERS:
+                self.sources.append(sender)
+            elif OTHER_PEERS not in self.sources:
+                self.sources.append(OTHER_PEERS)
 
     def source_index(self, sender: str) -> int:
-        """`ftis_source` of a row of `sender`: 1 + its place in [`sources`] (0 is this trainer's own rows)."""
-        return self.sources.index(sender) + 1
+        """`ftis_source` of a row of `sender`: 1 + its place in [`sources`] (0 is this trainer's own rows); a sender
+        without a source of its own counts under [`OTHER_PEERS`]."""
+        name = sender if sender in self.sources else OTHER_PEERS
+        return self.sources.index(name) + 1
+
+    def peer_name(self, sender: str) -> str:
+        """The name of `sender` in the round's per-peer metrics (`ftis/peers/<name>/rows_received`, ...): its own for
+        the first [`MAX_NAMED_PEERS`] senders seen (and those with a source), [`OTHER_PEERS`] for the rest."""
+        if sender in self._round_named or sender in self.sources:
+            return sender
+        if len(self._round_named) < MAX_NAMED_PEERS:
+            self._round_named.add(sender)
+            return sender
+        return OTHER_PEERS
 
     def peers(self) -> list[str]:
         """Every peer whose rows were merged or whose swarm rows were accepted, sorted."""
@@ -227,8 +253,9 @@ class PeerRowLedger:
 
 
 def _numbers(value: Any, name: str) -> dict[str, int]:
+    # 0 <= count < 2**63 also refuses inf and NaN (a file's JSON may hold them) and integers no float can hold.
     if not isinstance(value, Mapping) or not all(
-        isinstance(key, str) and isinstance(count, (int, float)) and not isinstance(count, bool) and count >= 0
+        isinstance(key, str) and isinstance(count, (int, float)) and not isinstance(count, bool) and 0 <= count < 2**63
         for key, count in value.items()
     ):
         raise ValueError(f"{name!r} is not a mapping of names to non-negative counts")

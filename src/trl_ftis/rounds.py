@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections import Counter
 import time
+from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from .arrivals import ArrivalQueue, Taken
 from .exchange import Limits, tokenizer_fingerprint
 from .objective import group_max_len
 from .peer_rows import (
@@ -36,7 +37,6 @@ from .peer_rows import (
     select_rows,
     with_group_statistics,
 )
-from .arrivals import ArrivalQueue, Taken
 from .swarm import RoundBudget, RoundResult, Swarm
 
 if TYPE_CHECKING:
@@ -50,19 +50,25 @@ logger = logging.getLogger(__name__)
 _WORKER_THREAD = "ftis-exchange"
 
 
+class RoundAbandoned(Exception):
+    """Raised inside a worker's round once [`ExchangeWorker.close`] was called: nobody will use its result."""
+
+
 class ExchangeWorker:
     """The background thread of `exchange_mode="async"`: runs one swarm round at a time, off the training loop.
 
     At most one round is in flight and its result is the only one held (the round's own bounds cap its rows and
     bytes). The thread belongs to its trainer: [`close`] (called when `train()` ends, also when it raises) interrupts
-    a round waiting for peers, lets its publish finish and joins the thread. A round that raises is reported when its
-    result is taken, never lost silently.
+    a round waiting for peers, sets [`closing`] (nobody will use the round's result: it skips its admission, checked
+    after the collect, and its rescoring, checked after the admission), lets its publish finish and joins the
+    thread. A round that raises is reported when its result is taken, never lost silently.
     """
 
     def __init__(self, interrupt):
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_WORKER_THREAD)
         self._interrupt = interrupt  # stops a round's wait for peers (Swarm.interrupt)
         self._future: Future | None = None
+        self.closing = threading.Event()  # set by close: the round in flight is abandoned at its next stage
 
     def submit(self, function, *args) -> None:
         if self._future is not None:
@@ -71,9 +77,11 @@ class ExchangeWorker:
 
     def take(self) -> Future | None:
         """The round in flight, once it is done (blocks until then); `None` when none was submitted."""
-        future, self._future = self._future, None
+        future = self._future
         if future is not None:
             future.exception()  # waits; the caller reads the result or the error
+            # Only now: a KeyboardInterrupt during the wait leaves the round in flight, for close() to interrupt.
+            self._future = None
         return future
 
     def wait(self) -> None:
@@ -86,10 +94,12 @@ class ExchangeWorker:
         return self._future is None or self._future.done()
 
     def close(self) -> None:
-        """Interrupt a round waiting for peers, wait for it (its publish completes) and stop the thread."""
-        if self._future is not None:
+        """Interrupt a round waiting for peers, have it skip the rest of its work, wait for it (its publish completes)
+        and stop the thread: within about a second, unless an admission already under way has to finish."""
+        self.closing.set()
+        if self._future is not None and not self._future.done():
             self._interrupt()
-        self._executor.shutdown(wait=True)
+        self._executor.shutdown(wait=True, cancel_futures=True)
         self._future = None
 
 
@@ -199,6 +209,8 @@ class RoundRunner:
         # Snapshots of the swarm's view as of the worker's last finished round (the worker changes the swarm's own).
         self._sender_rounds: dict[str, int] = {}
         self._regulars: frozenset[str] = frozenset()
+        # The running worker's `closing` (a round checks it between its stages); never set without a worker.
+        self._closing = threading.Event()
 
     @contextmanager
     def turn(self):
@@ -209,10 +221,12 @@ class RoundRunner:
             yield
 
     def close(self) -> None:
-        """Stop the async worker, if any (a later round starts a new one)."""
+        """Stop the async worker, if any (a later round starts a new one), abandoning the work of its round in flight
+        (its result would never be used): `train()` ends within about a second of its last step or of a signal."""
         worker, self.worker = self.worker, None
         if worker is not None:
             worker.close()
+        self._closing = threading.Event()  # the worker is joined: nothing is abandoned any more
 
     def wait(self) -> None:
         """Block until the worker's round in flight (if any) is done, leaving its result for the next step; in
@@ -260,6 +274,7 @@ class RoundRunner:
         staleness metrics count it."""
         if self.worker is None:
             self.worker = ExchangeWorker(self.swarm.interrupt)
+            self._closing = self.worker.closing
         previous = self.worker.take()
         self.worker.submit(self.run_round, own_rows, round)
         if previous is None:  # the first step of a run: nothing collected yet
@@ -393,8 +408,9 @@ class RoundRunner:
         seconds: dict[str, list[float]] = {}
         for row in rows:
             age, age_seconds = taken.ages.get((row.sender, row.group), (0, 0.0))
-            steps.setdefault(row.sender, []).append(age)
-            seconds.setdefault(row.sender, []).append(age_seconds)
+            name = self.ledger.peer_name(row.sender)  # bounded: invented ids share one name
+            steps.setdefault(name, []).append(age)
+            seconds.setdefault(name, []).append(age_seconds)
         if rows:
             every = [age for values in steps.values() for age in values]
             every_seconds = [value for values in seconds.values() for value in values]
@@ -406,7 +422,8 @@ class RoundRunner:
             metrics[f"ftis/peers/{sender}/age_steps"] = sum(values) / len(values)
             metrics[f"ftis/peers/{sender}/age_seconds"] = sum(seconds[sender]) / len(seconds[sender])
         for sender, count in taken.stale.items():
-            metrics[f"ftis/peers/{sender}/rows_aged_out"] = float(count)
+            key = f"ftis/peers/{self.ledger.peer_name(sender)}/rows_aged_out"
+            metrics[key] = metrics.get(key, 0.0) + float(count)
         return metrics
 
     def run_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
@@ -418,7 +435,23 @@ class RoundRunner:
         # Decode at most a few times what this round can use: rows beyond that cost nothing.
         result = swarm.collect(round, max_rows=None if cap is None else max(4 * cap, 64))
         with self.lock:  # the rest uses the tokenizer, the reward functions and the ledger
-            return self.finish_round(own_rows, round, result, bytes_sent)
+            try:
+                self.check_closing()
+                return self.finish_round(own_rows, round, result, bytes_sent)
+            except RoundAbandoned:  # training ended: counted as received, not admitted
+                self.ledger.record_round(
+                    rows_sent=len(own_rows),
+                    bytes_sent=bytes_sent,
+                    rows_received=len(result.rows),
+                    accepted=[],
+                    refused=result.refused,
+                )
+                return RoundOutcome([], None, {})
+
+    def check_closing(self) -> None:
+        """Raise [`RoundAbandoned`] in a worker's round once the worker is closing (its result will not be used)."""
+        if self._closing.is_set():
+            raise RoundAbandoned
 
     def finish_round(self, own_rows: list[PeerRow], round: int, result: RoundResult, bytes_sent: int) -> RoundOutcome:
         """The collected round's rows to train on, its totals counted and its metrics; never raises because of the
@@ -426,6 +459,8 @@ class RoundRunner:
         received = result.rows
         try:
             rows, own_statistics = self.round_rows(own_rows, result)
+        except RoundAbandoned:
+            raise
         except Exception as error:  # the last line of defence: a round never raises because of what peers sent
             if not self.ledger.warned("*", "internal_error"):
                 logger.exception("Processing the peer rows of round %d failed; training on own rows only.", round)
@@ -446,6 +481,7 @@ class RoundRunner:
         """The received rows (`result.rows`) this round trains on, as [`ScoredRow`]s, and the own rows' statistics in
         horizontal mode (else `None`)."""
         rows = select_rows(self.admitted(result.rows), self.peer_row_cap(len(own_rows)), regulars=result.regulars)
+        self.check_closing()
         rows = self.rescored(rows)
         own_statistics = None
         if self.config.collaboration_mode == "horizontal":
@@ -486,19 +522,24 @@ class RoundRunner:
         }
         for reason, count in result.refused.items():
             metrics[f"ftis/exchange/refused/{reason}"] = float(count)
-        for sender, stats in result.peers.items():
-            mine = accepted.get(sender, [])
+        named: dict[str, list] = {}  # metric name -> the senders counted under it (invented ids share one)
+        for sender in result.peers:
+            named.setdefault(self.ledger.peer_name(sender), []).append(sender)
+        for name, senders in named.items():
+            stats = [result.peers[sender] for sender in senders]
+            mine = [row for sender in senders for row in accepted.get(sender, [])]
+            staleness = [value for stat in stats for value in stat.staleness]
             peer = {
-                "rows_received": float(stats.rows_received),
+                "rows_received": float(sum(stat.rows_received for stat in stats)),
                 "rows_accepted": float(len(mine)),
-                "rows_stale": float(stats.rows_stale),
-                "bytes_received": float(stats.bytes_received),
+                "rows_stale": float(sum(stat.rows_stale for stat in stats)),
+                "bytes_received": float(sum(stat.bytes_received for stat in stats)),
             }
-            if stats.staleness:
-                peer["staleness"] = sum(stats.staleness) / len(stats.staleness)
+            if staleness:
+                peer["staleness"] = sum(staleness) / len(staleness)
             if mine:  # divided first: rewards near the float maximum must not overflow the sum
                 peer["reward"] = math.fsum(float(row.reward) / len(mine) for row in mine)
-            metrics.update({f"ftis/peers/{sender}/{name}": value for name, value in peer.items()})
+            metrics.update({f"ftis/peers/{name}/{metric}": value for metric, value in peer.items()})
         return metrics
 
     def horizontal_statistics(self, own_rows: Sequence[PeerRow], rows: Sequence[AdmittedRow]):

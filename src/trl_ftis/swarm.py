@@ -422,8 +422,8 @@ class Swarm:
                     fresh.add(sender)
             if not self.free_running:  # no shared clock to catch up with
                 round = self._align(round, result, state, dropped, fresh)
-            if envelopes and time.monotonic() <= state.until:
-                continue  # drain: a poll is bounded, what is left comes with the next one
+            if envelopes and time.monotonic() <= state.until and not self._interrupted.is_set():
+                continue  # drain: a poll is bounded, what is left comes with the next one (unless told to stop)
             if not self.waits or self._satisfied(fresh) or self._interrupted.is_set():
                 break
             remaining = deadline - time.monotonic()
@@ -857,25 +857,39 @@ class Swarm:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what [`state_dict`] returned. `ValueError` naming the field when `state` is not such a dict
-        (nothing is changed then)."""
+        (nothing is changed then). Checkpoints are shared, so nothing in `state` is trusted: every map holds at most
+        as many entries as this swarm ever keeps, every count and round is a whole number in [0, 2**63), `seen`
+        holds at most the digests a round window can hold, and `round_offset` is at most the newest round a sender
+        showed (the swarm only ever moves forward to such a round: [`_align`])."""
+        most_round = 2**63 - 1  # the wire format's MAX_ROUND: rounds fit int64
 
-        def field(name: str, kind: type, check=lambda value: True):
+        def field(name: str, kind: type, check=lambda value: True, cap: int = _MAX_KNOWN_PEERS):
             value = state.get(name) if isinstance(state, Mapping) else None
+            if isinstance(value, (list, dict)) and len(value) > cap:  # before reading them all
+                raise ValueError(f"Swarm state: {name!r} holds {len(value)} entries, more than the {cap} it keeps.")
             if not isinstance(value, kind) or isinstance(value, bool) or not check(value):
                 raise ValueError(f"Swarm state: {name!r} is missing or malformed ({type(value).__name__}).")
             return value
 
+        def whole(value) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most_round
+
         def counts(value) -> bool:
-            return all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in value.items())
+            return all(isinstance(k, str) and whole(v) for k, v in value.items())
 
         known = field("known_peers", list, lambda v: all(isinstance(p, str) for p in v))
-        models = field("peer_models", dict, lambda v: all(isinstance(m, str) for m in v.values()))
+        models = field("peer_models", dict, lambda v: all(isinstance(m, str) for m in v.values()), cap=1000)
         absent = field("absent", list, lambda v: all(isinstance(p, str) for p in v))
-        absent_count = field("absent_count", int, lambda v: v >= 0)
-        seen = field("seen", dict, counts)
-        unpublished = field("unpublished", dict, counts)
-        offset = field("round_offset", int, lambda v: 0 <= v <= _MAX_SWARM_ROUND)
+        absent_count = field("absent_count", int, whole)
+        unpublished = field("unpublished", dict, counts, cap=1000)  # keyed by reason: a handful
         newest = field("newest", dict, counts)
+        # A round window's digests: its rounds' messages (lock-step), or the newest a window per known sender.
+        if self.free_running:
+            most_seen = max(64, 2 * (self.max_staleness + 1) * (len(known) + 1)) + self.budget.max_messages
+        else:
+            most_seen = self.budget.max_messages * (self.max_staleness + self.max_rounds_ahead + 2)
+        seen = field("seen", dict, counts, cap=most_seen)
+        offset = field("round_offset", int, lambda v: 0 <= v <= min(max(newest.values(), default=0), _MAX_SWARM_ROUND))
         # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
         delivered = field("delivered", dict, counts) if "delivered" in state else {}
         sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
@@ -884,6 +898,8 @@ class Swarm:
             digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
         except ValueError:
             raise ValueError("Swarm state: 'seen' holds a digest that is not hexadecimal.") from None
+        if any(len(digest) != 16 for digest in digests):  # blake2b-128, as `_accept` computes them
+            raise ValueError("Swarm state: 'seen' holds a digest that is not 16 bytes.")
         saved_id = state.get("peer_id")
         if saved_id != self.peer_id:
             logger.warning(
@@ -891,20 +907,18 @@ class Swarm:
                 self.peer_id,
                 saved_id,
             )
-        self.known_peers = set(known[:_MAX_KNOWN_PEERS])
-        self.peer_models = dict(list(models.items())[:1000])
+        self.known_peers = set(known)
+        self.peer_models = dict(models)
         self._absent = set(absent) & set(self.expected_peers)
-        self._absent_count = absent_count
+        self._absent_count = min(absent_count, self.num_expected_peers or 0)  # never more than are expected
         self._seen = digests
         self.unpublished = Counter(unpublished)
         self.round_offset = offset
-        self._newest = dict(list(newest.items())[:_MAX_KNOWN_PEERS])
-        self._delivered = dict(list(delivered.items())[:_MAX_KNOWN_PEERS])
-        self.sender_rounds = dict(list(sender_rounds.items())[:_MAX_KNOWN_PEERS])
+        self._newest = dict(newest)
+        self._delivered = dict(delivered)
+        self.sender_rounds = dict(sender_rounds)
         self.departed = {
-            peer: round
-            for peer, round in list(departed.items())[:_MAX_KNOWN_PEERS]
-            if not self.expected_peers or peer in self.expected_peers
+            peer: round for peer, round in departed.items() if not self.expected_peers or peer in self.expected_peers
         }
 
     def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:

@@ -38,10 +38,9 @@ from trl.trainer.utils import get_config_model_id, use_adapter
 from .admission import DROP_REASONS, STRIP_REASONS, Admission
 from .checkpoint import (
     build_state,
-    parse_state,
-    read_state_file,
+    read_checked_state,
     resolve_resume,
-    state_path,
+    restore_limits,
     warn_unread_states,
     write_state_file,
 )
@@ -246,6 +245,7 @@ class FTISTrainer(GRPOTrainer):
                 getattr(owner, "chat_template", None) for owner in (self, self.processing_class, self._tokenizer)
             ),
             eos_token_id=eos,
+            stop_token_ids=self.eos_token_ids,
             scorer=self._scorer,
             dataset=self.train_dataset,
         )
@@ -868,17 +868,12 @@ class FTISTrainer(GRPOTrainer):
     def load_ftis_state(self, checkpoint: str | os.PathLike) -> bool:
         """Restore the F-TIS state saved in the checkpoint folder `checkpoint` (done by `train(resume_from_checkpoint=
         ...)`). Returns whether a state was found; `ValueError` naming the file when it is not valid (then nothing is
-        restored)."""
-        state = read_state_file(checkpoint, self.args.process_index)
-        if state is None:
+        restored). Queued rows are checked and admitted again (`trl_ftis.checkpoint` says what is checked)."""
+        queue = self._rounds.queue_bound(self._rounds.peer_row_cap(self.args.generation_batch_size))
+        limits = restore_limits(self.args, queue, self.swarm)
+        parsed = read_checked_state(checkpoint, self.args.process_index, limits, self.swarm)
+        if parsed is None:
             return False
-        path = state_path(checkpoint, self.args.process_index)
-        try:
-            parsed = parse_state(state)
-            if self.swarm is not None and parsed.swarm is not None:
-                self.swarm.load_state_dict(parsed.swarm)  # checks before it changes anything
-        except ValueError as error:
-            raise ValueError(f"{path}: {error}") from None
         with self._rounds.lock:
             self._ledger.load_state_dict(parsed.ledger)
             self._adaptive_threshold = parsed.adaptive_threshold
@@ -897,7 +892,7 @@ class FTISTrainer(GRPOTrainer):
         logger.warning(  # a warning so that a restarted peer's log shows it by default
             "Resumed the F-TIS state of step %s from %s (%d queued peer row(s), %d arrived).",
             parsed.global_step,
-            path,
+            checkpoint,
             len(parsed.pending_rows),
             arrived,
         )
