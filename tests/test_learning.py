@@ -58,6 +58,8 @@ def test_ftis_on_a_smaller_peers_rows_improves_held_out_accuracy(tokenizer, tmp_
 
     print(f"held-out greedy accuracy {before:.3f} -> {after:.3f}")
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert all(entry["ftis/peer_rows"] == 128 for entry in logs), "the peer rows reached every step"
+    # Every step trained on the peer's rows, less the few in which the tiny peer wrote <pad>/<unk> mid-completion
+    # (dropped: special_tokens).
+    assert all(96 <= entry["ftis/peer_rows"] <= 128 for entry in logs), "the peer rows reached every step"
     assert 0.05 < before < 0.6, f"the warm-up should leave room to learn, got {before}"
     assert after >= before + 0.08, f"held-out accuracy {before:.3f} -> {after:.3f}"

@@ -85,8 +85,10 @@ def test_a_late_joiner_and_a_stalled_peer_catch_up_and_everyone_finishes(tmp_pat
     exchange = tmp_path / "exchange"
     url = f"dir://{exchange}"
     common = dict(expected_peers=["a", "b", "stalled"], peer_timeout=10)
-    a = start_peer(tmp_path, "a", url, hidden_size=64, steps=150, **common)
-    b = start_peer(tmp_path, "b", url, hidden_size=32, steps=150, **common)
+    # Long enough to outlive the other two: since peers announce leaving, a and b no longer lose a peer_timeout
+    # when stalled ends, and 150 steps ran out before late and stalled were done.
+    a = start_peer(tmp_path, "a", url, hidden_size=64, steps=400, **common)
+    b = start_peer(tmp_path, "b", url, hidden_size=32, steps=400, **common)
     stalled = start_peer(tmp_path, "stalled", url, hidden_size=32, steps=20, **common)
     wait_for(lambda: rounds_of(exchange, "stalled") >= 2, 300, a, b, stalled)
     stalled.send_signal(signal.SIGSTOP)
@@ -103,7 +105,7 @@ def test_a_late_joiner_and_a_stalled_peer_catch_up_and_everyone_finishes(tmp_pat
         assert result["steps"] == 20 and {"a", "b"} <= set(result["peers"]) and result["rows_accepted"] > 0, peer
     for peer in ("a", "b"):
         result = summary(tmp_path, peer)
-        assert result["steps"] == 150 and {"late", "stalled"} <= set(result["peers"]), peer
+        assert result["steps"] == 400 and {"late", "stalled"} <= set(result["peers"]), peer
         assert "nothing new from stalled" in log(tmp_path, peer)
 
 
