@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 from file_modes import file_mode, umask  # tests/ is on sys.path
+from redis_jobs import redis_job_in, run_pickled
 
 from trl_ftis import cli
 from trl_ftis.launcher import (
@@ -35,7 +34,6 @@ from trl_ftis.launcher import (
 from trl_ftis.launcher.commands import keep_earlier, write_cmd_file
 from trl_ftis.launcher.preflight import secret_warnings
 from trl_ftis.launcher.slurm import SlurmBackend
-from trl_ftis.launcher.slurm_jobs import RedisJob
 from trl_ftis.launcher.slurm_schema import SlurmResources
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
@@ -263,20 +261,9 @@ def _redis_job(tmp_path, password: str | None, swarm: str = "run-7"):
     if password is not None:
         secret = tmp_path / "redis.secret"
         secret.write_text(password + "\n")
-    job = RedisJob(
-        server="redis-server",
-        port=0,
-        directory=str(tmp_path / "redis"),
-        log_path=str(tmp_path / "redis.log"),
-        address_path=str(tmp_path / "redis.json"),
-        secret_path=str(secret) if secret else None,
-        start_timeout=20,
-    )
+    job = redis_job_in(tmp_path, secret_path=secret)
     job.swarm = swarm  # the peers' stream is ftis:<swarm>
-    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read())()"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
-    proc.stdin.write(pickle.dumps(job))
-    proc.stdin.close()
+    proc = run_pickled(job)
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "redis.json").exists() and time.monotonic() < deadline and proc.poll() is None:

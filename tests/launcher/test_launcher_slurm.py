@@ -12,7 +12,6 @@ import importlib.util
 import io
 import json
 import os
-import pickle
 import shutil
 import signal
 import socket
@@ -24,11 +23,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from redis_jobs import redis_job_in, run_pickled  # tests/ is on sys.path
 
 from trl_ftis import cli
 from trl_ftis.launcher import SwarmConfigError, build_commands, dry_run, load_swarm_config, run_swarm
 from trl_ftis.launcher.slurm import TERMINAL_STATES, LogTail, squeue
-from trl_ftis.launcher.slurm_jobs import PeerJob, RedisJob, answers_ping
+from trl_ftis.launcher.slurm_jobs import PeerJob, answers_ping
 from trl_ftis.launcher.slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, parse_slurm_time
 from trl_ftis.launcher.summary import SUMMARY_FIELDS, format_summary_table
 
@@ -435,19 +435,8 @@ def test_redis_job_serves_with_a_password_and_stops_on_sigterm(tmp_path):
     _requires_redis_server()
     secret = tmp_path / "redis.secret"
     secret.write_text('p"w\\x\n')  # quotes and backslashes survive the config file
-    job = RedisJob(
-        server="redis-server",
-        port=0,
-        directory=str(tmp_path / "redis"),
-        log_path=str(tmp_path / "redis.log"),
-        address_path=str(tmp_path / "redis.json"),
-        secret_path=str(secret),
-        start_timeout=20,
-    )
-    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read())(); print('served')"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=False)
-    proc.stdin.write(pickle.dumps(job))
-    proc.stdin.close()
+    job = redis_job_in(tmp_path, secret_path=secret)
+    proc = run_pickled(job, then="print('served')", stdout=subprocess.PIPE, text=False)
     try:
         deadline = time.monotonic() + 30
         while not (tmp_path / "redis.json").exists() and time.monotonic() < deadline:
@@ -472,13 +461,7 @@ def test_redis_job_serves_with_a_password_and_stops_on_sigterm(tmp_path):
 
 
 def test_redis_job_reports_a_missing_server(tmp_path):
-    job = RedisJob(
-        server=str(tmp_path / "no-redis-server"),
-        port=0,
-        directory=str(tmp_path / "redis"),
-        log_path=str(tmp_path / "redis.log"),
-        address_path=str(tmp_path / "redis.json"),
-    )
+    job = redis_job_in(tmp_path, server=str(tmp_path / "no-redis-server"))
     with pytest.raises(RuntimeError, match="cannot run"):
         job()
     error = json.loads((tmp_path / "redis.json").read_text())["error"]
