@@ -5,6 +5,7 @@ from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
 from trl_ftis.exchange import tokenizer_fingerprint
+from trl_ftis.exchange.transports import open_transport
 from trl_ftis.swarm import Swarm
 
 
@@ -21,6 +22,12 @@ def make_swarm(url, peer_id, tokenizer, **overrides):
     }
     settings.update(overrides)
     return Swarm(url, **settings)
+
+
+def publish_raw(url, data, *, sender, round):
+    """Publish raw bytes under any transport metadata, as a hostile writer of the exchange can."""
+    with open_transport(url) as transport:
+        transport.publish(data, sender=sender, round=round)
 
 
 def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):

@@ -147,3 +147,31 @@ def test_leave_never_raises(tokenizer, url):
 
     c = make_swarm(url, "c", tokenizer, transport=Broken())
     assert c.leave() is False
+
+
+@pytest.mark.redis
+def test_leaving_while_the_redis_server_is_down_takes_about_a_second(tmp_path, tokenizer):
+    """`train()` announces leaving in its `finally` block, so with a Redis server that is down Ctrl-C used to wait for
+    the transport's whole `connect_timeout` (10 s, measured) before the run ended; the announcement now retries for
+    `LEAVE_PATIENCE` (1 s) at most, and ordinary publishes keep their retries."""
+    from redis_server import RedisServerUnavailable, start_redis_server
+
+    from trl_ftis.swarm import LEAVE_PATIENCE
+
+    try:
+        server_url, stop = start_redis_server(tmp_path)
+    except RedisServerUnavailable as error:
+        pytest.skip(f"redis-server could not be started: {error}")
+    swarm = make_swarm(server_url, "a", tokenizer)
+    try:
+        assert swarm.publish(rows("a"), 0) > 0
+        stop()
+        start = time.monotonic()
+        assert swarm.leave() is False
+        assert time.monotonic() - start < LEAVE_PATIENCE + 1.5
+        start = time.monotonic()
+        assert swarm.publish(rows("a"), 1) == 0  # an ordinary publish: the outage is known, two quick attempts
+        assert swarm.unpublished["TransportError"] == 4
+    finally:
+        stop()
+        swarm.close()

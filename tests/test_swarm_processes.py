@@ -278,8 +278,12 @@ def test_a_launcher_swarm_that_exchanged_nothing_says_so_per_peer(tmp_path):
     assert "secret" not in (rows["open"]["warning"] or "")
     # The peers say it themselves: how messages are authenticated, one line each at start.
     logs = tmp_path / "run" / "logs"
-    assert "message authentication: a shared swarm secret (HMAC)." in (logs / "locked.log").read_text()
+    # ... and the swarm and run the launcher bound their messages to (issue 23).
+    run = (tmp_path / "run" / "swarm_run").read_text().strip()
+    bound = f"; messages bound to swarm 'run' and run {run!r}."
+    assert f"message authentication: a shared swarm secret (HMAC){bound}" in (logs / "locked.log").read_text()
     assert "message authentication: none" in (logs / "open.log").read_text()
+    assert bound in (logs / "open.log").read_text()
 
 
 def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
+from swarm_helpers import publish_raw as write
 
 from trl_ftis.cli import main as cli_main
 from trl_ftis.exchange import (
@@ -29,7 +30,7 @@ from trl_ftis.exchange import (
     tokenizer_fingerprint,
 )
 from trl_ftis.exchange import wire as wire_module
-from trl_ftis.exchange.transports import MemoryTransport, open_transport
+from trl_ftis.exchange.transports import MemoryTransport
 from trl_ftis.peer_rows import select_rows
 from trl_ftis.rules import MAX_TEMPERATURE, MIN_TEMPERATURE
 from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget, rows_to_message
@@ -53,12 +54,6 @@ def message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", created=Non
     if created is not None:
         built.created = created
     return built
-
-
-def write(url, data, *, sender, round):
-    """Publish raw bytes under any transport metadata, as a hostile writer of the exchange can."""
-    with open_transport(url) as transport:
-        transport.publish(data, sender=sender, round=round)
 
 
 def prompts(result, sender):

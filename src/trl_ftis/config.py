@@ -26,7 +26,10 @@ from .rules import (
     DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
     REDACTED,
+    SWARM_NAME_ENV,
+    SWARM_RUN_ENV,
     SWARM_SECRET_ENV,
+    binding_problem,
     check_expected_peers,
     check_peer_id,
     check_round_window,
@@ -74,6 +77,10 @@ class SwarmCredentials(NamedTuple):
     """This peer's Ed25519 private key, or `None`."""
     public_keys: dict[str, Any] | None
     """Peer id -> Ed25519 public key, or `None`."""
+    swarm_name: str | None = None
+    """The swarm every message is bound to (sent and required), or `None`."""
+    run_id: str | None = None
+    """The run of that swarm every message is bound to (sent and required), or `None`."""
 
     def describe(self) -> str:
         """How this peer's messages are authenticated, in one line (logged when a trainer joins its swarm)."""
@@ -86,9 +93,14 @@ class SwarmCredentials(NamedTuple):
             parts.append("this peer's key (Ed25519) signs its messages; no peer keys registered, so none are required")
         if self.secret is not None:
             parts.append("a shared swarm secret (HMAC)")
+        bound = [f"{what} {value!r}" for what, value in (("swarm", self.swarm_name), ("run", self.run_id)) if value]
+        binding = f"; messages bound to {' and '.join(bound)}" if bound else ""
         if not parts:
-            return "none: messages are neither signed nor checked; anyone who can write to the exchange can send rows"
-        return " and ".join(parts)
+            return (
+                "none: messages are neither signed nor checked; anyone who can write to the exchange can send rows"
+                + binding
+            )
+        return " and ".join(parts) + binding
 
 
 @dataclass
@@ -211,6 +223,17 @@ class FTISConfig(GRPOConfig):
             still delivers its shorter ones (longer rows are dropped when admitted, reason `too_long`). A message
             declaring more is refused from its header, unread (reason `limits`), and no message inflates beyond
             what these counts allow.
+        swarm_name (`str`, *optional*):
+            The swarm this peer belongs to (1-128 printable characters). Every message it sends names it, inside what
+            is signed, and every message it receives must name the same (refused: `swarm`). Unset: the
+            `FTIS_SWARM_NAME` environment variable (`trl-ftis swarm` sets it to the swarm's `name`), else no binding.
+        swarm_run (`str`, *optional*):
+            This run of the swarm, an identifier every peer of the run is given (1-128 printable characters; draw a
+            new one for each run). Every message names it, inside what is signed, and messages of another run are
+            refused (`run`): replays of an earlier run and leftovers in a reused exchange can then neither be trained
+            on nor move this peer's round (`docs/security.md`). Unset: `FTIS_SWARM_RUN` (`trl-ftis swarm` draws one
+            per run and keeps it for `--only` restarts), else no binding, and catch-up evidence counts only from
+            messages stamped at most 60 s before this peer started.
         private_key_file (`str`, *optional*):
             This peer's Ed25519 private key (PEM, as `trl-ftis keygen` writes it): every message is signed with it.
             The config holds the path; [`swarm_credentials`] loads and checks the file when the trainer starts,
@@ -444,6 +467,20 @@ class FTISConfig(GRPOConfig):
             "(completions up to 4 x max_completion_length tokens). Larger messages are refused unread."
         },
     )
+    swarm_name: str | None = field(
+        default=None,
+        metadata={
+            "help": f"The swarm this peer belongs to: messages name it (signed) and must name it. Unset: "
+            f"${SWARM_NAME_ENV}, else none."
+        },
+    )
+    swarm_run: str | None = field(
+        default=None,
+        metadata={
+            "help": f"This run of the swarm (a new id per run): messages of another run (replays, leftovers) are "
+            f"refused. Unset: ${SWARM_RUN_ENV}, else none."
+        },
+    )
     private_key_file: str | None = field(
         default=None,
         metadata={
@@ -666,6 +703,10 @@ class FTISConfig(GRPOConfig):
             check_peer_id(peer, "expected_peers")
         check_expected_peers(self.expected_peers, self.num_expected_peers)  # alternatives, never both
         check_round_window(self.max_staleness, self.max_rounds_ahead)
+        for name in ("swarm_name", "swarm_run"):
+            value = getattr(self, name)
+            if value is not None and binding_problem(value) is not None:
+                raise ValueError(f"{name} {binding_problem(value)}.")
         if self.max_round_bytes < 1:
             raise ValueError(f"max_round_bytes must be >= 1, got {self.max_round_bytes}.")
         if self.max_peer_message_rows < 1:
@@ -701,7 +742,8 @@ class FTISConfig(GRPOConfig):
         """
         What this peer signs and verifies with, read now: the swarm secret (`swarm_secret`, else the environment
         variable `FTIS_SWARM_SECRET`), this peer's private key (`private_key_file`) and the swarm's public keys
-        (`peer_keys_file`), loaded and checked against each other.
+        (`peer_keys_file`), loaded and checked against each other, and the swarm and run its messages are bound to
+        (`swarm_name`, else `FTIS_SWARM_NAME`; `swarm_run`, else `FTIS_SWARM_RUN`).
 
         [`FTISTrainer`] calls it once, before it loads the model, so that a wrong path or a malformed key file fails
         at once, naming the file; the config itself never reads the environment or a file. Raises `ValueError` (a
@@ -709,8 +751,14 @@ class FTISConfig(GRPOConfig):
         one of the two key files is set, or when the public keys have no entry for this peer.
         """
         secret = self.swarm_secret or os.environ.get(SWARM_SECRET_ENV) or None
+        binding = {}
+        for name, env, key in (("swarm_name", SWARM_NAME_ENV, "swarm_name"), ("swarm_run", SWARM_RUN_ENV, "run_id")):
+            value = getattr(self, name) or os.environ.get(env) or None
+            if value is not None and binding_problem(value) is not None:
+                raise ValueError(f"{name} (from ${env}) {binding_problem(value)}.")
+            binding[key] = value
         if self.private_key_file is None and self.peer_keys_file is None:
-            return SwarmCredentials(secret, None, None)
+            return SwarmCredentials(secret, None, None, **binding)
         for name in ("private_key_file", "peer_keys_file"):
             path = getattr(self, name)
             if path is not None and not os.path.isfile(path):
@@ -740,7 +788,7 @@ class FTISConfig(GRPOConfig):
                 self.peer_keys_file,
                 self.peer_id,
             )
-        return SwarmCredentials(secret, private, public)
+        return SwarmCredentials(secret, private, public, **binding)
 
     # Secrets. Only what is shown or saved is redacted: `to_dict()` / `to_json_string()` (logs, trackers, the model
     # card), `str()` / `repr()`, and the trainer's `training_args.bin` (written from `redacted_copy()`). Copies and

@@ -16,11 +16,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["SECRET_REASONS", "exchange_problem", "exchange_warning", "reason_counts", "total_count"]
+__all__ = ["BINDING_REASONS", "SECRET_REASONS", "exchange_problem", "exchange_warning", "reason_counts", "total_count"]
 
 SECRET_REASONS = frozenset({"signature", "unsigned"})
 """Refusal reasons that mean the peers do not share one swarm secret or key set (`trl_ftis.exchange.errors`)."""
 _SECRET_HINT = "; the peers do not share one swarm secret or key set (docs/security.md)"
+BINDING_REASONS = frozenset({"swarm", "run"})
+"""Refusal reasons that mean messages named another swarm or run: leftovers or replays of an earlier run, or peers
+that were not given this run's id."""
+_BINDING_HINT = (
+    "; messages of another swarm or run were refused: leftovers of an earlier run, or a peer not given this run's id "
+    "(a peer started by hand joins a `trl-ftis swarm` run with FTIS_SWARM_RUN set to its run_dir/swarm_run; "
+    "docs/swarm.md)"
+)
 
 
 def reason_counts(value: Any) -> dict[str, int]:
@@ -68,6 +76,7 @@ def _sentence(summary: Mapping[str, Any], head: str) -> str:
     if dropped:
         parts.append(f"dropped {sum(dropped.values())} rows ({_by_reason(dropped)})")
     hint = _SECRET_HINT if SECRET_REASONS & set(refused) else ""
+    hint += _BINDING_HINT if BINDING_REASONS & set(refused) else ""
     return f"{head}: {'; '.join(parts)}{hint}."
 
 

@@ -148,6 +148,8 @@ def connect_swarm(
         budget=RoundBudget(max_bytes=config.max_round_bytes),
         cross_tokenizer=config.cross_tokenizer,
         free_running=config.exchange_mode == "free",
+        swarm_name=credentials.swarm_name,
+        run_id=credentials.run_id,
         limits=Limits.for_receiver(
             # Another tokenizer may need several of its tokens for one of ours (a character-level one: ~4).
             max_completion_length=(16 if config.cross_tokenizer else 4) * config.max_completion_length,

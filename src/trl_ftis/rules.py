@@ -200,6 +200,12 @@ def redact_text(text: str) -> str:
 
 SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
 """The swarm secret, read when `FTISConfig.swarm_secret` is not set."""
+SWARM_NAME_ENV = "FTIS_SWARM_NAME"
+"""The swarm's name, read when `FTISConfig.swarm_name` is not set (the launcher sets it to the swarm's `name`)."""
+SWARM_RUN_ENV = "FTIS_SWARM_RUN"
+"""The swarm run's id, read when `FTISConfig.swarm_run` is not set (the launcher draws one for each run)."""
+MAX_BINDING_CHARS = 128
+"""The longest swarm name or run id a message may be bound to (the wire format's bound too)."""
 REDIS_PASSWORD_ENV = "FTIS_REDIS_PASSWORD"
 """The Redis password, used when a `redis://` / `rediss://` URL carries none: it stays off command lines."""
 CONSOLE_ENV = "FTIS_CONSOLE"
@@ -230,6 +236,16 @@ generator log-probs explode (a softmax at logits / 0.01 over logits within +-100
 MAX_TEMPERATURE = 1e2
 """Highest sampling temperature `FTISConfig` and the wire format accept: above it sampling is uniform in all but
 name."""
+
+
+def binding_problem(value: object) -> str | None:
+    """Why `value` cannot be a swarm name or run id (`FTISConfig.swarm_name`, `swarm_run`), or None: 1 to
+    [`MAX_BINDING_CHARS`] printable characters."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value or len(value) > MAX_BINDING_CHARS or not value.isprintable():
+        return f"must be 1 to {MAX_BINDING_CHARS} printable characters, got {value!r:.60}"
+    return None
 
 
 def check_temperature(value: object, what: str = "temperature") -> float:

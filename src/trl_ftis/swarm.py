@@ -71,6 +71,12 @@ __all__ = [
 _MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
 _NO_ROUND = 2**64  # sorts an envelope without a round hint after every hinted one
 _MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
+# Without a run id, a message stamped more than this many seconds before this peer started cannot be evidence that the
+# swarm is ahead (`_note_round`): it may be a leftover or a replay of an earlier run. Honest clocks agree far better.
+EVIDENCE_CLOCK_SLACK = 60.0
+# Seconds `leave` retries its message at most (a Redis server that is down): the run is ending, and a peer that never
+# hears of it stops waiting after one peer_timeout anyway.
+LEAVE_PATIENCE = 1.0
 
 
 class Swarm:
@@ -111,6 +117,12 @@ class Swarm:
             (their rows come out marked `foreign_tokenizer`, to be re-tokenised by the trainer); token ids are then
             checked against `vocab_limit` only for peers that share this tokenizer. Off: such peers are refused
             (`tokenizer`).
+        swarm_name / run_id: the swarm and the run of it this peer belongs to (`FTISConfig.swarm_name`, `swarm_run`).
+            Every message it sends names them, inside what is signed, and every message it receives must name the same
+            ones (refused: `swarm`, `run`), so that messages of another swarm, or of an earlier run of this one
+            (replayed, or left in a reused exchange), are refused before their body is read. Without `run_id`, catch-up
+            evidence ([`_align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK` seconds before this
+            peer started.
         free_running: rounds are each sender's own steps, with no shared clock (`exchange_mode="free"`): [`collect`]
             never waits; a sender's message is fresh while it is at most `max_staleness` of that sender's steps older
             than the newest message it delivered ([`sender_rounds`]); there is no `ahead` refusal and no catch-up;
@@ -143,8 +155,12 @@ class Swarm:
         budget: RoundBudget | None = None,
         cross_tokenizer: bool = False,
         free_running: bool = False,
+        swarm_name: str | None = None,
+        run_id: str | None = None,
     ):
         self.url = url
+        self.swarm_name = swarm_name or None
+        self.run_id = run_id or None
         self.free_running = bool(free_running)
         self.peer_id = peer_id
         self.fingerprint = tokenizer_fingerprint
@@ -199,6 +215,7 @@ class Swarm:
         self.sender_rounds: dict[str, int] = {}
         self._last_heard: dict[str, float] = {}
         self._started = time.monotonic()
+        self._started_at = time.time()  # wall clock, compared with messages' `created` (catch-up evidence only)
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
@@ -256,6 +273,7 @@ class Swarm:
                 reward_names=self.reward_names,
                 model=self.model_name,
             )
+            message.swarm, message.run = self.swarm_name or "", self.run_id or ""
             data = encode_message(
                 message, secret=self.secret, private_key=self.private_key, compact=self.compact, limits=self.limits
             )
@@ -290,8 +308,10 @@ class Swarm:
     def leave(self, round: int | None = None) -> bool:
         """Tell the other peers that this one is leaving: one signed message with no rows, marked `final`, of
         `round` (this peer's step; default: the round after its newest publish, the one the others wait for it in),
-        so that they stop waiting for it at once instead of after `peer_timeout`. Called when a trainer's `train()` ends; a later message of a later round
-        (a restart) makes them wait for it again. Never raises; returns whether the message was sent."""
+        so that they stop waiting for it at once instead of after `peer_timeout`. Called when a trainer's `train()`
+        ends; a later message of a later round (a restart) makes them wait for it again. Never raises, and retries a
+        failing send for at most `LEAVE_PATIENCE` seconds (a Redis server that is down); returns whether the message
+        was sent."""
         if self._closed:
             return False
         if round is not None:
@@ -309,10 +329,12 @@ class Swarm:
             completions=[],
             model=self.model_name,
             final=True,
+            swarm=self.swarm_name or "",
+            run=self.run_id or "",
         )
         try:
             data = encode_message(message, secret=self.secret, private_key=self.private_key, limits=self.limits)
-            self.transport.publish(data, sender=self.peer_id, round=message.round)
+            self.transport.publish(data, sender=self.peer_id, round=message.round, patience=LEAVE_PATIENCE)
         except Exception as error:  # noqa: BLE001 - the others then stop waiting after one peer_timeout, as for a crash
             self._warn_once("publish", f"leave:{type(error).__name__}", f"Could not announce leaving: {error}")
             return False
@@ -536,11 +558,18 @@ class Swarm:
             return hint in regulars
         return hint in self._newest or hint in self._hinted
 
-    def _note_round(self, sender: str, message_round: int, round: int, state: RoundSpending) -> bool:
+    def _note_round(
+        self, sender: str, message_round: int, created: float, round: int, state: RoundSpending
+    ) -> bool:
         """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
         its newest of an earlier poll (leftovers of an earlier run all come in the first poll and never count) and
         more than `max_staleness` rounds ahead (this peer's messages are stale to it), from a sender whose lead
-        counts (a regular; any sender when there are none)."""
+        counts (a regular; any sender when there are none). Only messages that can belong to the present run are
+        evidence: with a run id every accepted one is (others are refused, `run`); without one, those stamped
+        (`created`) at most `EVIDENCE_CLOCK_SLACK` seconds before this peer started, so that leftovers of a longer
+        earlier run can neither move this peer nor, recorded as a sender's newest, hide that sender's live lead."""
+        if self.run_id is None and created < self._started_at - EVIDENCE_CLOCK_SLACK:
+            return False  # may belong to an earlier run (a leftover, a replay): no evidence either way
         if message_round > state.newest.get(sender, -1):
             state.newest[sender] = message_round
         previous = self._newest.get(sender)
@@ -709,6 +738,8 @@ class Swarm:
                 # Another tokenizer's ids are not ours: checked below, once the sender's tokenizer is known.
                 vocab_limit=None if self.cross_tokenizer else self.vocab_limit,
                 limits=self.limits,
+                swarm=self.swarm_name,
+                run=self.run_id,
             )
         except ExchangeError as error:
             result.refused[error.reason] += 1
@@ -745,7 +776,7 @@ class Swarm:
             return None
         if (
             not self.free_running
-            and self._note_round(sender, message.round, round, state)
+            and self._note_round(sender, message.round, message.created, round, state)
             and self._outside_window(message.round, round)
         ):
             state.deferred.append((envelope, digest, message))  # a live peer far ahead: `_align` decides
@@ -853,6 +884,7 @@ class Swarm:
             "delivered": dict(self._delivered),
             "sender_rounds": dict(self.sender_rounds),
             "departed": dict(self.departed),
+            "run": self.run_id,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -900,6 +932,22 @@ class Swarm:
             raise ValueError("Swarm state: 'seen' holds a digest that is not hexadecimal.") from None
         if any(len(digest) != 16 for digest in digests):  # blake2b-128, as `_accept` computes them
             raise ValueError("Swarm state: 'seen' holds a digest that is not 16 bytes.")
+        saved_run = state.get("run")
+        if saved_run is not None and not isinstance(saved_run, str):
+            raise ValueError(f"Swarm state: 'run' is malformed ({type(saved_run).__name__}).")
+        if saved_run != self.run_id:
+            # What senders showed in another run says nothing of this one: a sender's newest round of a longer earlier
+            # run would hide its live lead (`_note_round`). This peer's own alignment is kept: the swarm resumes with
+            # it.
+            if saved_run is not None or self.run_id is not None:
+                logger.info(
+                    "Resuming peer %r in run %r from the state of run %r: the other peers' rounds are not carried "
+                    "over.",
+                    self.peer_id,
+                    self.run_id,
+                    saved_run,
+                )
+            newest, delivered, sender_rounds, departed = {}, {}, {}, {}
         saved_id = state.get("peer_id")
         if saved_id != self.peer_id:
             logger.warning(

@@ -544,6 +544,38 @@ def test_redis_late_joiner_sees_retained_messages_and_swarms_are_separate(redis_
 
 
 @pytest.mark.redis
+def test_a_publish_recovers_a_stream_whose_ids_a_member_exhausted(redis_url):
+    """Issue 23: one XADD with the largest possible id made every later publish fail for everyone (`XADD *`: "the
+    stream has exhausted the last possible ID") until someone deleted the key. The next publish deletes entries with
+    ids far in the future, moves the stream's last id back, and goes through; a reader whose cursor passed the hostile
+    entry reads the stream again after its own next publish, and no honest message is lost."""
+    swarm = f"exhausted-{uuid.uuid4().hex}"
+    key = f"ftis:{swarm}"
+    client = _redis_client(redis_url)
+    largest = "18446744073709551615-18446744073709551615"
+    try:
+        with open_transport(redis_url, swarm=swarm) as a, open_transport(redis_url, swarm=swarm) as b:
+            a.publish(b"a0", sender="a", round=0)
+            assert _payloads(b.poll()) == [b"a0"]
+            client.xadd(key, {"sender": "mallory", "round": "1", "data": b"junk"}, id=f"{2**64 - 2}-0")
+            client.xadd(key, {"sender": "mallory", "round": "1", "data": b"junk"}, id=largest)
+            with pytest.raises(Exception, match="exhausted"):
+                client.xadd(key, {"data": b"x"})  # what every publish met before
+            assert _payloads(b.poll()) == [b"junk", b"junk"]  # b's cursor is now at the largest id
+            a.publish(b"a1", sender="a", round=1)  # repairs
+            assert a.repairs == 1 and client.xlen(key) == 2  # a0 and a1; both junk entries deleted
+            b.publish(b"b1", sender="b", round=1)  # works without a repair, and moves b's cursor back
+            assert b.repairs == 0
+            assert [p for p in _payloads(b.poll()) if p != b"b1"] == [b"a0", b"a1"]  # read again from the start
+            assert _payloads(a.poll()) == [b"a0", b"a1", b"b1"]  # a never read the junk (nor anything before)
+            client.xadd(key, {"sender": "mallory", "data": b"junk"}, id=largest)  # again: recovered again
+            a.publish(b"a2", sender="a", round=2)
+            assert a.repairs == 2 and _payloads(b.poll()) == [b"a2"]
+    finally:
+        client.delete(key)
+
+
+@pytest.mark.redis
 def test_redis_poll_reads_page_after_page(redis_url):
     swarm = f"pages-{uuid.uuid4().hex}"
     try:

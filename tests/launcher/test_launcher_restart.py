@@ -9,8 +9,10 @@ of a second.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,7 +24,7 @@ import yaml
 from trl_ftis import cli
 from trl_ftis.exchange_report import exchange_problem, exchange_warning
 from trl_ftis.launcher import SwarmConfigError, build_commands, format_summary_table, load_swarm_config
-from trl_ftis.launcher.commands import keep_earlier
+from trl_ftis.launcher.commands import RUN_ID_FILE, keep_earlier, new_run_id, record_run_id
 from trl_ftis.launcher.restart import (
     CHECKPOINT_PREFIX,
     TRAINER_STATE_FILE,
@@ -30,6 +32,7 @@ from trl_ftis.launcher.restart import (
     restart_config,
 )
 from trl_ftis.launcher.summary import SUMMARY_FIELDS, peer_warning, read_peer_summary
+from trl_ftis.rules import SWARM_NAME_ENV, SWARM_RUN_ENV
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
@@ -132,11 +135,41 @@ def test_only_starts_that_peer_with_the_full_runs_command(tmp_path, capsys):
 
 def test_only_builds_the_same_commands_as_the_full_run(tmp_path):
     config = load_swarm_config(yaml.safe_load(_write_config(tmp_path, [{"id": "a"}, {"id": "b"}]).read_text()))
+    full = dataclasses.replace(config, run_id=new_run_id())
+    record_run_id(full)  # what the full run's launcher does
     selected, said = restart_config(config, only=["b"])
-    assert said == [] and [peer.id for peer in config.peers] == ["a", "b"]  # the config itself is left as it is
-    (full_b,) = [command for command in build_commands(config) if command.id == "b"]
+    assert said == [f"joining run {full.run_id!r}"] and [peer.id for peer in config.peers] == ["a", "b"]
+    (full_b,) = [command for command in build_commands(full) if command.id == "b"]
     (only_b,) = build_commands(selected)
     assert (only_b.argv, only_b.env, only_b.log_path) == (full_b.argv, full_b.env, full_b.log_path)
+    assert only_b.env[SWARM_RUN_ENV] == full.run_id and only_b.env[SWARM_NAME_ENV] == "run"
+
+
+def _says(out: str, peer: str, text: str) -> bool:
+    return any(line.startswith(f"[{peer}]") and text in line for line in out.splitlines())
+
+
+def test_each_run_is_bound_to_a_new_id_and_only_restarts_join_it(tmp_path, capsys):
+    """Messages are bound to their run (issue 23): every full run draws a new id, kept in run_dir for `--only`; a run
+    of an earlier version (no id recorded) restarts a peer unbound, as the others are."""
+    path = _write_config(tmp_path, [{"id": "a"}, {"id": "b"}])
+    runs = []
+    for _ in range(2):
+        assert cli.main(["swarm", str(path)]) == 0
+        runs.append((tmp_path / "run" / RUN_ID_FILE).read_text().strip())
+        out = capsys.readouterr().out
+        assert _says(out, "a", f"swarm=run run={runs[-1]}") and _says(out, "b", f"swarm=run run={runs[-1]}")
+    assert runs[0] != runs[1] and all(re.fullmatch(r"\d{8}T\d{6}Z-[0-9a-f]{8}", run) for run in runs)
+    assert cli.main(["swarm", str(path), "--only", "b"]) == 0
+    out = capsys.readouterr().out
+    assert f"joining run {runs[1]!r}" in out and _says(out, "b", f"swarm=run run={runs[1]}")
+    assert f"FTIS_SWARM_RUN={runs[1]}" in (tmp_path / "run" / "logs" / "b.cmd").read_text()
+    assert cli.main(["swarm", str(path), "--dry-run"]) == 0
+    assert "FTIS_SWARM_RUN='<drawn at start>'" in capsys.readouterr().out
+    (tmp_path / "run" / RUN_ID_FILE).unlink()
+    assert cli.main(["swarm", str(path), "--only", "a"]) == 0
+    out = capsys.readouterr().out
+    assert "no run id recorded: messages unbound" in out and _says(out, "a", "swarm=- run=-")
 
 
 def test_unknown_only_peer_is_one_line_with_a_did_you_mean(tmp_path, capsys):
@@ -272,6 +305,12 @@ def test_exchange_problem_says_what_exchange_warning_says_and_more():
     )
     assert exchange_problem(_summary(rows_received=300, rows_accepted=290, refused={"stale": 20})) is None
     assert exchange_problem({"steps": 7, "reward": 0.5}) is None  # says nothing about an exchange
+    unbound = _summary(refused={"run": 6})  # a peer started by hand without this run's id
+    assert exchange_problem(unbound).endswith(
+        "refused 6 messages (run: 6); messages of another swarm or run were refused: leftovers of an earlier run, "
+        "or a peer not given this run's id (a peer started by hand joins a `trl-ftis swarm` run with FTIS_SWARM_RUN "
+        "set to its run_dir/swarm_run; docs/swarm.md)."
+    )
     junk = {"rows_accepted": "many", "rows_received": float("nan"), "refused": [1], "dropped": {"x": "y"}}
     assert exchange_problem(junk, "j") == "j: accepted no peer rows: received 0 rows; refused no messages."
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..rules import MAX_LOGP, peer_id_problem
+from ..rules import MAX_BINDING_CHARS, MAX_LOGP, peer_id_problem
 from .errors import refusal
 from .layout import (
     HEADER_KEYS,
@@ -149,6 +149,10 @@ class Header:
     """Total UTF-8 bytes of the texts; None: the message has no text section."""
     final: bool = False
     """The sender's last message: it is leaving the swarm."""
+    swarm: str = ""
+    """The swarm the message is bound to; empty: none."""
+    run: str = ""
+    """The run of that swarm the message is bound to; empty: none."""
 
 
 def check_header(header: Any, compact: bool, limits: Limits) -> Header:
@@ -222,6 +226,9 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
             problem = f"{text_bytes} bytes of text for {n} completions of at most {limits.max_completion_text_bytes}"
             raise refusal("limits", problem, sender)
 
+    swarm, run = (
+        _check_binding(header, key, sender) if key in header else "" for key in ("swarm", "run")
+    )
     if "final" in header and header["final"] is not True:  # present only to say "leaving"
         raise refusal("header", f"final must be true when present, got {header['final']!r:.40}", sender)
 
@@ -250,7 +257,17 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
         model=model,
         text_bytes=None if text_bytes is None else int(text_bytes),
         final="final" in header,
+        swarm=swarm,
+        run=run,
     )
+
+
+def _check_binding(header: dict, key: str, sender: str) -> str:
+    """The `swarm` or `run` a header binds its message to: present only when non-empty, printable, bounded."""
+    value = _check_printable(header[key], key, MAX_BINDING_CHARS, sender)
+    if not value:
+        raise refusal("header", f"{key} must not be empty when present", sender)
+    return value
 
 
 def header_body_size(header: Header) -> int:

@@ -26,6 +26,8 @@ REASONS = frozenset(
         "logps",  # a log-prob that is not finite, is > MAX_LOGP or < Limits.min_logp
         "rewards",  # a reward not finite or above Limits.max_abs_reward in magnitude (rewards_per_func: NaN allowed)
         "limits",  # a declared count or size above Limits (completions, groups, tokens, reward functions, texts)
+        "swarm",  # the receiver is bound to a swarm, and the message names another one (or none)
+        "run",  # the receiver is bound to a run of its swarm, and the message names another one (or none): a replay
         "text",  # a completion's text is not strict UTF-8 (lone surrogates included), or its flags are invalid
     }
 )

@@ -73,6 +73,13 @@ class Message:
     final: bool = False
     """The sender's last message of its run: it is leaving the swarm, and receivers stop waiting for it (until it
     sends a message of a later round). Usually it holds no completions (`Swarm.leave`)."""
+    swarm: str = ""
+    """The swarm the message belongs to (`FTISConfig.swarm_name`); a receiver bound to a swarm refuses messages that
+    name another one, or none (`swarm`). Empty: not sent."""
+    run: str = ""
+    """The run of the swarm the message belongs to (`FTISConfig.swarm_run`, which `trl-ftis swarm` draws for each
+    run); a receiver bound to a run refuses messages of another run, or of none (`run`): replays of an earlier run,
+    leftovers in a reused exchange. Empty: not sent."""
     compact: bool = False
     """How the message was (or is to be) encoded; [`decode_message`] sets it."""
 

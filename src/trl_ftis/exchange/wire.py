@@ -250,6 +250,10 @@ def encode_message(
         header["text_bytes"] = len(texts[2])
     if message.final:
         header["final"] = True
+    for key in ("swarm", "run"):
+        value = getattr(message, key)
+        if value:
+            header[key] = _to_json(value, key)
     parsed = check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
     columns = Columns(
@@ -352,8 +356,18 @@ def _inflate(payload: memoryview, expected: int, sender: str) -> bytes:
     return out
 
 
-def _open(data: Any, secret, public_keys, limits: Limits, *, need_body: bool) -> tuple[Frame, Header]:
-    """Frame, signatures, then (and only then) the header: what decode_message and peek_header share."""
+def _open(
+    data: Any,
+    secret,
+    public_keys,
+    limits: Limits,
+    *,
+    need_body: bool,
+    swarm: str | None = None,
+    run: str | None = None,
+) -> tuple[Frame, Header]:
+    """Frame, signatures, then (and only then) the header and the swarm and run it is bound to: what decode_message and
+    peek_header share."""
     key = None if secret is None else secret_key(secret)
     required = (FLAG_SIGNED if key is not None else 0) | (FLAG_ED25519 if public_keys is not None else 0)
     frame = read_frame(data, limits, need_body=need_body or bool(required), required_flags=required)
@@ -362,6 +376,10 @@ def _open(data: Any, secret, public_keys, limits: Limits, *, need_body: bool) ->
     if public_keys is not None and header.sender != frame.signer:  # identity: the key's owner is the sender
         problem = f"signed with peer {frame.signer!r}'s key, but names {header.sender!r}"
         raise refusal("identity", problem, header.sender)
+    for reason, expected, theirs in (("swarm", swarm, header.swarm), ("run", run, header.run)):
+        if expected and theirs != expected:  # inside what was signed: a replay of another run cannot change it
+            named = f"names {reason} {theirs!r}" if theirs else f"names no {reason}"
+            raise refusal(reason, f"it {named}, and this peer is bound to {reason} {expected!r}", header.sender)
     return frame, header
 
 
@@ -372,6 +390,8 @@ def decode_message(
     public_keys: Mapping[str, Ed25519PublicKey] | None = None,
     vocab_limit: int | None = None,
     limits: Limits = Limits(),  # noqa: B008 - a frozen dataclass
+    swarm: str | None = None,
+    run: str | None = None,
 ) -> Message:
     """Validates and decodes bytes from a peer; raises [`ExchangeError`] (and nothing else) for bad input.
 
@@ -387,6 +407,9 @@ def decode_message(
             receiver's embedding size.
         limits: sizes, counts and number ranges ([`Limits.for_receiver`] derives tight ones), each size checked
             before the memory it guards is allocated.
+        swarm / run: when given (non-empty), the message's header must name this swarm (else `"swarm"`) and this run
+            (else `"run"`), checked right after the signatures, before the body is read. They are inside what is
+            signed, so a signed message of another swarm or an earlier run cannot be replayed into this one.
 
     Signatures are verified on the exact signed bytes before the header or the body is parsed: a stranger's
     message costs one pass of HMAC/Ed25519 hashing over bytes already in memory, nothing more. Without `secret`
@@ -394,7 +417,7 @@ def decode_message(
     log-probs and rewards float32). Completions carry their `text` (strict UTF-8) and `ends_with_eos` when the
     message has a text section, else None and False.
     """
-    frame, header = _open(data, secret, public_keys, limits, need_body=True)
+    frame, header = _open(data, secret, public_keys, limits, need_body=True, swarm=swarm, run=run)
     view = frame.view
     sender = header.sender
 
@@ -468,6 +491,8 @@ def decode_message(
         compact=frame.compact,
         model=header.model,
         final=header.final,
+        swarm=header.swarm,
+        run=header.run,
     )
 
 
@@ -477,6 +502,8 @@ def peek_header(
     secret: bytes | str | None = None,
     public_keys: Mapping[str, Ed25519PublicKey] | None = None,
     limits: Limits = Limits(),  # noqa: B008 - a frozen dataclass
+    swarm: str | None = None,
+    run: str | None = None,
 ) -> dict:
     """The header's small fields, without reading the arrays.
 
@@ -487,11 +514,12 @@ def peek_header(
 
     Returns a dict with ``schema_version, signed, ed25519, verified, signer, compact, compressed, sender, round,
     created, tokenizer_fingerprint, tokenizer_name, temperature, reward_names, model, num_groups, num_completions,
-    num_tokens, text_bytes, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when `public_keys`
+    num_tokens, text_bytes, swarm, run, header_bytes, body_bytes, message_bytes``
+    (`signer`: the Ed25519 signer when `public_keys`
     verified it, else None; `text_bytes`: UTF-8 bytes of the completions' texts, 0 when the message carries none;
     `message_bytes`: the size the frame declares).
     """
-    frame, header = _open(data, secret, public_keys, limits, need_body=False)
+    frame, header = _open(data, secret, public_keys, limits, need_body=False, swarm=swarm, run=run)
     return {
         "schema_version": frame.version,
         "signed": frame.signed,
@@ -512,6 +540,8 @@ def peek_header(
         "num_completions": header.num_completions,
         "num_tokens": header.num_tokens,
         "text_bytes": header.text_bytes or 0,
+        "swarm": header.swarm,
+        "run": header.run,
         "header_bytes": frame.header_length,
         "body_bytes": frame.body_length,
         "message_bytes": frame.total_length,

@@ -5,6 +5,8 @@ its secrets.
 `check_files` lists what is missing on this machine; `describe_commands` (the dry runs) and `write_cmd_file` (one
 peer's command next to its log) show them with secrets redacted (`redact_env`, `redact_argv`, `is_secret_name`;
 passwords in URLs through `trl_ftis.rules.redact_text`). `free_port` picks the accelerate ports (and the Redis job's).
+`new_run_id`, `recorded_run_id` and `record_run_id` draw, read and keep the id of a run of the swarm (every peer's
+`FTIS_SWARM_RUN`: messages of other runs are refused), so that a peer restarted with `--only` joins the same run.
 `keep_earlier` keeps an earlier run's log and `.cmd` file of a peer before a new run writes them. `open_private`
 opens every file the launcher writes that may hold a secret (logs, `.cmd` files) readable by its owner only, whatever
 the umask; `shell_quote` quotes a value on one line, so that nothing a config holds can start a line of its own in
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import socket
 import sys
@@ -30,7 +33,10 @@ from ..rules import (
     CONSOLE_LINES,
     PEER_ID_ENV,
     REDACTED,
+    SWARM_NAME_ENV,
+    SWARM_RUN_ENV,
     SWARM_SECRET_ENV,
+    binding_problem,
     local_model_problem,
     redact_text,
 )
@@ -38,6 +44,7 @@ from .schema import SwarmConfig
 
 __all__ = [
     "HUB_TOKEN_ENV",
+    "RUN_ID_FILE",
     "SECRET_ARGS",
     "PeerCommand",
     "build_commands",
@@ -46,8 +53,11 @@ __all__ = [
     "free_port",
     "is_secret_name",
     "keep_earlier",
+    "new_run_id",
     "open_private",
     "peer_output_dir",
+    "record_run_id",
+    "recorded_run_id",
     "redact_argv",
     "redact_env",
     "redact_shell_line",
@@ -147,6 +157,33 @@ def peer_output_dir(config: SwarmConfig, peer_id: str) -> Path:
     return config.run_dir / peer_id
 
 
+RUN_ID_FILE = "swarm_run"
+"""In `run_dir`: the id of the swarm's latest run, which `--only` restarts join (peers started by hand set
+`FTIS_SWARM_RUN` to it)."""
+
+
+def new_run_id() -> str:
+    """A fresh run id: the UTC start time and 8 random hex digits (printable, well within the 128 characters)."""
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(4)}"
+
+
+def recorded_run_id(config: SwarmConfig) -> str | None:
+    """The run id `record_run_id` kept in `run_dir`, or None when there is none (or it is not a valid id)."""
+    try:
+        text = (config.run_dir / RUN_ID_FILE).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if binding_problem(text) is None else None
+
+
+def record_run_id(config: SwarmConfig) -> None:
+    """Keep `config.run_id` in `run_dir` (not a secret: it binds messages to the run; the secret and keys sign
+    them)."""
+    if config.run_id:
+        config.run_dir.mkdir(parents=True, exist_ok=True)
+        (config.run_dir / RUN_ID_FILE).write_text(config.run_id + "\n", encoding="utf-8")
+
+
 def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> list[PeerCommand]:
     """One `PeerCommand` per peer, in config order. Starts nothing and writes nothing.
 
@@ -154,7 +191,9 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
     [--config_file F] [--num_processes N] --main_process_port PORT SCRIPT`` (launcher accelerate; every accelerate
     peer gets a different free port so that no two peers ever join one process group), followed by
     `--peer_id ID --exchange_url URL --output_dir RUN_DIR/ID` and the peer's args. `exchange_url` replaces the
-    config's (the SLURM launcher passes the address of the Redis job it started).
+    config's (the SLURM launcher passes the address of the Redis job it started). With a `run_id`, every peer's
+    messages are bound to the swarm (`FTIS_SWARM_NAME`, the run_dir's name) and to the run (`FTIS_SWARM_RUN`); a
+    peer's `env` may override either (an empty value: no binding).
     """
     exchange_url = config.exchange_url if exchange_url is None else exchange_url
     ports: set[int] = set()
@@ -188,6 +227,9 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         # One short line per logged step and no dependency deprecation notices (trl_ftis.console); a peer's `env`
         # may set FTIS_CONSOLE to "dict" for Trainer's full dicts.
         env.setdefault(CONSOLE_ENV, CONSOLE_LINES)
+        if config.run_id:  # messages of other swarms and runs (replays, leftovers in the exchange) are refused
+            env[SWARM_NAME_ENV] = swarm_name
+            env[SWARM_RUN_ENV] = config.run_id
         env.update(peer.env)
         if "WANDB_RUN_GROUP" not in os.environ and "WANDB_RUN_GROUP" not in env:
             env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs

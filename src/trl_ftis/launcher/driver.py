@@ -14,6 +14,7 @@ it returns), the prefixed console, the loop that watches the peers (`poll`, sign
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -23,7 +24,7 @@ from typing import TextIO
 
 from ..rules import redact_text
 from .backend import Backend, Console, Outcome, Signals, short_error
-from .commands import SECRET_ARGS, is_secret_name
+from .commands import SECRET_ARGS, is_secret_name, new_run_id, record_run_id
 from .local import LocalBackend
 from .preflight import before_start, secret_warnings
 from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
@@ -49,6 +50,8 @@ def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
     # What a real run warns about too (no Redis check here).
     for warning in secret_warnings(config, is_secret_name, SECRET_ARGS):
         stream.write(f"# warning: {redact_text(warning)}\n")
+    if config.run_id is None:
+        config = dataclasses.replace(config, run_id="<drawn at start>")
     backend_for(config).dry_run(stream)
     stream.flush()
     return 0
@@ -70,6 +73,8 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
         print(f"warning: {redact_text(warning)}", file=sys.stderr)
     if problems:
         raise SwarmConfigError("cannot start the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
+    if config.run_id is None:  # a new run: messages of earlier ones (left in the exchange, or replayed) are refused
+        config = dataclasses.replace(config, run_id=new_run_id())
     return drive(backend_for(config), config, grace=grace, stream=stream)
 
 
@@ -104,6 +109,7 @@ def drive(backend: Backend, config: SwarmConfig, *, grace: float = 10.0, stream:
         raise SwarmConfigError(
             f"cannot {backend.verb} the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems
         )
+    record_run_id(config)  # where `--only` restarts find the run to join
     console = Console(sys.stdout if stream is None else stream, [peer.id for peer in config.peers])
     signals = Signals()
     previous = _install_handlers(signals.handler)

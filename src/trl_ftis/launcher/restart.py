@@ -8,6 +8,7 @@ say about it:
   with the same output directory and exchange. An unknown id is refused in one line, with a did-you-mean. A swarm
   whose exchange is the Redis job the launcher starts itself (SLURM, `redis: {start: true}`) is refused: that server
   lives and dies with one launcher, so peers started by another could not meet the rest of the swarm there.
+  They join the run the others are in (`commands.RUN_ID_FILE`), so that their messages are accepted.
 * `--resume`: each peer started gets `--resume_from_checkpoint <its newest complete checkpoint>`, found in its output
   directory by the rule `trl_ftis.checkpoint.last_complete_checkpoint` follows (the newest `checkpoint-<step>` folder
   holding `trainer_state.json`: a peer killed while saving leaves a newer, incomplete one); a peer without one yet
@@ -26,7 +27,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from .commands import peer_output_dir
+from .commands import peer_output_dir, recorded_run_id
 from .schema import SwarmConfig, SwarmConfigError
 
 __all__ = ["CHECKPOINT_PREFIX", "RESUME_ARG", "TRAINER_STATE_FILE", "latest_checkpoint", "restart_config"]
@@ -103,6 +104,10 @@ def restart_config(
     said = []
     if only:
         config = _select(config, only)
+        # Join the run the others are in: their messages are bound to it. With none recorded (a run of an earlier
+        # version), no binding, as the others have none either.
+        config = dataclasses.replace(config, run_id=recorded_run_id(config) or "")
+        said.append(f"joining run {config.run_id!r}" if config.run_id else "no run id recorded: messages unbound")
     if resume:
         config, said = _resume(config)
     return config, said

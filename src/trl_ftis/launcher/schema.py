@@ -666,6 +666,8 @@ class SwarmConfig:
     redis: RedisJobConfig | None = None
     on_failure: str = "stop"  # `ON_FAILURE`: whether a peer that fails stops the others
     not_started: tuple[str, ...] = ()  # peers of the config this launcher leaves alone (`--only`, `restart.py`)
+    # Every peer's FTIS_SWARM_RUN (`commands.RUN_ID_FILE`): None, run_swarm draws one; "", no run binding.
+    run_id: str | None = None
 
     def peer(self, peer_id: str) -> PeerConfig:
         for peer in self.peers:

@@ -128,6 +128,7 @@ class Transport(ABC):
     """
 
     url: str  # as given, with any password redacted
+    retries: bool = False  # whether `_publish` retries a failing send (it then takes `patience`, seconds at most)
     max_message_bytes: int
     max_batch: int
     max_poll_bytes: int
@@ -150,15 +151,20 @@ class Transport(ABC):
 
     # -- the interface: the shared checks, then the transport's hook
 
-    def publish(self, data: bytes, *, sender: str, round: int) -> None:
+    def publish(self, data: bytes, *, sender: str, round: int, patience: float | None = None) -> None:
         """Send one message. Raises TransportError when the transport is closed or the message cannot be sent,
         ValueError for an invalid sender, a round outside `[0, MAX_ROUND]` or data over `max_message_bytes`, and
-        TypeError for data that is not bytes; nothing is sent then."""
+        TypeError for data that is not bytes; nothing is sent then. `patience`: retry a failing send for at most this
+        many seconds (for a transport that retries, such as Redis; default: its own limit), e.g. a last message sent
+        while the run ends."""
         self._check_open()
         validate_sender(sender)
         round = validate_round(round)
         data = validate_data(data, self.max_message_bytes)
-        self._publish(data, sender=sender, round=round)
+        if self.retries and patience is not None:
+            self._publish(data, sender=sender, round=round, patience=max(float(patience), 0.0))
+        else:
+            self._publish(data, sender=sender, round=round)
 
     def poll(self) -> list[Envelope]:
         """Everything new since the last poll of this instance, oldest first, without blocking.
@@ -197,7 +203,7 @@ class Transport(ABC):
     @abstractmethod
     def _publish(self, data: bytes, *, sender: str, round: int) -> None:
         """Send `data` (checked bytes, at most `max_message_bytes`) as `sender`'s message of `round` (both checked);
-        TransportError when it cannot be sent."""
+        TransportError when it cannot be sent. A transport with `retries` also takes `patience` (seconds)."""
 
     @abstractmethod
     def _poll(self) -> list[Envelope]:

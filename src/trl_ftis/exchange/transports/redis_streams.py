@@ -29,6 +29,13 @@ _MAX_DELAY = 1.0  # ...up to this
 # The `sender` and `round` fields and the field names of an entry: a message is at most max_message_bytes plus this.
 _MAX_HINT_BYTES = 4 * MAX_HINT_CHARS + 64
 _OUTAGE_ATTEMPTS = 2  # attempts per call while the server is known to be down (the second after a fresh connect)
+# Entries whose id is more than a day ahead of this machine's clock were added with an explicit id (XADD * uses the
+# server's clock): with the largest possible id, no XADD * can ever succeed again. A publish that meets this deletes
+# such entries, at most _REPAIR_PAGES pages of _REPAIR_PAGE a time, and moves the stream's last id back (XSETID).
+_FUTURE_ID_MS = 86_400_000
+_REPAIR_PAGE = 16
+_REPAIR_PAGES = 16
+_EXHAUSTED = ("exhausted the last possible id", "equal or smaller than the target stream top item")
 
 
 def _text_hint(value) -> str | None:
@@ -88,6 +95,8 @@ class RedisTransport(Transport):
     the middle of a call, that call can take up to `socket_timeout` longer than its own deadline (the socket
     timeout is what bounds it): keep `socket_timeout` short.
     """
+
+    retries = True  # `publish(..., patience=)` bounds a publish's retries below `connect_timeout`
 
     def __init__(
         self,
@@ -171,6 +180,7 @@ class RedisTransport(Transport):
         self._own: deque[tuple[str, int, bytes]] = deque(maxlen=self.max_stream_len)  # for prune
         self._down_since: float | None = None  # monotonic time the current outage was noticed, None when up
         self.outages = 0  # how many times the server became unreachable after it had answered
+        self.repairs = 0  # how many times a publish found the stream's ids exhausted and repaired them (`_repair_ids`)
         self._ever_up = False
         try:
             self._call("PING", self._client.ping)  # fail fast on a wrong host or password
@@ -216,14 +226,15 @@ class RedisTransport(Transport):
             )
             self._down_since = None
 
-    def _call(self, what: str, fn, *, retry_timeouts: bool = True):
-        """Run one redis call, retrying transient failures with backoff until `connect_timeout` has passed.
+    def _call(self, what: str, fn, *, retry_timeouts: bool = True, patience: float | None = None):
+        """Run one redis call, retrying transient failures with backoff until `connect_timeout` (or `patience`, when
+        shorter) has passed.
 
         While the server is known to be down (an earlier call ran out of retries), only `_OUTAGE_ATTEMPTS` quick
         attempts: every call still reconnects, none waits `connect_timeout` again.
         """
         start = time.monotonic()
-        deadline = start + self.connect_timeout
+        deadline = start + (self.connect_timeout if patience is None else min(self.connect_timeout, patience))
         delay = _FIRST_DELAY
         attempts = 0
         while True:
@@ -291,13 +302,19 @@ class RedisTransport(Transport):
             out.append(self._envelope(entry_id, fields))
         return out, received
 
-    def _publish(self, data: bytes, *, sender: str, round: int) -> None:
+    def _publish(self, data: bytes, *, sender: str, round: int, patience: float | None = None) -> None:
         fields = {"sender": sender, "round": str(round), "data": data}
-        entry_id = self._call(
-            "XADD",
-            lambda: self._client.xadd(self.key, fields, maxlen=self.max_stream_len, approximate=True),
-            retry_timeouts=False,
-        )
+
+        def add():
+            try:
+                return self._client.xadd(self.key, fields, maxlen=self.max_stream_len, approximate=True)
+            except self._redis.ResponseError as exc:
+                if not any(text in str(exc).lower() for text in _EXHAUSTED):
+                    raise
+            self._repair_ids()  # someone added an entry with the largest id (or near it): no XADD * works until then
+            return self._client.xadd(self.key, fields, maxlen=self.max_stream_len, approximate=True)
+
+        entry_id = self._call("XADD", add, retry_timeouts=False, patience=patience)
         self._own.append((sender, round, entry_id))
         new, last = _entry_id(entry_id), _entry_id(self._last_id)
         if new is not None and last is not None and new < last:
@@ -310,6 +327,34 @@ class RedisTransport(Transport):
                 self.url,
             )
             self._last_id = b"0-0"
+
+    def _repair_ids(self) -> None:
+        """Make XADD * work again on a stream whose last id was pushed to (or near) the largest one: delete the entries
+        whose id is more than a day ahead of this machine's clock (none is an honest peer's: XADD * takes the
+        server's clock), then move the stream's last id back to its newest remaining entry (XSETID). Bounded: at most
+        `_REPAIR_PAGES * _REPAIR_PAGE` entries are read. Readers whose cursor passed such an entry read the stream
+        again from its start after their next publish (see `_publish`)."""
+        horizon = int(time.time() * 1000) + _FUTURE_ID_MS
+        deleted = 0
+        for _ in range(_REPAIR_PAGES):
+            page = self._client.xrevrange(self.key, "+", "-", count=_REPAIR_PAGE)
+            future = [entry_id for entry_id, _ in page if (_entry_id(entry_id) or (0, 0))[0] > horizon]
+            if future:
+                deleted += self._client.xdel(self.key, *future)
+            if len(future) < len(page) or not page:
+                break
+        newest = self._client.xrevrange(self.key, "+", "-", count=1)
+        last = newest[0][0] if newest else b"0-1"
+        self._client.execute_command("XSETID", self.key, last)
+        self.repairs += 1
+        logger.warning(
+            "The redis stream %s on %s could take no new entry: %d entries with ids more than a day in the future "
+            "(the largest possible id among them) were deleted and its last id moved back to %s.",
+            self.key,
+            self.url,
+            deleted,
+            last.decode("ascii", "replace") if isinstance(last, bytes) else last,
+        )
 
     def _page_count(self, room_bytes: int, room_entries: int) -> int:
         """Entries to ask one XREAD for: no more than the remaining byte budget holds messages (at least one)."""
