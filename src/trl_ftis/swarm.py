@@ -558,9 +558,7 @@ class Swarm:
             return hint in regulars
         return hint in self._newest or hint in self._hinted
 
-    def _note_round(
-        self, sender: str, message_round: int, created: float, round: int, state: RoundSpending
-    ) -> bool:
+    def _note_round(self, sender: str, message_round: int, created: float, round: int, state: RoundSpending) -> bool:
         """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
         its newest of an earlier poll (leftovers of an earlier run all come in the first poll and never count) and
         more than `max_staleness` rounds ahead (this peer's messages are stale to it), from a sender whose lead

@@ -226,9 +226,7 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
             problem = f"{text_bytes} bytes of text for {n} completions of at most {limits.max_completion_text_bytes}"
             raise refusal("limits", problem, sender)
 
-    swarm, run = (
-        _check_binding(header, key, sender) if key in header else "" for key in ("swarm", "run")
-    )
+    swarm, run = (_check_binding(header, key, sender) if key in header else "" for key in ("swarm", "run"))
     if "final" in header and header["final"] is not True:  # present only to say "leaving"
         raise refusal("header", f"final must be true when present, got {header['final']!r:.40}", sender)
 
