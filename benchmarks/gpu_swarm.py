@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
+GSM8K_SCRIPT = ROOT / "examples" / "gsm8k_ftis.py"
 sys.path.insert(0, str(ROOT / "src"))
 
 from trl_ftis.demo.smollm import prepare_smollm2  # noqa: E402
@@ -85,7 +86,7 @@ def swarm_config(args, model: Path, train: Path, run_dir: Path) -> dict:
     common.update({"expected_peers": ["full", "lora"], "peer_timeout": 300})
     gpu = {} if args.cpu else {"gpus": "0", "gpu_share": 0.3}
     return {
-        "script": str(ROOT / "examples" / "gsm8k_ftis.py"),
+        "script": str(GSM8K_SCRIPT),
         "launcher": "python",
         "run_dir": str(run_dir),
         "args": common,
@@ -107,11 +108,13 @@ def swarm_config(args, model: Path, train: Path, run_dir: Path) -> dict:
     }
 
 
-def alone_command(args, model: Path, train: Path, output_dir: Path, *, same_rows: bool = False) -> list[str]:
+def alone_command(
+    args, model: Path, train: Path, output_dir: Path, *, same_rows: bool = False, script: Path = GSM8K_SCRIPT
+) -> list[str]:
     """The alone baseline: the same own generation, or (`same_rows`) as many rows per step as a swarm peer trains on
-    (its own and its partner's: twice the micro-batches)."""
+    (its own and its partner's: twice the micro-batches). `script` takes the example's arguments (its default)."""
     name = "alone-rows" if same_rows else "alone"
-    command = [sys.executable, str(ROOT / "examples" / "gsm8k_ftis.py"), "--peer_id", name]
+    command = [sys.executable, str(script), "--peer_id", name]
     command += ["--output_dir", str(output_dir)]
     settings = peer_args(args, model, train)
     if same_rows:

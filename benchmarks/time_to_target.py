@@ -944,18 +944,25 @@ def summarise_part3(records: list[dict], target: float, budget: float) -> None:
     )
 
 
+def target_rule(curves: list[list[dict]], budget: float) -> float | None:
+    """The highest accuracy on a 0.01 grid at which the median time to target of `curves` (one per seed, of the
+    baseline arm; censored = budget) is at most half the budget; `None` when no grid point qualifies."""
+    proposal = None
+    for hundredths in range(1, 100):
+        target = hundredths / 100
+        times = [time_to_target(points, target, budget)["seconds"] for points in curves]
+        if statistics.median(times) <= budget / 2:
+            proposal = target
+    return proposal
+
+
 def propose_target(curve: dict, seeds: list[int], budget: float) -> float | None:
     """The pilot's rule: the highest accuracy on a 0.01 grid at which A_N/2's median time to target over the seeds
     (censored = budget) is at most half the budget; printed with every arm's times at it and the next grid point."""
     halves = [curve[(seed, "alone", "A_N/2")] for seed in seeds if (seed, "alone", "A_N/2") in curve]
     if not halves:
         return None
-    proposal = None
-    for hundredths in range(1, 100):
-        target = hundredths / 100
-        times = [time_to_target(points, target, budget)["seconds"] for points in halves]
-        if statistics.median(times) <= budget / 2:
-            proposal = target
+    proposal = target_rule(halves, budget)
     if proposal is None:
         print("\nno target: A_N/2 reaches none by half the budget in the median seed")
         return None
