@@ -40,7 +40,10 @@ def test_a_signal_while_the_loop_waits_for_the_round_ends_train_at_once(
         return take(self)
 
     monkeypatch.setattr(ExchangeWorker, "take", noted_take)
-    previous = signal.signal(signum, raise_keyboard_interrupt) if signum != signal.SIGINT else None
+    # SIGINT: Python's own handler, set explicitly: a process started in the background by a non-interactive shell
+    # (`make test &`) inherits SIGINT ignored, and Python then installs no handler of its own.
+    handler = signal.default_int_handler if signum == signal.SIGINT else raise_keyboard_interrupt
+    previous = signal.signal(signum, handler)
     main = threading.main_thread().ident
     sent = {}
 
@@ -58,8 +61,7 @@ def test_a_signal_while_the_loop_waits_for_the_round_ends_train_at_once(
             trainer.train()
         ended = time.monotonic()
     finally:
-        if previous is not None:
-            signal.signal(signum, previous)
+        signal.signal(signum, previous)
     sender.join(5)
     assert "at" in sent, "the training loop never waited for the round in flight"
     assert ended - sent["at"] < 3, f"train() ended {ended - sent['at']:.1f} s after the signal"
