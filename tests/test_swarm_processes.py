@@ -67,6 +67,7 @@ def test_three_heterogeneous_peers_over_a_shared_directory(tmp_path):
     assert "[big" in result.stdout and "[lora" in result.stdout  # prefixed, interleaved logs
 
 
+@pytest.mark.slow  # the default suite trains over Redis in test_slurm_two_tiny_peers_train_through_the_launchers_redis_job
 @pytest.mark.redis
 def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
     result = run_launcher(tmp_path, three_peer_config(f"{redis_url}?swarm=test-{tmp_path.name}"))
@@ -204,6 +205,7 @@ def test_peers_with_different_tokenizers_train_on_each_others_texts(tmp_path):
         assert "nothing new from" not in log
 
 
+@pytest.mark.slow  # the default suite kills a peer mid-run in test_swarm_faults (killed, then restarted with resume)
 def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
     exchange = tmp_path / "exchange"
     peers = ["a", "b", "victim"]
