@@ -237,21 +237,16 @@ def make_plan(options) -> dict:
         ],  # fmt: skip
         "deepspeed": [deepspeed_command(plan, stage, work / "deepspeed" / f"zero{stage}.yaml") for stage in (2, 3)],
         "time_to_target": [
-            alone_command(
-                plan,
-                "alone-rows",
-                work / "ttt-seed0" / "alone" / "alone-rows",
-                seed=0,
-                steps=settings["max_steps"],
-                share=settings["gpu_share"],
-            ),
-            alone_command(
-                plan,
-                "alone",
-                work / "ttt-seed0" / "alone" / "alone",
-                seed=0,
-                steps=settings["max_steps"],
-                share=settings["gpu_share"],
+            *(
+                alone_command(
+                    plan,
+                    name,
+                    work / "ttt-seed0" / "alone" / name,
+                    seed=0,
+                    steps=settings["max_steps"],
+                    share=settings["gpu_share"],
+                )
+                for name in ("alone-rows", "alone")
             ),
             launcher_command(work / "ttt-seed0" / "swarm" / "swarm.yaml"),
         ],
