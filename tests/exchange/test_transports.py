@@ -576,6 +576,26 @@ def test_a_publish_recovers_a_stream_whose_ids_a_member_exhausted(redis_url):
 
 
 @pytest.mark.redis
+def test_a_flood_of_far_future_entries_is_repaired_a_bounded_page_at_a_time(redis_url):
+    """300 entries with ids near the largest: one publish deletes at most 256 (and fails, counted by the caller), the
+    next deletes the rest and goes through."""
+    swarm = f"flood-{uuid.uuid4().hex}"
+    key = f"ftis:{swarm}"
+    client = _redis_client(redis_url)
+    try:
+        with open_transport(redis_url, swarm=swarm) as a:
+            for k in range(300):
+                client.xadd(key, {"sender": "mallory", "data": b"j"}, id=f"{2**64 - 1}-{2**64 - 300 + k}")
+            with pytest.raises(TransportError, match="exhausted"):
+                a.publish(b"a0", sender="a", round=0)
+            assert a.repairs == 1 and client.xlen(key) == 300 - 256
+            a.publish(b"a1", sender="a", round=1)
+            assert a.repairs == 2 and _payloads(a.poll()) == [b"a1"]
+    finally:
+        client.delete(key)
+
+
+@pytest.mark.redis
 def test_redis_poll_reads_page_after_page(redis_url):
     swarm = f"pages-{uuid.uuid4().hex}"
     try:

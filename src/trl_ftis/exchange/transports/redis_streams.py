@@ -332,21 +332,33 @@ class RedisTransport(Transport):
         """Make XADD * work again on a stream whose last id was pushed to (or near) the largest one: delete the entries
         whose id is more than a day ahead of this machine's clock (none is an honest peer's: XADD * takes the
         server's clock), then move the stream's last id back to its newest remaining entry (XSETID). Bounded: at most
-        `_REPAIR_PAGES * _REPAIR_PAGE` entries are read. Readers whose cursor passed such an entry read the stream
-        again from its start after their next publish (see `_publish`)."""
+        `_REPAIR_PAGES * _REPAIR_PAGE` entries are read; when more remain, the last id stays where it is and this
+        publish fails (TransportError), the next one going on. Readers whose cursor passed such an entry read the
+        stream again from its start after their next publish (see `_publish`)."""
         horizon = int(time.time() * 1000) + _FUTURE_ID_MS
+
+        def far_ahead(entry_id) -> bool:
+            return (_entry_id(entry_id) or (0, 0))[0] > horizon
+
         deleted = 0
         for _ in range(_REPAIR_PAGES):
             page = self._client.xrevrange(self.key, "+", "-", count=_REPAIR_PAGE)
-            future = [entry_id for entry_id, _ in page if (_entry_id(entry_id) or (0, 0))[0] > horizon]
+            future = [entry_id for entry_id, _ in page if far_ahead(entry_id)]
             if future:
                 deleted += self._client.xdel(self.key, *future)
             if len(future) < len(page) or not page:
                 break
+        self.repairs += 1
         newest = self._client.xrevrange(self.key, "+", "-", count=1)
+        if newest and far_ahead(newest[0][0]):
+            # More than one repair's worth: moving the last id back to such an entry would give honest entries
+            # far-future ids (which a later repair would delete). This publish fails; the next one goes on.
+            raise TransportError(
+                f"the redis stream {self.key} on {self.url} has exhausted the last possible id; this publish deleted "
+                f"{deleted} of its entries with far-future ids, and the next one deletes more"
+            )
         last = newest[0][0] if newest else b"0-1"
         self._client.execute_command("XSETID", self.key, last)
-        self.repairs += 1
         logger.warning(
             "The redis stream %s on %s could take no new entry: %d entries with ids more than a day in the future "
             "(the largest possible id among them) were deleted and its last id moved back to %s.",
