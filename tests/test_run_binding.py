@@ -9,6 +9,7 @@ import time
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 from swarm_helpers import publish_raw as write
+from swarm_helpers import wire_message as message
 
 from trl_ftis import FTISConfig
 from trl_ftis.config import SwarmCredentials
@@ -18,28 +19,11 @@ from trl_ftis.exchange import (
     encode_message,
     generate_keypair,
     peek_header,
-    tokenizer_fingerprint,
 )
 from trl_ftis.rules import MAX_BINDING_CHARS, SWARM_NAME_ENV, SWARM_RUN_ENV
-from trl_ftis.swarm import EVIDENCE_CLOCK_SLACK, rows_to_message
+from trl_ftis.swarm import EVIDENCE_CLOCK_SLACK
 
 SECRET = "members-only"
-
-
-def message(tokenizer, sender, round=0, *, swarm="", run="", created=None, prompt="12+34="):
-    built = rows_to_message(
-        rows(sender, prompt=prompt),
-        sender=sender,
-        round=round,
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-        tokenizer_name="char",
-        temperature=1.0,
-        reward_names=["digit_match_reward"],
-    )
-    built.swarm, built.run = swarm, run
-    if created is not None:
-        built.created = created
-    return built
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -220,8 +204,9 @@ def test_resuming_in_another_run_forgets_what_senders_showed_in_the_earlier_one(
     resumed = next_run.state_dict()
     assert resumed["newest"] == {} and resumed["delivered"] == {} and resumed["round_offset"] == 20
     assert "the other peers' rounds are not carried over" in caplog.text
-    with pytest.raises(ValueError, match="'run' is malformed"):
-        same_run.load_state_dict({**state, "run": 5})
+    for bad in (5, "", "x" * 10_000_000, "run\n2"):  # checkpoints are shared: the run is checked like any binding
+        with pytest.raises(ValueError, match="'run' is malformed"):
+            same_run.load_state_dict({**state, "run": bad})
 
 
 def test_the_config_reads_the_binding_from_its_fields_or_the_environment(monkeypatch):

@@ -704,9 +704,9 @@ class FTISConfig(GRPOConfig):
         check_expected_peers(self.expected_peers, self.num_expected_peers)  # alternatives, never both
         check_round_window(self.max_staleness, self.max_rounds_ahead)
         for name in ("swarm_name", "swarm_run"):
-            value = getattr(self, name)
-            if value is not None and binding_problem(value) is not None:
-                raise ValueError(f"{name} {binding_problem(value)}.")
+            problem = None if getattr(self, name) is None else binding_problem(getattr(self, name))
+            if problem is not None:
+                raise ValueError(f"{name} {problem}.")
         if self.max_round_bytes < 1:
             raise ValueError(f"max_round_bytes must be >= 1, got {self.max_round_bytes}.")
         if self.max_peer_message_rows < 1:
@@ -754,8 +754,9 @@ class FTISConfig(GRPOConfig):
         binding = {}
         for name, env, key in (("swarm_name", SWARM_NAME_ENV, "swarm_name"), ("swarm_run", SWARM_RUN_ENV, "run_id")):
             value = getattr(self, name) or os.environ.get(env) or None
-            if value is not None and binding_problem(value) is not None:
-                raise ValueError(f"{name} (from ${env}) {binding_problem(value)}.")
+            problem = None if value is None else binding_problem(value)
+            if problem is not None:
+                raise ValueError(f"{name} (from ${env}) {problem}.")
             binding[key] = value
         if self.private_key_file is None and self.peer_keys_file is None:
             return SwarmCredentials(secret, None, None, **binding)

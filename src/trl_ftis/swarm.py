@@ -48,6 +48,7 @@ from .rules import (
     DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
     MAX_LOGP,
+    binding_problem,
     check_expected_peers,
     check_round_window,
     check_temperature,
@@ -931,20 +932,18 @@ class Swarm:
         if any(len(digest) != 16 for digest in digests):  # blake2b-128, as `_accept` computes them
             raise ValueError("Swarm state: 'seen' holds a digest that is not 16 bytes.")
         saved_run = state.get("run")
-        if saved_run is not None and not isinstance(saved_run, str):
-            raise ValueError(f"Swarm state: 'run' is malformed ({type(saved_run).__name__}).")
+        if saved_run is not None and binding_problem(saved_run) is not None:
+            raise ValueError(f"Swarm state: 'run' is malformed: it {binding_problem(saved_run)}.")
         if saved_run != self.run_id:
             # What senders showed in another run says nothing of this one: a sender's newest round of a longer earlier
             # run would hide its live lead (`_note_round`). This peer's own alignment is kept: the swarm resumes with
             # it.
-            if saved_run is not None or self.run_id is not None:
-                logger.info(
-                    "Resuming peer %r in run %r from the state of run %r: the other peers' rounds are not carried "
-                    "over.",
-                    self.peer_id,
-                    self.run_id,
-                    saved_run,
-                )
+            logger.info(
+                "Resuming peer %r in run %r from the state of run %r: the other peers' rounds are not carried over.",
+                self.peer_id,
+                self.run_id,
+                saved_run,
+            )
             newest, delivered, sender_rounds, departed = {}, {}, {}, {}
         saved_id = state.get("peer_id")
         if saved_id != self.peer_id:

@@ -170,6 +170,10 @@ def test_each_run_is_bound_to_a_new_id_and_only_restarts_join_it(tmp_path, capsy
     assert cli.main(["swarm", str(path), "--only", "a"]) == 0
     out = capsys.readouterr().out
     assert "no run id recorded: messages unbound" in out and _says(out, "a", "swarm=- run=-")
+    # Whatever else the file holds is no run id (only a bounded prefix of it is read).
+    for junk in (b"\xff\xfe", b"run\x00id", b"", b"x" * 50_000_000):
+        (tmp_path / "run" / RUN_ID_FILE).write_bytes(junk)
+        assert restart_config(load_swarm_config(path), only=["a"])[0].run_id == ""
 
 
 def test_unknown_only_peer_is_one_line_with_a_did_you_mean(tmp_path, capsys):

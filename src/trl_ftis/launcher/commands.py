@@ -31,6 +31,7 @@ from typing import Any
 from ..rules import (
     CONSOLE_ENV,
     CONSOLE_LINES,
+    MAX_BINDING_CHARS,
     PEER_ID_ENV,
     REDACTED,
     SWARM_NAME_ENV,
@@ -170,7 +171,8 @@ def new_run_id() -> str:
 def recorded_run_id(config: SwarmConfig) -> str | None:
     """The run id `record_run_id` kept in `run_dir`, or None when there is none (or it is not a valid id)."""
     try:
-        text = (config.run_dir / RUN_ID_FILE).read_text(encoding="utf-8").strip()
+        with open(config.run_dir / RUN_ID_FILE, "rb") as handle:  # a valid id and its newline, no more
+            text = handle.read(4 * MAX_BINDING_CHARS + 2).decode("utf-8").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return text if binding_problem(text) is None else None
