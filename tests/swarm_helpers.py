@@ -30,6 +30,27 @@ def publish_raw(url, data, *, sender, round):
         transport.publish(data, sender=sender, round=round)
 
 
+def wire_message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", created=None, **fields):
+    """`rows(sender, count, prompt=prompt)` as the wire `Message` of `round` (with `created` and any other `Message`
+    fields set), for tests that encode, sign, tamper with or replay messages themselves."""
+    from trl_ftis.peer_messages import rows_to_message
+
+    built = rows_to_message(
+        rows(sender, count=count, prompt=prompt),
+        sender=sender,
+        round=round,
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        tokenizer_name="char",
+        temperature=1.0,
+        reward_names=["digit_match_reward"],
+    )
+    if created is not None:
+        built.created = created
+    for name, value in fields.items():
+        setattr(built, name, value)
+    return built
+
+
 def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
     """`count` rows of one group from `sender`, with rewards `reward`, `reward + 1`, ..."""
     return [

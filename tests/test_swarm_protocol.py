@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 from swarm_helpers import publish_raw as write
+from swarm_helpers import wire_message as message
 
 from trl_ftis.cli import main as cli_main
 from trl_ftis.exchange import (
@@ -27,33 +28,17 @@ from trl_ftis.exchange import (
     public_key_text,
     save_private_key,
     save_public_keys,
-    tokenizer_fingerprint,
 )
 from trl_ftis.exchange import wire as wire_module
 from trl_ftis.exchange.transports import MemoryTransport
 from trl_ftis.peer_rows import select_rows
 from trl_ftis.rules import MAX_TEMPERATURE, MIN_TEMPERATURE
-from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget, rows_to_message
+from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget
 
 SECRET = "members-only"
 
 
 # `url` (memory:// and dir://) and `memory_url` come from conftest.py.
-
-
-def message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", created=None):
-    built = rows_to_message(
-        rows(sender, count=count, prompt=prompt),
-        sender=sender,
-        round=round,
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-        tokenizer_name="char",
-        temperature=1.0,
-        reward_names=["digit_match_reward"],
-    )
-    if created is not None:
-        built.created = created
-    return built
 
 
 def prompts(result, sender):
