@@ -141,7 +141,8 @@ def rounds_of(exchange, peer):
         return -1
 
 
-@pytest.mark.parametrize("fault", ["deleted", "read_only"])
+# read_only is `slow` (21 s, `make test-slow`): the default suite keeps the deleted folder.
+@pytest.mark.parametrize("fault", ["deleted", pytest.param("read_only", marks=pytest.mark.slow)])
 def test_the_exchange_folder_deleted_or_read_only_mid_run(tmp_path, fault):
     exchange = tmp_path / "exchange"
     url = f"dir://{exchange}"

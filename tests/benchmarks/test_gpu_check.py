@@ -155,6 +155,8 @@ def test_the_dry_run_plans_every_phase_within_nine_minutes(tmp_path, mode):
 
 
 # ---- the whole check on the CPU -----------------------------------------------------------------------------------
+# `slow` (62 s, the longest test): the default suite keeps the dry run of the plan and the parts' join above.
+@pytest.mark.slow
 def test_the_cpu_tiny_check_runs_every_phase_and_records_its_figures(tmp_path):
     out = tmp_path / "out"
     done = run_script("--cpu", "--tiny", "--out", out, "--work", tmp_path / "work", timeout=540)
