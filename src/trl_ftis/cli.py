@@ -2,6 +2,7 @@
 
     trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS] [--slurm] [--only PEER_ID ...] [--resume]
     trl-ftis keygen PEER_ID [--dir DIR] [--keys-file FILE]
+    trl-ftis pays RUN_DIR [RUN_DIR ...] --phi EST [LOW HIGH] --beta EST [LOW HIGH] [--peers P]
 
 Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets `func` to a handler
 taking the parsed arguments and returning an exit code; to add a subcommand, write such a function and list it in
@@ -12,6 +13,7 @@ fast.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 
@@ -203,6 +205,56 @@ def _run_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_pays(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "pays",
+        help="predict whether joining the swarm pays in wall time, from runs' ftis_summary.json and phi and beta",
+        description=(
+            "Predict a swarm peer's wall time to a target accuracy against training alone (A_N: as many rows a step "
+            "as the peer trains on; A_N/P: the peer's own generation; and the better of the two), with a range and a "
+            "verdict. The hardware factors come from the runs given: exactly one swarm peer's output dir, and "
+            "optionally alone runs of the same model and task generating P x B rows a step (measures f and s) and "
+            "B rows (measures q); what is not measured is assumed and says so. The learning factors phi (a peer "
+            "row's value relative to an own row) and beta (steps alone with B rows / steps alone with P x B) are "
+            "given as an estimate and optionally an interval. See docs/when-it-pays.md."
+        ),
+    )
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (or its ftis_summary.json)")
+    parser.add_argument("--phi", nargs="+", type=float, required=True, metavar="X",
+                        help="phi: an estimate, or an estimate and its interval (EST LOW HIGH)")  # fmt: skip
+    parser.add_argument("--beta", nargs="+", type=float, required=True, metavar="X",
+                        help="beta: an estimate, or an estimate and its interval (EST LOW HIGH); beta > 0")  # fmt: skip
+    parser.add_argument("--peers", type=int, default=None, metavar="P",
+                        help="the swarm's size P (default: the peer's rows trained / own rows generated, rounded)")  # fmt: skip
+    parser.set_defaults(func=_run_pays)
+
+
+def _interval(name: str, values: list[float]) -> tuple[float, float, float]:
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise ValueError(f"--{name} takes an estimate, or an estimate and an interval: EST LOW HIGH")
+    estimate, low, high = values
+    if not all(map(math.isfinite, values)) or not low <= estimate <= high:
+        raise ValueError(f"--{name} {estimate} {low} {high}: need finite LOW <= EST <= HIGH")
+    return estimate, low, high
+
+
+def _run_pays(args: argparse.Namespace) -> int:
+    from . import pays
+
+    try:
+        phi, beta = _interval("phi", args.phi), _interval("beta", args.beta)
+        if beta[1] <= 0:
+            raise ValueError("--beta must be > 0")
+        hardware, _ = pays.factors_from_summaries(args.runs, peers=args.peers)
+        print(pays.format_report(hardware, phi, beta))
+    except ValueError as error:
+        print(f"trl-ftis pays: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _add_demo(subparsers) -> None:
     subparsers.add_parser(
         "demo",
@@ -213,7 +265,7 @@ def _add_demo(subparsers) -> None:
 
 
 # One registration function per subcommand, in the order `--help` lists them.
-SUBCOMMANDS = [_add_swarm, _add_keygen, _add_demo]
+SUBCOMMANDS = [_add_swarm, _add_keygen, _add_pays, _add_demo]
 
 
 def build_parser() -> argparse.ArgumentParser:
