@@ -288,7 +288,7 @@ def peer(spec_path: str) -> None:
             peer_id=spec["peer"],
             expected_peers=spec["expected_peers"],
             exchange_mode=spec["mode"],
-            peer_timeout=PEER_TIMEOUT,
+            peer_timeout=spec.get("peer_timeout", PEER_TIMEOUT),
         )
     for option in ("cross_tokenizer", "collaboration_mode", "peer_weighting"):  # part 3's settings
         if spec.get(option) is not None:
@@ -298,13 +298,21 @@ def peer(spec_path: str) -> None:
         from peft import LoraConfig
 
         peft_config = LoraConfig(**LORA)
+    exclude = None
+    if spec.get("exclude_dev"):  # peer_gain.py selects learning rates on the dev split: no stream trains on it
+        from trl_ftis.tasks.addition import in_dev_split
+
+        low, high = 10 ** (spec.get("digits", DIGITS) - 1), 10 ** spec.get("digits", DIGITS)
+        exclude = {f"{a}+{b}=" for a in range(low, high) for b in range(low, high) if in_dev_split(f"{a}+{b}=")}
     out = Path(spec["out"])
     args = tiny_grpo_config(str(out / "trainer"), max_steps=spec["max_steps"], **settings)
     trainer = FTISTrainer(
         model,
         carry_chain_reward,
         args=args,
-        train_dataset=carry_chain_dataset(6000, seed=spec["stream_seed"], split="train", digits=DIGITS),
+        train_dataset=carry_chain_dataset(
+            6000, seed=spec["stream_seed"], split="train", digits=spec.get("digits", DIGITS), exclude=exclude
+        ),
         processing_class=tok,
         peft_config=peft_config,
     )
@@ -363,7 +371,10 @@ def peer(spec_path: str) -> None:
         def on_step_end(self, cb_args, cb_state, control, **kwargs):
             now = clock()
             step_ends.append([cb_state.global_step, round(now, 4), round(state["generation"], 4)])
-            if now >= state["next"]:
+            if spec.get("checkpoint_steps"):  # a snapshot every so many steps, whatever the clock (peer_gain.py)
+                if cb_state.global_step % spec["checkpoint_steps"] == 0:
+                    snapshot(cb_state.global_step)
+            elif now >= state["next"]:
                 snapshot(cb_state.global_step)
                 while state["next"] <= now:
                     state["next"] += CHECKPOINT_SECONDS * spec["checkpoint_scale"]
@@ -397,6 +408,10 @@ def peer(spec_path: str) -> None:
         "summary_generation_share": summary.get("generation_share"),
         "exchange_blocking_seconds": summary.get("exchange_blocking_seconds"),
         "rows_accepted": summary.get("rows_accepted"),
+        "rows_received": summary.get("rows_received"),
+        "dropped": summary.get("dropped"),
+        "peer_row_ages": summary.get("peer_row_ages"),
+        "peer_rows_in_loss": (summary.get("peer_value") or {}).get("rows_in_loss"),
         "snapshots": snapshots,
         "first_prompts": first_prompts,
         # Mean over logged steps of the peer rows' ESS fraction and (peer_weighting="ess") of the scale it applied.
@@ -582,23 +597,29 @@ def evaluate_pending(records: list[dict], sink, cache: Path, eval_size: int | No
             warm_done.add((run["seed"], run["model"]))
             record = {"kind": "warm", "seed": run["seed"], "model": run["model"]}
             items.append({"model": str(cache / run["model"]), "weights": None, "record": record})
+    return evaluate_items(items, __file__, sink, "ftis-ttt-eval-", eval_size=eval_size)
+
+
+def evaluate_items(items: list[dict], script: str, sink, prefix: str, **job) -> list[dict]:
+    """Run `script --evaluate JOB` in two worker processes pinned one a core, each on every other item of `items`
+    (JOB: `{"items": [...], **job}`); write each JSON line they print to `sink` and return the records."""
     if not items:
         return []
     print(f"evaluating {len(items)} checkpoints offline", flush=True)
-    work = Path(tempfile.mkdtemp(prefix="ftis-ttt-eval-"))
+    work = Path(tempfile.mkdtemp(prefix=prefix))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     processes = []
     for core in (0, 1):
-        job = work / f"job{core}.json"
-        job.write_text(json.dumps({"eval_size": eval_size, "items": items[core::2]}))
-        argv = ["taskset", "-c", str(core), sys.executable, __file__, "--evaluate", str(job)]
+        path = work / f"job{core}.json"
+        path.write_text(json.dumps({**job, "items": items[core::2]}))
+        argv = ["taskset", "-c", str(core), sys.executable, script, "--evaluate", str(path)]
         log = open(work / f"out{core}.jsonl", "w")  # noqa: SIM115 - a file, not a pipe: no worker blocks on output
         processes.append((subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log), log))
     for process, log in processes:
         code = process.wait()
         log.close()
         if code != 0:
-            raise SystemExit("evaluation failed")
+            raise SystemExit(f"evaluation failed: {work}")
     new = []
     for core in (0, 1):
         for line in (work / f"out{core}.jsonl").read_text().splitlines():
