@@ -60,8 +60,8 @@ import time_to_target as ttt
 from free_running import holm, t_interval, t_pvalue
 
 OWN_ROWS = 32
-STEPS = 150
-CHECKPOINT_STEPS = 10
+STEPS = 80  # the pilot (150 steps, snapshots every 10) plateaued after about 70 steps at 6e-5
+CHECKPOINT_STEPS = 4
 RATES = (2e-5, 6e-5, 2e-4, 6e-4)
 PEER_TIMEOUT = 900  # lock-step rounds wait for every peer however loaded the machine is
 PILOT_SEEDS = (900, 901)
@@ -532,9 +532,34 @@ def summarise_ood(records: list[dict], metric: str = "reward") -> None:
         print(f"| {name} | {mean:+.4f} | [{low:+.4f}, {high:+.4f}] | {adjusted[name]:.3g} |")
 
 
+def pilot_budgets(records: list[dict]) -> None:
+    """The pilot's phi of the P = 2 swarms per seed, from the mean gain over the snapshots up to a shorter budget S:
+    how the budget and the seeds were sized."""
+    for split in ("test", "dev"):
+        curve = curves(records, split)
+        keys = {(k[0], k[1]) for k in curve}
+        for budget in (40, 60, 80, 150):
+            for rate in sorted({k[1] for k in keys}):
+                cells = []
+                for seed in sorted({k[0] for k in keys if k[1] == rate}):
+
+                    def gain(slot, peers, seed=seed, rate=rate, budget=budget, curve=curve):
+                        return statistics.fmean(
+                            mean_gain([p for p in curve[(seed, rate, slot, q)] if p["step"] <= budget]) for q in peers
+                        )
+
+                    g1, g2 = gain("alone", ["A_1"]), gain("alone", ["A_2"])
+                    copy, hetero = gain("pairs", ["copy2-a", "copy2-b"]), gain("pairs", ["hetero2-big"])
+                    cells.append(
+                        f"seed {seed}: G_1 {g1:+.3f} G_2 {g2:+.3f} copy {copy:+.3f} hetero {hetero:+.3f} "
+                        f"phi copy {phi_value(copy, g2, g1):+.2f} hetero {phi_value(hetero, g2, g1):+.2f}"
+                    )
+                print(f"{split} S {budget} lr {rate}: " + " | ".join(cells))
+
+
 def summarise_pilot(records: list[dict]) -> None:
-    """Per seed, rate and arm: the warm accuracy and the accuracy at each snapshot, per split; the spread of the
-    pilot's phi ingredients (for the number of seeds)."""
+    """Per seed, rate and arm: the warm accuracy and the accuracy at each snapshot, per split; then phi by budget
+    (`pilot_budgets`)."""
     for split, metric in (("dev", "accuracy"), ("test", "accuracy"), ("ood", "reward"), ("ood", "accuracy"),
                           ("ood3", "reward")):  # fmt: skip
         curve = curves(records, split, metric)
@@ -573,9 +598,11 @@ def main() -> None:
         return evaluate_worker(options.evaluate)
     raw = RESULTS / f"peer_gain-{options.stage}.jsonl"
     records = load(raw)
-    global STEPS
+    global STEPS, CHECKPOINT_STEPS
     if options.stage == "quick":
         STEPS = 20
+    if options.stage == "pilot":  # the pilot's settings, before the budget was sized from it
+        STEPS, CHECKPOINT_STEPS = 150, 10
     stage_seeds = {"quick": (950,), "pilot": PILOT_SEEDS, "lr": LR_SEEDS, "grid": GRID_SEEDS}[options.stage]
     seeds = ttt.parse_seeds(options.seeds) if options.seeds else list(stage_seeds)
     if not set(seeds) <= set(stage_seeds):
@@ -638,6 +665,9 @@ def main() -> None:
         print(f"stage {options.stage}: {time.time() - began:.0f} s this invocation", flush=True)
     if options.stage in ("quick", "pilot"):
         summarise_pilot(records)
+        if options.stage == "pilot":
+            print("\nphi of the P = 2 swarms by budget (mean gain over the snapshots up to step S)")
+            pilot_budgets(records)
     elif options.stage == "lr":
         summarise_lr(records)
     else:
