@@ -9,7 +9,8 @@ import sys
 
 
 def keyed(path: str) -> tuple[dict, dict]:
-    records = [json.loads(line) for line in open(path) if line.strip()]
+    with open(path) as handle:
+        records = [json.loads(line) for line in handle if line.strip()]
     snaps = {
         (r["seed"], r["slot"], r["peer"], r.get("split"), r.get("step", 0)): (r["accuracy"], r.get("reward"))
         for r in records

@@ -277,7 +277,7 @@ def peer(spec_path: str) -> None:
     settings = {
         "per_device_train_batch_size": spec["rows"],
         "num_generations": NUM_GENERATIONS,
-        "max_completion_length": MAX_COMPLETION,
+        "max_completion_length": spec.get("max_completion", MAX_COMPLETION),
         "learning_rate": spec["lr"],
         "beta": 0.0,
         "seed": spec["sampling_seed"],
