@@ -50,3 +50,60 @@ def test_phi_is_the_ratio_of_mean_gains():
     assert time_to_target.phi_of([(0.1, 0.2, 0.0, 10), (0.2, 0.2, 0.2, 10)]) == pytest.approx(0.5)
     assert time_to_target.phi_of([(0.1, 0.1, 0.1, 10)]) is None
     assert time_to_target.geo([1.0, 4.0]) == pytest.approx(2.0)
+
+
+def test_peer_gain_measures_by_hand():
+    import peer_gain
+
+    points = [{"step": 0, "accuracy": 0.3}] + [
+        {"step": 4 * i, "accuracy": a} for i, a in enumerate((0.3, 0.4, 0.5, 0.6), 1)
+    ]
+    assert peer_gain.mean_gain(points) == pytest.approx((0.3 + 0.4 + 0.5 + 0.6) / 4 - 0.3)
+    assert peer_gain.end_gain(points) == pytest.approx((0.4 + 0.5 + 0.6) / 3 - 0.3)
+    # Two consecutive snapshots at or above the target; the warm model (step 0) never counts.
+    assert peer_gain.steps_to_target(points, 0.45, 80) == (12, False)
+    assert peer_gain.steps_to_target(points, 0.6, 80) == (80, True)  # one snapshot at it is not enough
+    assert peer_gain.steps_to_target([{"step": 0, "accuracy": 0.9}, {"step": 4, "accuracy": 0.1}], 0.5, 80) == (
+        80,
+        True,
+    )
+
+
+def test_peer_gain_phi_is_the_swarm_between_the_two_alone_arms():
+    import peer_gain
+
+    assert peer_gain.phi_value(0.10, 0.10, 0.02) == pytest.approx(1.0)  # as much as A_P
+    assert peer_gain.phi_value(0.02, 0.10, 0.02) == pytest.approx(0.0)  # as little as A_1
+    assert peer_gain.phi_value(0.06, 0.10, 0.02) == pytest.approx(0.5)
+    assert peer_gain.phi_value(0.06, 0.05, 0.05) is None  # A_P and A_1 gain the same: undefined
+    # The ratio of means over seeds, not the mean of per-seed ratios.
+    triples = [(0.06, 0.10, 0.02), (0.05, 0.05, 0.0)]
+    assert peer_gain.ratio_of_means_phi(triples) == pytest.approx((0.055 - 0.01) / (0.075 - 0.01))
+    low, high = peer_gain.bootstrap(triples, peer_gain.ratio_of_means_phi, draws=200)
+    assert 0.5 - 1e-9 <= low <= high <= 1.0 + 1e-9  # the per-seed values are 0.5 and 1.0
+
+
+def test_peer_gain_rate_rule_and_target_offset_from_records():
+    import peer_gain
+
+    def run(seed, rate, slot, peer):
+        return {"kind": "run", "seed": seed, "rate_key": f"{rate:g}", "slot": slot, "peer": peer,
+                "model": "carry-big"}  # fmt: skip
+
+    def snap(seed, rate, slot, peer, step, accuracy):
+        return {"kind": "checkpoint", "seed": seed, "rate_key": f"{rate:g}", "slot": slot, "peer": peer,
+                "split": "dev", "step": step, "accuracy": accuracy}  # fmt: skip
+
+    records = []
+    for seed in (1, 2):
+        records.append({"kind": "warm", "seed": seed, "model": "carry-big", "split": "dev", "accuracy": 0.3})
+        for rate, accs in ((6e-5, (0.4, 0.5, 0.6)), (2e-4, (0.5, 0.4, 0.3))):
+            records.append(run(seed, rate, "alone", "A_1"))
+            records += [snap(seed, rate, "alone", "A_1", 4 * i, a) for i, a in enumerate(accs, 1)]
+    choice = peer_gain.rate_choice(records)
+    # Mean gains: 6e-5 -> 0.5 - 0.3 = 0.2; 2e-4 -> 0.4 - 0.3 = 0.1; so A_1 takes 6e-5.
+    assert choice["A_1"]["rate"] == 6e-5
+    assert choice["A_1"]["table"][6e-5]["gain"] == pytest.approx(0.2)
+    assert "A_2" not in choice  # no records, no rate
+    # End gain at 6e-5 is 0.5 - 0.3 = 0.2 in both seeds: the offset is half of it.
+    assert peer_gain.target_offset(choice) == pytest.approx(0.1)
