@@ -235,12 +235,13 @@ def run_slot(slot: str, seed: int, rates: dict[str, float], cache: Path, work: P
             for other in processes.values():
                 other.kill()
             raise SystemExit(f"{slot} seed {seed} {name} failed:\n" + (work / name / "log.txt").read_text()[-3000:])
-    records = []
+    records, run_id = [], f"{seed}-{rates['key']}-{slot}-{time.time_ns()}"
     for name, spec in specs.items():
         run = json.loads((Path(spec["out"]) / "run.json").read_text())
         records.append(
             {
                 "kind": "run",
+                "run_id": run_id,
                 "seed": seed,
                 "slot": slot,
                 "rate_key": rates["key"],
@@ -259,27 +260,66 @@ def run_slot(slot: str, seed: int, rates: dict[str, float], cache: Path, work: P
 
 
 # ---- offline evaluation ----------------------------------------------------------------------------------------------
-def evaluate_pending(records: list[dict], sink, cache: Path, splits: tuple[str, ...]) -> list[dict]:
-    """Evaluate, on each of `splits`, every snapshot of a judged process (the last snapshot of a descriptive one) and
-    every warm model without an evaluation record, in two pinned worker processes; drop evaluated snapshot files."""
-    done = {(r["seed"], r["rate_key"], r["slot"], r["peer"], r["index"], r["split"]) for r in records
-            if r["kind"] == "checkpoint"}  # fmt: skip
-    warm_done = {(r["seed"], r["model"], r["split"]) for r in records if r["kind"] == "warm"}
+class Run(dict):
+    """A run record usable as a dict key (by its run id and process)."""
+
+    def __hash__(self):
+        return hash((self.get("run_id"), self["seed"], self["rate_key"], self["slot"], self["peer"]))
+
+
+def snapshot_key(record: dict, index: int, split: str) -> tuple:
+    """One evaluation of one snapshot of one run (records written before run ids have `None`)."""
+    return (record.get("run_id"), record["seed"], record["rate_key"], record["slot"], record["peer"], index, split)
+
+
+def latest_runs(records: list[dict]) -> dict:
+    """(seed, rate_key, slot, peer) -> the last run record of that process (a slot trained again replaces it)."""
+    return {(r["seed"], r["rate_key"], r["slot"], r["peer"]): r for r in records if r["kind"] == "run"}
+
+
+def pending_snapshots(records: list[dict], splits: tuple[str, ...]) -> dict:
+    """Each latest run that is evaluated -> [(split, snapshot)] it needs: every snapshot of a judged process, the
+    last of a descriptive one."""
     judged = {(slot, peer) for slot, peers, _ in ARMS.values() for peer in peers}
-    items = []
-    for run in (r for r in records if r["kind"] == "run"):
+    out = {}
+    for run in latest_runs(records).values():
         key = (run["slot"], run["peer"])
         if key not in judged and key not in DESCRIPTIVE:
             continue
         snaps = run["snapshots"] if key in judged else run["snapshots"][-1:]
+        out[Run(run, run_id=run.get("run_id"))] = [(split, snap) for split in splits for snap in snaps]
+    return out
+
+
+def lost_slots(records: list[dict], splits: tuple[str, ...]) -> set:
+    """(seed, rate_key, slot) whose latest runs miss an evaluation whose snapshot file is gone: trained again."""
+    done = {snapshot_key(r, r["index"], r["split"]) for r in records if r["kind"] == "checkpoint"}
+    lost = set()
+    for run, snaps in pending_snapshots(records, splits).items():
+        for split, snap in snaps:
+            missing = snapshot_key(run, snap["index"], split) not in done
+            if missing and not (Path(run["out"]) / f"ckpt-{snap['index']}.pt").exists():
+                lost.add((run["seed"], run["rate_key"], run["slot"]))
+    return lost
+
+
+def evaluate_pending(records: list[dict], sink, cache: Path, splits: tuple[str, ...]) -> list[dict]:
+    """Evaluate, on each of `splits`, every snapshot of a judged process (the last snapshot of a descriptive one) and
+    every warm model without an evaluation record, in two pinned worker processes; drop evaluated snapshot files."""
+    done = {snapshot_key(r, r["index"], r["split"]) for r in records if r["kind"] == "checkpoint"}
+    warm_done = {(r["seed"], r["model"], r["split"]) for r in records if r["kind"] == "warm"}
+    items = []
+    for run, snaps in pending_snapshots(records, splits).items():
+        for split, snap in snaps:
+            if snapshot_key(run, snap["index"], split) in done:
+                continue
+            weights = Path(run["out"]) / f"ckpt-{snap['index']}.pt"
+            if not weights.exists():  # lost with a chunk cut short: its slot is trained again (`lost_slots`)
+                continue
+            record = {"kind": "checkpoint", "run_id": run["run_id"], "seed": run["seed"], "rate_key": run["rate_key"],
+                      "slot": run["slot"], "peer": run["peer"], "arm": run["arm"], "split": split, **snap}  # fmt: skip
+            items.append({"model": str(cache / run["model"]), "weights": str(weights), "record": record})
         for split in splits:
-            for snap in snaps:
-                if (run["seed"], run["rate_key"], run["slot"], run["peer"], snap["index"], split) in done:
-                    continue
-                weights = Path(run["out"]) / f"ckpt-{snap['index']}.pt"
-                record = {"kind": "checkpoint", "seed": run["seed"], "rate_key": run["rate_key"], "slot": run["slot"],
-                          "peer": run["peer"], "arm": run["arm"], "split": split, **snap}  # fmt: skip
-                items.append({"model": str(cache / run["model"]), "weights": str(weights), "record": record})
             if (run["seed"], run["model"], split) not in warm_done:
                 warm_done.add((run["seed"], run["model"], split))
                 record = {"kind": "warm", "seed": run["seed"], "model": run["model"], "split": split}
@@ -296,10 +336,12 @@ def curves(records: list[dict], split: str, metric: str = "accuracy") -> dict:
     """(seed, rate_key, slot, peer) -> [{step, accuracy}] sorted by step, the warm model's value at step 0; the
     "accuracy" key holds `metric` ("accuracy" or "reward")."""
     warm = {(r["seed"], r["model"]): r[metric] for r in records if r["kind"] == "warm" and r["split"] == split}
-    runs = {(r["seed"], r["rate_key"], r["slot"], r["peer"]): r for r in records if r["kind"] == "run"}
+    runs = latest_runs(records)
     out: dict = {}
     for r in records:
-        if r["kind"] == "checkpoint" and r["split"] == split:
+        key = (r["seed"], r.get("rate_key"), r.get("slot"), r.get("peer"))
+        latest = runs.get(key)
+        if r["kind"] == "checkpoint" and r["split"] == split and latest and r.get("run_id") == latest.get("run_id"):
             out.setdefault((r["seed"], r["rate_key"], r["slot"], r["peer"]), []).append(
                 {"step": r["step"], "accuracy": r[metric]}
             )
@@ -636,7 +678,9 @@ def main() -> None:
         began = time.time()
         options.cache.mkdir(parents=True, exist_ok=True)
         ttt.build_warm(options.cache, seeds, ["hetero"])
-        done = {(r["seed"], r["rate_key"], r["slot"]) for r in records if r["kind"] == "run"}
+        done = {(r["seed"], r["rate_key"], r["slot"]) for r in records if r["kind"] == "run"} - lost_slots(
+            records, splits
+        )
         RESULTS.mkdir(exist_ok=True)
         with open(raw, "a") as sink:
             stopped = False
@@ -657,6 +701,8 @@ def main() -> None:
                         print(f"seed {seed} lr {rates['key']} {slot}: " + ", ".join(
                             f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s" for r in got)
                               + f"; slot {got[0]['slot_wall_seconds']:.0f} s", flush=True)  # fmt: skip
+                        # Evaluate each slot as soon as it is trained: a chunk cut short leaves no snapshot behind.
+                        records += evaluate_pending(records, sink, options.cache, splits)
                     if stopped:
                         break
                 if stopped:
