@@ -3,6 +3,7 @@ few model widths, depths and completion lengths on this machine.
 
     OMP_NUM_THREADS=1 python benchmarks/frontier.py | tee benchmarks/results/frontier.txt
     OMP_NUM_THREADS=1 python benchmarks/frontier.py --quick          # two small configurations, 3 steps: a smoke test
+    OMP_NUM_THREADS=1 python benchmarks/frontier.py --tag amended | tee benchmarks/results/frontier-amended.txt
 
 Why. Wall time to a target is steps x seconds per step. A swarm peer generates B own rows a step and trains on P x B;
 A_N generates and trains on P x B. Their step times differ by what generating B instead of P x B rows saves, so the
@@ -46,7 +47,7 @@ RESULTS = HERE / "results"
 
 OWN_ROWS = 32  # B: 4 prompts x 8 completions
 NUM_GENERATIONS = 8
-#: (hidden size, layers, digits, measured steps). Completion length = `max_chain_tokens(digits)` (20 / 70 / 140).
+#: (hidden size, layers, digits, measured steps). Completion length = `max_chain_tokens(digits)` (20 / 40 / 70 / 140).
 CONFIGS = [
     (64, 2, 2, 12),  # the phi / beta experiment's model and task
     (64, 2, 7, 8),
@@ -56,6 +57,10 @@ CONFIGS = [
     (128, 4, 14, 5),
     (256, 4, 14, 4),
     (512, 4, 7, 4),
+    # Amendment 1 of benchmarks/peer_gain.md: 4-digit chains (40 tokens), which a 128-wide model learns.
+    (64, 2, 4, 10),
+    (128, 2, 4, 8),
+    (256, 2, 4, 6),
 ]
 QUICK_CONFIGS = [(64, 2, 2, 3), (64, 2, 7, 3)]
 MAX_STEP_SECONDS = 6.0
@@ -170,6 +175,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two small configurations, 3 steps each")
     parser.add_argument("--summary-only", action="store_true", help="print the table from the raw records")
+    parser.add_argument("--tag", default="", help="results file suffix: frontier-TAG.jsonl (a rerun keeps the first)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.measure:
@@ -177,7 +183,8 @@ def main() -> None:
         result = measure(spec)
         Path(spec["out"]).write_text(json.dumps({"spec": spec, **result}))
         return
-    raw = RESULTS / ("frontier-quick.jsonl" if options.quick else "frontier.jsonl")
+    tag = "-quick" if options.quick else f"-{options.tag}" if options.tag else ""
+    raw = RESULTS / f"frontier{tag}.jsonl"
     if not options.summary_only:
         git = ["git", "rev-parse", "--short", "HEAD"]
         rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
