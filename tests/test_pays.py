@@ -193,9 +193,24 @@ def test_pays_command(tmp_path, capsys):
     expected = wall_ratios(hardware, 0.8, 2.0)["vs_full"]
     assert f"wall time swarm / A_N (as many rows a step): {expected:.2f}" in out
     assert "q = A_N/P step / A_N step" in out and "assumed: training in proportion to rows" in out
+    assert "from a generation share f >= " in out
     assert cli.main(["pays", str(peer), "--phi", "0.8", "1.0", "0.6", "--beta", "2"]) == 2
     assert "LOW <= EST <= HIGH" in capsys.readouterr().err
     assert cli.main(["pays", str(peer), "--phi", "0.8", "--beta", "0"]) == 2
     assert "--beta must be > 0" in capsys.readouterr().err
     assert cli.main(["pays", str(tmp_path / "nowhere"), "--phi", "0.8", "--beta", "2"]) == 2
     assert "no ftis_summary.json" in capsys.readouterr().err
+
+
+def test_break_even_share_by_hand():
+    from trl_ftis.pays import break_even_share
+
+    # phi = 1, beta = 2, P = 2, s = 2, r = 0, q assumed: the swarm takes A_N's steps, its step is 1 - f/2 and A_N/P's
+    # wall is beta x (f/2 + (1 - f)/2) = 1, so the better alone run has wall 1 and any f > 0 pays.
+    assert break_even_share(2, (1.0, 1.0), (2.0, 2.0)) == pytest.approx(0.005)
+    # With r = 0.2 the step is (1 - f/2) / 0.8 < 1 only for f > 0.4.
+    assert break_even_share(2, (1.0, 1.0), (2.0, 2.0), r=0.2) == pytest.approx(0.405)
+    # Latency-bound generation (s = 1) saves nothing: the step ratio is 1 whatever f, so joining never pays.
+    assert break_even_share(2, (1.0, 1.0), (2.0, 2.0), s=1.0) is None
+    # Worthless peer rows (phi = 0) take A_N/P's steps on a dearer step: never.
+    assert break_even_share(2, (0.0, 0.0), (2.0, 2.0)) is None

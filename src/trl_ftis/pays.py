@@ -43,6 +43,7 @@ from .rules import SUMMARY_FILE
 
 __all__ = [
     "Hardware",
+    "break_even_share",
     "factors_from_summaries",
     "format_report",
     "step_ratio",
@@ -152,6 +153,28 @@ def wall_ratio_range(
             low_high = out.setdefault(key, [math.inf, -math.inf])
             low_high[0], low_high[1] = min(low_high[0], value), max(low_high[1], value)
     return {key: (low, high) for key, (low, high) in out.items()}
+
+
+def break_even_share(
+    peers: int,
+    phi: tuple[float, float],
+    beta: tuple[float, float],
+    *,
+    s: float | None = None,
+    r: float = 0.0,
+    q: float | None = None,
+    resolution: int = 200,
+) -> float | None:
+    """The smallest generation share f (on a grid of `resolution` steps over [0, 1)) at which the whole predicted
+    range of the swarm's wall time over the better alone run is below 1, for phi and beta in their intervals, the
+    generation scaling `s` (default P: generation in proportion to the rows), exchange share `r` and A_N/P step `q`
+    (default: assumed from f and s); `None` when no f below 1 makes joining pay."""
+    for i in range(resolution):
+        f = i / resolution
+        setting = Hardware(peers=peers, f=f, s=float(peers) if s is None else s, r=r, q=q)
+        if wall_ratio_range(setting, phi, beta, points=5)["vs_best"][1] < 1.0:
+            return f
+    return None
 
 
 def verdict(low: float, high: float) -> str:
@@ -288,6 +311,12 @@ def format_report(hardware: Hardware, phi: tuple[float, float, float], beta: tup
     for key, name in names.items():
         low, high = ranges[key]
         lines.append(f"wall time swarm / {name}: {point[key]:.2f} [{low:.2f}, {high:.2f}]: {verdict(low, high)}")
+    share = break_even_share(hardware.peers, phi[1:], beta[1:], s=hardware.s, r=hardware.r)
+    lines.append(
+        "joining pays against the better alone run, over the whole phi and beta range, from a generation share f >= "
+        + (f"{share:.3f}" if share is not None else "- (never below 1)")
+        + " at this s and r (q assumed from f)"
+    )
     if hardware.assumed:
         lines.append(
             "assumed factors are predictions: run alone with P x B rows (and with B) a step on the same hardware to "
