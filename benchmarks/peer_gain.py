@@ -434,7 +434,14 @@ def target_offset(choice: dict[str, dict]) -> float | None:
 
 
 # ---- summaries ---------------------------------------------------------------------------------------------------------
+def cpu_hours(records: list[dict]) -> str:
+    """The training processes' CPU time in the records (every run, latest or not; evaluation not included)."""
+    runs = [r for r in records if r["kind"] == "run"]
+    return f"training CPU time in these records: {sum(r['cpu_seconds'] for r in runs) / 3600:.2f} h over {len(runs)} processes"
+
+
 def summarise_lr(records: list[dict]) -> None:
+    print(cpu_hours(records))
     choice = rate_choice(records)
     print("Learning-rate choice (dev split; mean gain over the warm model across the budget's snapshots, mean over "
           f"seeds {sorted({r['seed'] for r in records if r['kind'] == 'run'})})")  # fmt: skip
@@ -453,6 +460,7 @@ def summarise_lr(records: list[dict]) -> None:
 
 def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], split: str = "test") -> dict:
     """The pre-registered analysis (benchmarks/peer_gain.md); returns the numbers it prints."""
+    print(cpu_hours(records))
     curve = curves(records, split)
     seeds = sorted({r["seed"] for r in records if r["kind"] == "run"})
     runs = {(r["seed"], r["slot"], r["peer"]): r for r in records if r["kind"] == "run"}
