@@ -546,7 +546,30 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
             f"| {arm} | {phi:.2f} | [{low:.2f}, {high:.2f}] | {high - low:.2f} | {end_phi:.2f} | {per_step:.1f} of "
             f"{(p - 1) * OWN_ROWS} | {per_row:.2f} |"
         )
+    print_break_even(result)
     return result
+
+
+def print_break_even(result: dict) -> None:
+    """The decision rule's prediction for other hardware: per swarm arm, the smallest generation share f from which
+    the whole predicted range against the better alone run is below 1, with generation in proportion to the rows
+    (s = P), for r = 0.02 and 0.1 (`trl_ftis.pays.break_even_share`, phi's bootstrap and beta's t-interval)."""
+    from trl_ftis.pays import break_even_share
+
+    print("\nPrediction (not measured): the generation share f from which joining pays against the better alone run, "
+          "s = P, q assumed")  # fmt: skip
+    print("| arm | phi range | beta range | f from (r = 0.02) | f from (r = 0.1) |")
+    print("|---|---|---|---|---|")
+    for arm in SWARM_ARMS:
+        p = ARMS[arm][2]
+        phi = result["phi"].get(arm)
+        beta = result["ratios"].get(f"beta_{p}: A_1 / A_{p}")
+        if not phi or not beta or any(math.isnan(x) for x in (phi["low"], phi["high"], beta["low"], beta["high"])):
+            continue
+        phis, betas = (phi["low"], phi["high"]), (beta["low"], beta["high"])
+        cells = [break_even_share(p, phis, betas, r=r) for r in (0.02, 0.1)]
+        text = ["never" if c is None else f"{c:.3f}" for c in cells]
+        print(f"| {arm} | [{phis[0]:.2f}, {phis[1]:.2f}] | [{betas[0]:.2f}, {betas[1]:.2f}] | {text[0]} | {text[1]} |")
 
 
 def summarise_ood(records: list[dict], metric: str = "reward") -> None:
