@@ -384,8 +384,10 @@ def ratio_of_means_phi(triples: list[tuple[float, float, float]]) -> float | Non
     return phi_value(*(statistics.fmean(t[i] for t in triples) for i in range(3)))
 
 
-def bootstrap(triples: list, statistic, draws: int = BOOTSTRAP, seed: int = 0) -> tuple[float, float]:
-    """Percentile 95% interval of `statistic` over seeds resampled with replacement (None draws left out)."""
+def bootstrap(triples: list, statistic, draws: int | None = None, seed: int = 0) -> tuple[float, float]:
+    """Percentile 95% interval of `statistic` over seeds resampled with replacement, `draws` times (default
+    `BOOTSTRAP`; None draws left out)."""
+    draws = draws or BOOTSTRAP
     rng = random.Random(seed)
     values = sorted(
         v for v in (statistic([rng.choice(triples) for _ in triples]) for _ in range(draws)) if v is not None

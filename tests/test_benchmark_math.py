@@ -107,3 +107,40 @@ def test_peer_gain_rate_rule_and_target_offset_from_records():
     assert "A_2" not in choice  # no records, no rate
     # End gain at 6e-5 is 0.5 - 0.3 = 0.2 in both seeds: the offset is half of it.
     assert peer_gain.target_offset(choice) == pytest.approx(0.1)
+
+
+def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
+    import peer_gain
+
+    monkeypatch.setattr(peer_gain, "BOOTSTRAP", 200)
+    slopes = {"A_1": 0.1, "A_2": 0.2, "A_4": 0.3, "copy-2": 0.15, "hetero-2": 0.12, "copy-4": 0.2, "hetero-4": 0.1}
+    records = []
+    for seed in (1, 2, 3):
+        records.append({"kind": "warm", "seed": seed, "model": "big", "split": "test", "accuracy": 0.3})
+        for arm, (slot, peers, p) in peer_gain.ARMS.items():
+            for peer in peers:
+                run_id = f"{seed}-{slot}"
+                records.append({"kind": "run", "run_id": run_id, "seed": seed, "rate_key": "chosen", "slot": slot,
+                                "peer": peer, "model": "big", "steps": 80, "cpu_seconds": 36.0,
+                                "peer_rows_in_loss": 80 * 32 * (p - 1) * 0.5})  # fmt: skip
+                for index in range(20):
+                    step = 4 * (index + 1)
+                    records.append({"kind": "checkpoint", "run_id": run_id, "seed": seed, "rate_key": "chosen",
+                                    "slot": slot, "peer": peer, "split": "test", "index": index, "step": step,
+                                    "accuracy": 0.3 + slopes[arm] * step / 80})  # fmt: skip
+    rates = dict.fromkeys(peer_gain.ARMS, 6e-5)
+    result = peer_gain.summarise_grid(records, 0.051, rates)
+    out = capsys.readouterr().out
+    assert result["complete_seeds"] == [1, 2, 3]
+    # Mean gain = slope x mean(step / 80) = slope x 0.525: phi is a ratio of slopes.
+    assert result["phi"]["copy-2"]["phi"] == pytest.approx((0.15 - 0.1) / (0.2 - 0.1))
+    assert result["phi"]["hetero-2"]["phi"] == pytest.approx((0.12 - 0.1) / (0.2 - 0.1))
+    assert result["phi"]["copy-4"]["phi"] == pytest.approx((0.2 - 0.1) / (0.3 - 0.1))
+    assert result["phi"]["hetero-4"]["phi"] == pytest.approx(0.0, abs=1e-9)
+    # Half the rows of the design reached the loss: phi per received row is twice phi.
+    assert result["phi"]["copy-2"]["per_received_row"] == pytest.approx(2 * 0.5)
+    # Target 0.351: A_1 first at or above it at step 44 (0.355), A_2 at 24 (0.36), A_4 at 16 (0.36).
+    assert result["steps"]["A_1"]["mean"] == 44 and result["steps"]["A_2"]["mean"] == 24
+    assert result["ratios"]["beta_2: A_1 / A_2"]["ratio"] == pytest.approx(44 / 24)
+    assert result["ratios"]["beta_4: A_1 / A_4"]["ratio"] == pytest.approx(44 / 16)
+    assert "Prediction (not measured)" in out and "training CPU time in these records: 0.33 h" in out  # 33 x 36 s
