@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -132,8 +131,14 @@ def shares(record: dict) -> tuple[float, float]:
 def steps_ratio(phi: float, beta: float, own_share: float) -> float:
     """Steps to a target of a swarm peer against an alone arm, when steps scale as rows^-log2(beta) and a peer row
     counts phi of an own row: the swarm trains on own_share x (1 + phi) of the alone arm's rows (own_share 1/2 against
-    A_N, 1 against A_N/2)."""
-    return (own_share * (1 + phi)) ** -math.log2(beta)
+    A_N, 1 against A_N/2). The formula is `trl_ftis.pays.steps_ratio`'s (against A_N; divided by beta against
+    A_N/2)."""
+    from trl_ftis.pays import steps_ratio as against_full
+
+    if own_share not in (0.5, 1.0):
+        raise ValueError(f"own_share is 0.5 (against A_N) or 1 (against A_N/2), not {own_share}")
+    ratio = against_full(phi, beta, 2)
+    return ratio if own_share == 0.5 else ratio / beta
 
 
 def predicted_wall_ratios(ratios: dict, phi: tuple[float, float, float], beta: float):
