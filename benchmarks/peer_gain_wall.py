@@ -274,6 +274,27 @@ def predicted(factors: dict, learning: dict) -> str:
     return format_report(hardware, learning["phi"], learning["beta"])
 
 
+def pilot_rule(records: list[dict]) -> dict | None:
+    """The plan's rules on the pilot's records: the target offset is 0.5 x the median over the pilot seeds of A_1's
+    end gain (mean of its last 3 snapshots over the warm accuracy); the budget is the smallest multiple of
+    `CHECKPOINT_STEPS` within 80% of which A_1 reached that target in every pilot seed. None when A_1 did not reach it
+    in every pilot seed (then the pilot runs again with a longer `--steps`)."""
+    curve = curves(records)
+    seeds = sorted({seed for seed, peer in curve if peer == "A_1"})
+    if not seeds:
+        return None
+    gains = [statistics.fmean(p["accuracy"] for p in curve[(s, "A_1")][-3:]) - curve[(s, "A_1")][0]["accuracy"]
+             for s in seeds]  # fmt: skip
+    offset = 0.5 * statistics.median(gains)
+    warm = curve[(seeds[0], "A_1")][0]["accuracy"]
+    reached = [time_to_target(curve[(s, "A_1")], warm + offset) for s in seeds]
+    if any(censored for _, _, censored in reached):
+        return {"offset": offset, "budget": None, "gains": gains}
+    needed = max(steps for _, steps, _ in reached) / 0.8
+    budget = CHECKPOINT_STEPS * math.ceil(needed / CHECKPOINT_STEPS)
+    return {"offset": offset, "budget": budget, "gains": gains}
+
+
 def summarise(records: list[dict], target_offset: float | None) -> None:
     curve = curves(records)
     seeds = sorted({k[0] for k in curve})
@@ -373,6 +394,9 @@ def main() -> None:
                                                               for r in got), flush=True)  # fmt: skip
             records += evaluate_pending(records, sink, checkpoint)
     summarise(records, TARGET_OFFSET if options.stage == "grid" else None)
+    if options.stage == "pilot":
+        rule = pilot_rule(records)
+        print(f"pilot rule (benchmarks/peer_gain.md, part B): {rule}")
 
 
 if __name__ == "__main__":

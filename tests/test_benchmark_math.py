@@ -144,3 +144,21 @@ def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
     assert result["ratios"]["beta_2: A_1 / A_2"]["ratio"] == pytest.approx(44 / 24)
     assert result["ratios"]["beta_4: A_1 / A_4"]["ratio"] == pytest.approx(44 / 16)
     assert "Prediction (not measured)" in out and "training CPU time in these records: 0.33 h" in out  # 33 x 36 s
+
+
+def test_peer_gain_wall_pilot_rule_by_hand():
+    import peer_gain_wall
+
+    def points(seed, accuracies):
+        return [{"kind": "checkpoint", "seed": seed, "peer": "A_1", "step": 5 * (i + 1), "clock": float(i + 1),
+                 "accuracy": a} for i, a in enumerate(accuracies)]  # fmt: skip
+
+    records = [{"kind": "warm", "accuracy": 0.2}]
+    records += points(1, [0.22, 0.26, 0.3, 0.34, 0.38, 0.4, 0.4, 0.4])  # end gain 0.2
+    records += points(2, [0.21, 0.23, 0.25, 0.27, 0.29, 0.3, 0.3, 0.3])  # end gain 0.1
+    rule = peer_gain_wall.pilot_rule(records)
+    # Offset 0.5 x median(0.2, 0.1) = 0.075: target 0.275; seed 1 reaches it at step 15, seed 2 at step 25.
+    assert rule["offset"] == pytest.approx(0.075)
+    assert rule["budget"] == 35  # 25 / 0.8 = 31.25, up to a multiple of 5
+    records = [r for r in records if r.get("seed") != 2] + points(2, [0.2] * 8)  # seed 2 never learns
+    assert peer_gain_wall.pilot_rule(records)["budget"] is None
