@@ -45,9 +45,6 @@ CHECKPOINT_STEPS = 5
 EVAL_SIZE = 300
 PILOT_SEEDS = (950, 951)
 GRID_SEEDS = tuple(range(8))
-#: Fixed from the pilot by the plan's rules (None until then): the step budget and the target offset.
-BUDGET_STEPS: int | None = None
-TARGET_OFFSET: float | None = None
 ARMS = {"A_2": ("alone", ("A_2",)), "A_1": ("alone", ("A_1",)), "copy-2": ("copies", ("a", "b"))}
 
 
@@ -367,10 +364,11 @@ def main() -> None:
         raise SystemExit("--config is for smoke tests (--stage quick); the plan fixes CONFIG")
     raw = RESULTS / f"peer_gain_wall-{options.stage}.jsonl"
     records = peer_gain.load(raw)
-    steps = {"quick": 10, "pilot": options.steps or 200, "grid": BUDGET_STEPS}[options.stage]
+    rule = pilot_rule(peer_gain.load(RESULTS / "peer_gain_wall-pilot.jsonl")) if options.stage == "grid" else None
+    steps = {"quick": 10, "pilot": options.steps or 200, "grid": rule and rule["budget"]}[options.stage]
     seeds = {"quick": (990,), "pilot": PILOT_SEEDS, "grid": GRID_SEEDS}[options.stage]
     if steps is None:
-        raise SystemExit("BUDGET_STEPS is fixed from the pilot first (benchmarks/peer_gain.md, part B)")
+        raise SystemExit("the budget comes from the pilot (benchmarks/peer_gain.md, part B): run --stage pilot first")
     choice = peer_gain.rate_choice(peer_gain.load(RESULTS / "peer_gain-lr.jsonl"))
     if options.stage != "quick" and any(arm not in choice for arm in ARMS):
         raise SystemExit("part A's learning-rate stage is not complete: its rates are this part's")
@@ -393,7 +391,7 @@ def main() -> None:
                     print(f"seed {seed} {slot}: " + ", ".join(f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s"
                                                               for r in got), flush=True)  # fmt: skip
             records += evaluate_pending(records, sink, checkpoint)
-    summarise(records, TARGET_OFFSET if options.stage == "grid" else None)
+    summarise(records, rule["offset"] if rule else None)
     if options.stage == "pilot":
         rule = pilot_rule(records)
         print(f"pilot rule (benchmarks/peer_gain.md, part B): {rule}")
