@@ -117,6 +117,7 @@ def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
     records = []
     for seed in (1, 2, 3):
         records.append({"kind": "warm", "seed": seed, "model": "big", "split": "test", "accuracy": 0.3})
+        records.append({"kind": "warm", "seed": seed, "model": "big", "split": "ood", "accuracy": 0.0, "reward": 0.1})
         for arm, (slot, peers, p) in peer_gain.ARMS.items():
             for peer in peers:
                 run_id = f"{seed}-{slot}"
@@ -128,6 +129,9 @@ def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
                     records.append({"kind": "checkpoint", "run_id": run_id, "seed": seed, "rate_key": "chosen",
                                     "slot": slot, "peer": peer, "split": "test", "index": index, "step": step,
                                     "accuracy": 0.3 + slopes[arm] * step / 80})  # fmt: skip
+                    records.append({"kind": "checkpoint", "run_id": run_id, "seed": seed, "rate_key": "chosen",
+                                    "slot": slot, "peer": peer, "split": "ood", "index": index, "step": step,
+                                    "accuracy": 0.0, "reward": 0.1 + seed * slopes[arm] * step / 800})  # fmt: skip
     rates = dict.fromkeys(peer_gain.ARMS, 6e-5)
     result = peer_gain.summarise_grid(records, 0.051, rates)
     out = capsys.readouterr().out
@@ -144,6 +148,10 @@ def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
     assert result["ratios"]["beta_2: A_1 / A_2"]["ratio"] == pytest.approx(44 / 24)
     assert result["ratios"]["beta_4: A_1 / A_4"]["ratio"] == pytest.approx(44 / 16)
     assert "Prediction (not measured)" in out and "training CPU time in these records: 0.33 h" in out  # 33 x 36 s
+    # Out of distribution: reward gains seed x slope x 0.0525; copy-2 - A_1 = seed x 0.05 x 0.0525, mean over 1-3.
+    peer_gain.summarise_ood(records, "reward")
+    out = capsys.readouterr().out
+    assert f"| copy-2 - A_1 | {2 * 0.05 * 0.0525:+.4f} |" in out
 
 
 def test_peer_gain_wall_pilot_rule_by_hand():
