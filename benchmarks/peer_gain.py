@@ -87,6 +87,7 @@ OOD_SIZE = 500
 #: dev split at the end of the learning-rate seeds' budget (mean of the last 3 snapshots).
 TARGET_FRACTION = 0.5
 BOOTSTRAP = 10_000
+DECISIVE_WIDTH = 0.3  # the plan calls phi decisive where its interval is at most this wide
 
 
 # ---- the evaluation splits -----------------------------------------------------------------------------------------
@@ -514,7 +515,7 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
     result["ratios"] = {}
     for name, logs in comparisons.items():
         ratio, low, high = geo_interval(logs)
-        reading = "not distinguishable" if low <= 1 <= high else ("above 1" if low > 1 else "below 1")
+        reading = steps_reading(ratio, adjusted[name])
         result["ratios"][name] = {"ratio": ratio, "low": low, "high": high, "holm": adjusted[name], "reading": reading}
         lower, higher = sum(v < 0 for v in logs), sum(v > 0 for v in logs)
         print(
@@ -548,8 +549,24 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
             f"| {arm} | {phi:.2f} | [{low:.2f}, {high:.2f}] | {high - low:.2f} | {end_phi:.2f} | {per_step:.1f} of "
             f"{(p - 1) * OWN_ROWS} | {per_row:.2f} |"
         )
+    wide = {arm: v for arm, v in result["phi"].items() if v["high"] - v["low"] > DECISIVE_WIDTH}
+    for arm, v in wide.items():
+        print(f"{arm}: phi not decisive (interval {v['high'] - v['low']:.2f} wide > {DECISIVE_WIDTH}); this spread "
+              f"implies about {seeds_for_width(len(complete), v['high'] - v['low'])} seeds")  # fmt: skip
     print_break_even(result)
     return result
+
+
+def steps_reading(ratio: float, holm_p: float, alpha: float = 0.05) -> str:
+    """The plan's reading of one steps ratio: a direction only where it is distinguishable after Holm."""
+    if not holm_p < alpha:
+        return "not distinguishable"
+    return "above 1" if ratio > 1 else "below 1"
+
+
+def seeds_for_width(seeds: int, width: float, aim: float = 0.3) -> int:
+    """Seeds a bootstrap interval `width` wide over `seeds` seeds needs to be `aim` wide (width ~ 1/sqrt(seeds))."""
+    return math.ceil(seeds * (width / aim) ** 2)
 
 
 def print_break_even(result: dict) -> None:

@@ -83,6 +83,19 @@ def test_peer_gain_phi_is_the_swarm_between_the_two_alone_arms():
     assert 0.5 - 1e-9 <= low <= high <= 1.0 + 1e-9  # the per-seed values are 0.5 and 1.0
 
 
+def test_peer_gain_reads_a_steps_ratio_only_after_holm():
+    import peer_gain
+
+    # An interval that excludes 1 is not a finding when the Holm-adjusted p-value is 0.05 or more.
+    assert peer_gain.steps_reading(1.44, 0.141) == "not distinguishable"
+    assert peer_gain.steps_reading(2.24, 0.001) == "above 1"
+    assert peer_gain.steps_reading(0.57, 0.0193) == "below 1"
+    assert peer_gain.steps_reading(0.9, 0.05) == "not distinguishable"
+    # Width ~ 1/sqrt(seeds): 16 seeds at 0.6 wide need 64 for 0.3; a narrow one needs no more.
+    assert peer_gain.seeds_for_width(16, 0.6) == 64
+    assert peer_gain.seeds_for_width(16, 0.3) == 16
+
+
 def test_peer_gain_rate_rule_and_target_offset_from_records():
     import peer_gain
 
