@@ -146,6 +146,16 @@ def choose(summaries: list[tuple[dict, dict]]) -> dict | None:
     return min(near, key=lambda item: item[1]["step_A_N"])[0]
 
 
+def rule_order(summaries: list[tuple[dict, dict]]) -> list[dict]:
+    """The eligible configurations in the order the choice rule takes them: `choose`, then `choose` among the rest
+    (the fallback order of benchmarks/peer_gain.md, part B)."""
+    order, rest = [], list(summaries)
+    while (chosen := choose(rest)) is not None:
+        order.append(chosen)
+        rest = [(spec, s) for spec, s in rest if spec is not chosen]
+    return order
+
+
 def print_table(records: list[dict]) -> None:
     print(f"B = {OWN_ROWS} rows; medians over counted steps; seconds are context only, ratios are the result")
     print("| hidden | layers | digits | tokens | params | gen(B) s | gen(2B) s | s = gen(2B)/gen(B) | f (A_N) | "
@@ -169,6 +179,8 @@ def print_table(records: list[dict]) -> None:
             f"chosen by the rule (A_N step <= {MAX_STEP_SECONDS} s, lowest predicted ratio, ties to the cheaper step): "
             f"hidden {chosen['hidden']}, {chosen['layers']} layers, {chosen['digits']} digits"
         )
+        order = ", ".join(f"{c['hidden']}/{c['layers']}/{c['digits']}" for c in rule_order(summaries))
+        print(f"the rule's order (hidden/layers/digits): {order}")
 
 
 def main() -> None:

@@ -41,9 +41,7 @@ import argparse
 import itertools
 import json
 import math
-import os
 import random
-import shutil
 import statistics
 import subprocess
 import sys
@@ -206,58 +204,12 @@ def slot_specs(slot: str, seed: int, rates: dict[str, float], cache: Path, work:
 
 def run_slot(slot: str, seed: int, rates: dict[str, float], cache: Path, work: Path, seed_index: int) -> list[dict]:
     """Train the four processes of a slot together, two per core (cores swap between even and odd seeds)."""
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    specs = slot_specs(slot, seed, rates, cache, work)
-    barrier = work / "barrier"
-    barrier.mkdir()
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "FTIS_CONSOLE": "quiet",
-    }
-    env.pop("FTIS_SWARM_SECRET", None)
-    processes, cores, began = {}, {}, time.time()
-    for position, (name, spec) in enumerate(specs.items()):
-        cores[name] = (position + seed_index) % 2
-        spec.update(barrier=str(barrier), processes=len(specs))
-        out = Path(spec["out"])
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "spec.json").write_text(json.dumps(spec))
-        log = open(out / "log.txt", "w")  # noqa: SIM115 - closed with the process
-        argv = ["taskset", "-c", str(cores[name]), sys.executable, str(HERE / "time_to_target.py"), "--peer",
-                str(out / "spec.json")]  # fmt: skip
-        processes[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    for name, process in processes.items():
-        if process.wait(timeout=3600) != 0:
-            for other in processes.values():
-                other.kill()
-            raise SystemExit(f"{slot} seed {seed} {name} failed:\n" + (work / name / "log.txt").read_text()[-3000:])
-    records, run_id = [], f"{seed}-{rates['key']}-{slot}-{time.time_ns()}"
-    for name, spec in specs.items():
-        run = json.loads((Path(spec["out"]) / "run.json").read_text())
-        records.append(
-            {
-                "kind": "run",
-                "run_id": run_id,
-                "seed": seed,
-                "slot": slot,
-                "rate_key": rates["key"],
-                "arm": spec["arm"],
-                "peer": name,
-                "core": cores[name],
-                "rows": spec["rows"],
-                "lr": spec["lr"],
-                "model": Path(spec["checkpoint"]).name,
-                "out": spec["out"],
-                "slot_wall_seconds": time.time() - began,
-                **run,
-            }
-        )
-    return records
+    specs = slot_specs(slot, seed, rates, cache, ttt.fresh_folder(work))
+    cores = {name: (position + seed_index) % 2 for position, name in enumerate(specs)}
+    slot_seconds = ttt.launch_processes(specs, cores, work, f"{slot} seed {seed}", timeout=3600)
+    run_id = f"{seed}-{rates['key']}-{slot}-{time.time_ns()}"
+    return ttt.slot_records(specs, cores, run_id=run_id, seed=seed, slot=slot, rate_key=rates["key"],
+                            slot_wall_seconds=slot_seconds)  # fmt: skip
 
 
 # ---- offline evaluation ----------------------------------------------------------------------------------------------

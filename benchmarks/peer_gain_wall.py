@@ -19,9 +19,7 @@ import argparse
 import json
 import math
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -110,42 +108,10 @@ def slot_specs(slot: str, seed: int, rates: dict[str, float], checkpoint: Path, 
 
 def run_slot(slot: str, seed: int, rates: dict, checkpoint: Path, work: Path, index: int, steps: int) -> list[dict]:
     """Two processes, one a core (cores swap between even and odd seeds), started together."""
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    specs = slot_specs(slot, seed, rates, checkpoint, work, steps)
-    barrier = work / "barrier"
-    barrier.mkdir()
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": "1",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "FTIS_CONSOLE": "quiet",
-    }
-    env.pop("FTIS_SWARM_SECRET", None)
-    processes, cores = {}, {}
-    for position, (name, spec) in enumerate(specs.items()):
-        cores[name] = (position + index) % 2
-        spec.update(barrier=str(barrier), processes=len(specs))
-        out = Path(spec["out"])
-        out.mkdir(parents=True)
-        (out / "spec.json").write_text(json.dumps(spec))
-        log = open(out / "log.txt", "w")  # noqa: SIM115 - closed with the process
-        argv = ["taskset", "-c", str(cores[name]), sys.executable, str(HERE / "time_to_target.py"), "--peer",
-                str(out / "spec.json")]  # fmt: skip
-        processes[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    for name, process in processes.items():
-        if process.wait(timeout=7200) != 0:
-            for other in processes.values():
-                other.kill()
-            raise SystemExit(f"{slot} seed {seed} {name} failed:\n" + (work / name / "log.txt").read_text()[-3000:])
-    records = []
-    for name, spec in specs.items():
-        run = json.loads((Path(spec["out"]) / "run.json").read_text())
-        records.append({"kind": "run", "seed": seed, "slot": slot, "arm": spec["arm"], "peer": name,
-                        "core": cores[name], "rows": spec["rows"], "lr": spec["lr"], "out": spec["out"], **run})  # fmt: skip
-    return records
+    specs = slot_specs(slot, seed, rates, checkpoint, ttt.fresh_folder(work), steps)
+    cores = {name: (position + index) % 2 for position, name in enumerate(specs)}
+    ttt.launch_processes(specs, cores, work, f"{slot} seed {seed}", timeout=7200)
+    return ttt.slot_records(specs, cores, seed=seed, slot=slot)
 
 
 def evaluate_worker(job_path: str) -> None:
@@ -349,7 +315,8 @@ def main() -> None:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ftis-gain-warm")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ftis-wall-work")
     parser.add_argument("--config", nargs=3, type=int, metavar=("HIDDEN", "LAYERS", "DIGITS"),
-                        help="another configuration (a smoke test: --stage quick --config 64 2 2)")  # fmt: skip
+                        help="another configuration: a candidate of the rule's order with --warm, or a smoke test "
+                        "(--stage quick --config 64 2 2)")  # fmt: skip
     parser.add_argument("--evaluate", help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.config:
@@ -361,7 +328,8 @@ def main() -> None:
     if options.warm:
         return None
     if options.config and options.stage != "quick":
-        raise SystemExit("--config is for smoke tests (--stage quick); the plan fixes CONFIG")
+        raise SystemExit("--config is for a candidate's warm-up (--warm) and smoke tests (--stage quick); CONFIG is "
+                         "the plan's choice")  # fmt: skip
     raw = RESULTS / f"peer_gain_wall-{options.stage}.jsonl"
     records = peer_gain.load(raw)
     rule = pilot_rule(peer_gain.load(RESULTS / "peer_gain_wall-pilot.jsonl")) if options.stage == "grid" else None

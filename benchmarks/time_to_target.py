@@ -94,6 +94,7 @@ import math
 import os
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -238,8 +239,6 @@ def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
         tok.save_pretrained(temporary)
     (temporary / "warmup.json").write_text(json.dumps({"steps": steps, "dev_accuracy": accuracy}))
     if path.exists():
-        import shutil
-
         shutil.rmtree(temporary)
     else:
         os.replace(temporary, path)
@@ -506,53 +505,58 @@ def slot_specs(slot: str, seed: int, cache: Path, work: Path, quick: bool) -> di
     }
 
 
-def run_slot(slot: str, seed: int, cache: Path, work: Path, quick: bool, seed_index: int) -> list[dict]:
-    """Train the two processes of a slot together, pinned one a core; their run records."""
-    if work.exists():  # a slot run before and not recorded: start afresh (its exchange folder included)
-        import shutil
-
+def fresh_folder(work: Path) -> Path:
+    """`work`, emptied: a slot run before and not recorded starts afresh (its exchange folder included)."""
+    if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    specs = slot_specs(slot, seed, cache, work, quick)
-    names = list(specs)
-    cores = {names[0]: seed_index % 2, names[1]: 1 - seed_index % 2}  # swap cores between even and odd seeds
+    return work
+
+
+def launch_processes(specs: dict[str, dict], cores: dict[str, int], work: Path, label: str, timeout: float) -> float:
+    """Train one `--peer` process per spec together, each pinned to its core, all behind one start barrier; wait for
+    every one. A failure kills the rest and stops the benchmark with the failed process's log. The slot's seconds."""
     barrier = work / "barrier"
     barrier.mkdir(parents=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "FTIS_CONSOLE": "quiet"}  # fmt: skip
     env.pop("FTIS_SWARM_SECRET", None)
-    processes = {}
-    began = time.time()
+    processes, began = {}, time.time()
     for name, spec in specs.items():
         spec.update(barrier=str(barrier), processes=len(specs))
         out = Path(spec["out"])
         out.mkdir(parents=True, exist_ok=True)
         (out / "spec.json").write_text(json.dumps(spec))
         log = open(out / "log.txt", "w")  # noqa: SIM115 - closed with the process
-        argv = ["taskset", "-c", str(cores[name]), sys.executable, __file__, "--peer", str(out / "spec.json")]
+        argv = ["taskset", "-c", str(cores[name]), sys.executable, str(HERE / "time_to_target.py"), "--peer",
+                str(out / "spec.json")]  # fmt: skip
         processes[name] = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     for name, process in processes.items():
-        if process.wait(timeout=900) != 0:
-            raise SystemExit(
-                f"{slot} seed {seed} {name} failed:\n" + (Path(specs[name]["out"]) / "log.txt").read_text()[-3000:]
-            )
+        if process.wait(timeout=timeout) != 0:
+            for other in processes.values():
+                other.kill()
+            log = (Path(specs[name]["out"]) / "log.txt").read_text()[-3000:]
+            raise SystemExit(f"{label} {name} failed:\n{log}")
+    return time.time() - began
+
+
+def run_slot(slot: str, seed: int, cache: Path, work: Path, quick: bool, seed_index: int) -> list[dict]:
+    """Train the two processes of a slot together, pinned one a core; their run records."""
+    specs = slot_specs(slot, seed, cache, fresh_folder(work), quick)
+    names = list(specs)
+    cores = {names[0]: seed_index % 2, names[1]: 1 - seed_index % 2}  # swap cores between even and odd seeds
+    slot_seconds = launch_processes(specs, cores, work, f"{slot} seed {seed}", timeout=900)
+    return slot_records(specs, cores, seed=seed, slot=slot, slot_wall_seconds=slot_seconds)
+
+
+def slot_records(specs: dict[str, dict], cores: dict[str, int], **fields) -> list[dict]:
+    """One run record per process of a finished slot: `fields`, what its spec says, and its own `run.json`."""
     records = []
     for name, spec in specs.items():
         run = json.loads((Path(spec["out"]) / "run.json").read_text())
-        records.append(
-            {
-                "kind": "run",
-                "seed": seed,
-                "slot": slot,
-                "peer": name,
-                "core": cores[name],
-                "rows": spec["rows"],
-                "lr": spec["lr"],
-                "model": Path(spec["checkpoint"]).name,
-                "out": spec["out"],
-                "slot_wall_seconds": time.time() - began,
-                **run,
-            }
-        )
+        arm = {"arm": spec["arm"]} if "arm" in spec else {}
+        records.append({"kind": "run", **fields, **arm, "peer": name, "core": cores[name], "rows": spec["rows"],
+                        "lr": spec["lr"], "model": Path(spec["checkpoint"]).name, "out": spec["out"], **run})  # fmt: skip
     return records
 
 
