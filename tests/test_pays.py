@@ -214,3 +214,41 @@ def test_break_even_share_by_hand():
     assert break_even_share(2, (1.0, 1.0), (2.0, 2.0), s=1.0) is None
     # Worthless peer rows (phi = 0) take A_N/P's steps on a dearer step: never.
     assert break_even_share(2, (0.0, 0.0), (2.0, 2.0)) is None
+
+
+def test_measured_learning_is_what_the_raw_summary_says():
+    """`MEASURED_LEARNING` is copied from the peer-gain grid's summary: it must match the raw file line for line."""
+    import re
+    from pathlib import Path
+
+    from trl_ftis.pays import MEASURED_LEARNING
+
+    raw = (Path(__file__).resolve().parents[1] / "benchmarks/results/peer_gain-grid.txt").read_text()
+    number = r"(-?[\d.]+)"
+    for (partners, peers), values in MEASURED_LEARNING.items():
+        phi = re.search(rf"^\| {partners}-{peers} \| {number} \| \[{number}, {number}\]", raw, re.M)
+        beta = re.search(rf"^\| beta_{peers}: A_1 / A_{peers} \| {number} \| \[{number}, {number}\]", raw, re.M)
+        assert phi and beta, (partners, peers)
+        assert values["phi"] == tuple(map(float, phi.groups()))
+        assert values["beta"] == tuple(map(float, beta.groups()))
+
+
+def test_pays_command_with_the_measured_learning_factors(tmp_path, capsys):
+    from trl_ftis.pays import MEASURED_LEARNING
+
+    peer = write_summary(tmp_path / "peer", steps=10, step=10.0, generation=2.0, exchange=1.0, own_rows=320,
+                         peer_rows=320)  # fmt: skip
+    assert cli.main(["pays", str(peer), "--partners", "hetero"]) == 0
+    out = capsys.readouterr().out
+    phi, beta = MEASURED_LEARNING[("hetero", 2)]["phi"], MEASURED_LEARNING[("hetero", 2)]["beta"]
+    assert "phi and beta as measured here for --partners hetero at P = 2" in out
+    assert f"phi = {phi[0]:.2f} [{phi[1]:.2f}, {phi[2]:.2f}], beta = {beta[0]:.2f}" in out
+    # A value given by the user wins over the measured one.
+    assert cli.main(["pays", str(peer), "--partners", "copy", "--phi", "0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "beta as measured here" in out and "phi = 0.50 [0.50, 0.50], beta = 1.44" in out
+    # Measured for P = 2 and 4 only; without --partners both factors are needed.
+    assert cli.main(["pays", str(peer), "--partners", "copy", "--peers", "3"]) == 2
+    assert "measured for P = 2 and 4, not P = 3" in capsys.readouterr().err
+    assert cli.main(["pays", str(peer), "--phi", "0.5"]) == 2
+    assert "give --phi and --beta, or --partners" in capsys.readouterr().err

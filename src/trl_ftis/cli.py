@@ -220,10 +220,14 @@ def _add_pays(subparsers) -> None:
         ),
     )
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (or its ftis_summary.json)")
-    parser.add_argument("--phi", nargs="+", type=float, required=True, metavar="X",
+    parser.add_argument("--phi", nargs="+", type=float, metavar="X",
                         help="phi: an estimate, or an estimate and its interval (EST LOW HIGH)")  # fmt: skip
-    parser.add_argument("--beta", nargs="+", type=float, required=True, metavar="X",
+    parser.add_argument("--beta", nargs="+", type=float, metavar="X",
                         help="beta: an estimate, or an estimate and its interval (EST LOW HIGH); beta > 0")  # fmt: skip
+    parser.add_argument("--partners", choices=["copy", "hetero"],
+                        help="take phi and beta (those not given) from this library's own measurement at P = 2 or 4: "
+                        "copy = copies of one model, hetero = a learner fed by smaller partners' rows (tiny models "
+                        "on carry chains; docs/benchmarks.md section 17.4)")  # fmt: skip
     parser.add_argument("--peers", type=int, default=None, metavar="P",
                         help="the swarm's size P (default: the peer's rows trained / own rows generated, rounded)")  # fmt: skip
     parser.set_defaults(func=_run_pays)
@@ -244,10 +248,18 @@ def _run_pays(args: argparse.Namespace) -> int:
     from . import pays
 
     try:
-        phi, beta = _interval("phi", args.phi), _interval("beta", args.beta)
+        if args.partners is None and (args.phi is None or args.beta is None):
+            raise ValueError("give --phi and --beta, or --partners copy|hetero for the values measured here")
+        hardware, _ = pays.factors_from_summaries(args.runs, peers=args.peers)
+        measured = pays.measured_learning(args.partners, hardware.peers) if args.partners else {}
+        phi = _interval("phi", args.phi) if args.phi is not None else measured["phi"]
+        beta = _interval("beta", args.beta) if args.beta is not None else measured["beta"]
         if beta[1] <= 0:
             raise ValueError("--beta must be > 0")
-        hardware, _ = pays.factors_from_summaries(args.runs, peers=args.peers)
+        if measured:
+            given = [name for name in ("phi", "beta") if getattr(args, name) is None]
+            print(f"{' and '.join(given)} as measured here for --partners {args.partners} at P = {hardware.peers} "
+                  "(tiny models on carry chains; your own task may differ)")  # fmt: skip
         print(pays.format_report(hardware, phi, beta))
     except ValueError as error:
         print(f"trl-ftis pays: {error}", file=sys.stderr)

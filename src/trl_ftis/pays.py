@@ -46,11 +46,39 @@ __all__ = [
     "break_even_share",
     "factors_from_summaries",
     "format_report",
+    "measured_learning",
     "step_ratio",
     "steps_ratio",
     "wall_ratio_range",
     "wall_ratios",
 ]
+
+#: phi and beta as this library measured them (estimate, low, high): tiny Llamas on carry-chain addition, every arm
+#: at its best learning rate, 16 paired seeds, phi with a 95% bootstrap interval and beta with a 95% t-interval
+#: (`benchmarks/peer_gain.py`, raw summary `benchmarks/results/peer_gain-grid.txt`, docs/benchmarks.md section 17.4).
+#: Keys: (partners, P); "copy" = copies of one model, "hetero" = a learner fed by smaller partners' rows.
+#: A default for `trl-ftis pays --partners` where a user has not measured their own.
+MEASURED_LEARNING: dict[tuple[str, int], dict[str, tuple[float, float, float]]] = {
+    ("copy", 2): {"phi": (1.16, 0.88, 1.72), "beta": (1.44, 1.07, 1.95)},
+    ("hetero", 2): {"phi": (0.24, -0.16, 0.52), "beta": (1.44, 1.07, 1.95)},
+    ("copy", 4): {"phi": (0.95, 0.84, 1.05), "beta": (2.24, 1.61, 3.10)},
+    ("hetero", 4): {"phi": (0.47, 0.35, 0.60), "beta": (2.24, 1.61, 3.10)},
+}
+
+
+def measured_learning(partners: str, peers: int) -> dict[str, tuple[float, float, float]]:
+    """phi and beta measured here for `partners` ("copy" or "hetero") at swarm size `peers` (2 or 4)."""
+    kinds = sorted({kind for kind, _ in MEASURED_LEARNING})
+    if partners not in kinds:
+        raise ValueError(f"partners {partners!r}: measured for {', '.join(kinds)}")
+    sizes = sorted(size for kind, size in MEASURED_LEARNING if kind == partners)
+    if (partners, peers) not in MEASURED_LEARNING:
+        raise ValueError(
+            f"phi and beta were measured for P = {' and '.join(map(str, sizes))}, not P = {peers}: give --phi and "
+            "--beta (or --peers)"
+        )
+    return MEASURED_LEARNING[(partners, peers)]
+
 
 MAX_SUMMARY_BYTES = 4 * 1024 * 1024
 """A `ftis_summary.json` larger than this is not read (a run's summary is a few kilobytes)."""
