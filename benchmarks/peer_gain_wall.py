@@ -246,16 +246,40 @@ def pilot_rule(records: list[dict]) -> dict | None:
     seeds = sorted({seed for seed, peer in curve if peer == "A_1"})
     if not seeds:
         return None
+    lower = arms_that_lost(curve, seeds)
     gains = [statistics.fmean(p["accuracy"] for p in curve[(s, "A_1")][-3:]) - curve[(s, "A_1")][0]["accuracy"]
              for s in seeds]  # fmt: skip
     offset = 0.5 * statistics.median(gains)
     warm = curve[(seeds[0], "A_1")][0]["accuracy"]
     reached = [time_to_target(curve[(s, "A_1")], warm + offset) for s in seeds]
     if any(censored for _, _, censored in reached):
-        return {"offset": offset, "budget": None, "gains": gains}
+        return {"offset": offset, "budget": None, "gains": gains, "lower_rate": lower}
     needed = max(steps for _, steps, _ in reached) / 0.8
     budget = CHECKPOINT_STEPS * math.ceil(needed / CHECKPOINT_STEPS)
-    return {"offset": offset, "budget": budget, "gains": gains}
+    return {"offset": offset, "budget": budget, "gains": gains, "lower_rate": lower}
+
+
+def arms_that_lost(curve: dict, seeds: list[int]) -> list[str]:
+    """The plan's rate check: the arms whose accuracy at the end (copies: their mean) is below the warm accuracy in
+    every pilot seed; each moves one step down `peer_gain.RATES` before the graded seeds."""
+    lost = []
+    for arm, (_, peers) in ARMS.items():
+        if all((seed, peer) in curve for seed in seeds for peer in peers) and all(
+            statistics.fmean(curve[(seed, peer)][-1]["accuracy"] for peer in peers)
+            < curve[(seed, peers[0])][0]["accuracy"]
+            for seed in seeds
+        ):
+            lost.append(arm)
+    return lost
+
+
+def graded_rates(rates: dict[str, float], lower: list[str]) -> dict[str, float]:
+    """Part A's rates, each arm in `lower` one step down `peer_gain.RATES` (the lowest stays)."""
+    out = dict(rates)
+    for arm in lower:
+        index = peer_gain.RATES.index(rates[arm])
+        out[arm] = peer_gain.RATES[max(index - 1, 0)]
+    return out
 
 
 def summarise(records: list[dict], target_offset: float | None) -> None:
@@ -341,6 +365,8 @@ def main() -> None:
     if options.stage != "quick" and any(arm not in choice for arm in ARMS):
         raise SystemExit("part A's learning-rate stage is not complete: its rates are this part's")
     rates = {arm: choice[arm]["rate"] if arm in choice else 2e-4 for arm in ARMS}
+    if rule is not None:
+        rates = graded_rates(rates, rule["lower_rate"])
     if not options.summary_only:
         began = time.time()
         done = {(r["seed"], r["slot"]) for r in records if r["kind"] == "run"}

@@ -181,5 +181,25 @@ def test_peer_gain_wall_pilot_rule_by_hand():
     # Offset 0.5 x median(0.2, 0.1) = 0.075: target 0.275; seed 1 reaches it at step 15, seed 2 at step 25.
     assert rule["offset"] == pytest.approx(0.075)
     assert rule["budget"] == 35  # 25 / 0.8 = 31.25, up to a multiple of 5
+    assert rule["lower_rate"] == []
     records = [r for r in records if r.get("seed") != 2] + points(2, [0.2] * 8)  # seed 2 never learns
     assert peer_gain_wall.pilot_rule(records)["budget"] is None
+
+
+def test_peer_gain_wall_rate_moves_down_only_for_an_arm_that_lost_in_every_pilot_seed():
+    import peer_gain_wall
+
+    def curve(start, end):
+        return [
+            {"step": 0, "accuracy": start},
+            {"step": 5, "accuracy": (start + end) / 2},
+            {"step": 10, "accuracy": end},
+        ]
+
+    curves = {(1, "A_2"): curve(0.2, 0.3), (2, "A_2"): curve(0.2, 0.1),  # lost in one seed only: stays
+              (1, "A_1"): curve(0.2, 0.1), (2, "A_1"): curve(0.2, 0.15),  # lost in both: one step down
+              (1, "a"): curve(0.2, 0.1), (1, "b"): curve(0.2, 0.35),  # copies' mean 0.225: not lost
+              (2, "a"): curve(0.2, 0.1), (2, "b"): curve(0.2, 0.1)}  # fmt: skip
+    assert peer_gain_wall.arms_that_lost(curves, [1, 2]) == ["A_1"]
+    rates = {"A_2": 6e-5, "A_1": 6e-5, "copy-2": 2e-5}
+    assert peer_gain_wall.graded_rates(rates, ["A_1", "copy-2"]) == {"A_2": 6e-5, "A_1": 2e-5, "copy-2": 2e-5}
