@@ -228,13 +228,24 @@ def part_a_learning() -> dict | None:
             "seeds": len(result["complete_seeds"])}  # fmt: skip
 
 
-def predicted(factors: dict, learning: dict) -> str:
-    """`trl_ftis.pays` on this part's mean hardware factors and part A's phi and beta (their intervals)."""
-    from trl_ftis.pays import Hardware, format_report
+def mean_hardware(factors: dict):
+    """`trl_ftis.pays.Hardware` from this part's hardware factors, their means over seeds."""
+    from trl_ftis.pays import Hardware
 
     means = {key: statistics.fmean(f[key] for f in factors.values()) for key in ("f", "s", "r", "q")}
-    hardware = Hardware(peers=2, f=means["f"], s=max(means["s"], 1.0), r=means["r"], q=min(means["q"], 1.0))
-    return format_report(hardware, learning["phi"], learning["beta"])
+    return Hardware(peers=2, f=means["f"], s=max(means["s"], 1.0), r=means["r"], q=min(means["q"], 1.0))
+
+
+def predicted(factors: dict, learning: dict) -> str:
+    """`trl_ftis.pays` on this part's mean hardware factors and part A's phi and beta (their intervals)."""
+    from trl_ftis.pays import format_report
+
+    return format_report(mean_hardware(factors), learning["phi"], learning["beta"])
+
+
+def prediction_holds(measured: tuple[float, float], predicted_range: tuple[float, float]) -> bool:
+    """The plan's check: the measured interval overlaps the predicted range."""
+    return measured[0] <= predicted_range[1] and predicted_range[0] <= measured[1]
 
 
 def pilot_rule(records: list[dict]) -> dict | None:
@@ -321,12 +332,34 @@ def summarise(records: list[dict], target_offset: float | None) -> None:
         statistics.fmean(math.log(t) for t, _, _ in times[(s, "copy-2")]) - math.log(times[(s, better)][0][0])
         for s in complete
     ]
-    if len(logs) > 1:
-        mean, low, high = t_interval(logs)
-        print(
-            f"measured wall ratio copy-2 / {better} (the better alone run): {math.exp(mean):.2f} "
-            f"[{math.exp(low):.2f}, {math.exp(high):.2f}] over {len(logs)} seeds"
-        )
+    if len(logs) < 2:
+        return
+    step_logs = [
+        statistics.fmean(math.log(steps) for _, steps, _ in times[(s, "copy-2")]) - math.log(times[(s, better)][0][1])
+        for s in complete
+    ]
+    per_step_logs = [wall - steps for wall, steps in zip(logs, step_logs, strict=True)]
+    for name, values in (
+        ("wall ratio", logs),
+        ("  steps ratio", step_logs),
+        ("  seconds-a-step ratio", per_step_logs),
+    ):
+        mean, low, high = t_interval(values)
+        lower, higher = sum(v < 0 for v in values), sum(v > 0 for v in values)
+        print(f"measured {name} copy-2 / {better}: {math.exp(mean):.2f} [{math.exp(low):.2f}, {math.exp(high):.2f}] "
+              f"over {len(values)} seeds (lower / higher {lower} / {higher})")  # fmt: skip
+    mean, low, high = t_interval(logs)
+    verdict = "not distinguishable" if low <= 0 <= high else ("pays" if high < 0 else "does not pay")
+    print(f"{better} is the better alone run (lower restricted mean time to target); on this CPU joining: {verdict}")
+    learning = part_a_learning()
+    if factors and learning:
+        from trl_ftis.pays import wall_ratio_range
+
+        key = "vs_full" if better == "A_2" else "vs_own"
+        ranges = wall_ratio_range(mean_hardware(factors), learning["phi"][1:], learning["beta"][1:])[key]
+        holds = prediction_holds((math.exp(low), math.exp(high)), ranges)
+        print(f"predicted range copy-2 / {better}: [{ranges[0]:.2f}, {ranges[1]:.2f}]; the prediction "
+              f"{'holds' if holds else 'does not hold'} (measured interval {'overlaps' if holds else 'misses'} it)")  # fmt: skip
 
 
 def main() -> None:

@@ -203,3 +203,31 @@ def test_peer_gain_wall_rate_moves_down_only_for_an_arm_that_lost_in_every_pilot
     assert peer_gain_wall.arms_that_lost(curves, [1, 2]) == ["A_1"]
     rates = {"A_2": 6e-5, "A_1": 6e-5, "copy-2": 2e-5}
     assert peer_gain_wall.graded_rates(rates, ["A_1", "copy-2"]) == {"A_2": 6e-5, "A_1": 2e-5, "copy-2": 2e-5}
+
+
+def test_peer_gain_wall_measured_ratio_decomposes_into_steps_and_seconds_a_step(capsys, monkeypatch):
+    import peer_gain_wall
+
+    monkeypatch.setattr(peer_gain_wall, "part_a_learning", lambda: None)  # no prediction: the measurement alone
+
+    def points(seed, peer, seconds_a_step, reach_step):
+        # accuracy 0.2 until `reach_step`, 0.5 from there; snapshots every 5 steps up to 40
+        return [{"kind": "checkpoint", "seed": seed, "peer": peer, "step": step, "clock": step * seconds_a_step,
+                 "accuracy": 0.5 if step >= reach_step else 0.2} for step in range(5, 45, 5)]  # fmt: skip
+
+    records = [{"kind": "warm", "accuracy": 0.2}]
+    for seed, jitter in ((1, 1.0), (2, 1.1), (3, 0.9)):
+        records += points(seed, "A_2", 2.0 * jitter, 20)  # 20 steps of 2 s: 40 s
+        records += points(seed, "A_1", 1.0 * jitter, 35)  # 35 steps of 1 s: 35 s, the better alone run
+        records += points(seed, "a", 1.5 * jitter, 20) + points(seed, "b", 1.5 * jitter, 20)  # 20 steps of 1.5 s
+    peer_gain_wall.summarise(records, 0.1)
+    out = capsys.readouterr().out
+    assert "A_1: restricted mean time to target" in out
+    assert "A_1 is the better alone run" in out
+    # Per seed: wall 30 / 35, steps 20 / 35, seconds a step 1.5 / 1.0, whatever the seed's jitter.
+    assert f"measured wall ratio copy-2 / A_1: {30 / 35:.2f} [{30 / 35:.2f}, {30 / 35:.2f}]" in out
+    assert f"measured   steps ratio copy-2 / A_1: {20 / 35:.2f}" in out
+    assert "measured   seconds-a-step ratio copy-2 / A_1: 1.50" in out
+    assert "joining: pays" in out
+    assert peer_gain_wall.prediction_holds((0.8, 0.9), (0.85, 1.2))
+    assert not peer_gain_wall.prediction_holds((0.8, 0.9), (0.95, 1.2))
