@@ -36,8 +36,9 @@ import peer_gain
 import time_to_target as ttt
 from free_running import t_interval
 
-#: The configuration (the frontier rule's choice) and its warm-up rule.
-CONFIG = {"hidden": 128, "layers": 2, "digits": 7}
+#: The configuration (the frontier rule's order under amendments 1 and 2 of the plan: the first candidate that fits
+#: part B's budget and whose warm-up reached 20%) and its warm-up rule.
+CONFIG = {"hidden": 128, "layers": 2, "digits": 4}
 WARM_TARGET, WARM_MAX_STEPS, WARM_EVERY, WARM_DEV = 0.2, 4000, 100, 100
 CHECKPOINT_STEPS = 5
 EVAL_SIZE = 300
