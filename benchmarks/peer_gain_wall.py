@@ -43,6 +43,8 @@ WARM_TARGET, WARM_MAX_STEPS, WARM_EVERY, WARM_DEV = 0.2, 4000, 100, 100
 CHECKPOINT_STEPS = 5
 EVAL_SIZE = 300
 PILOT_SEEDS = (950, 951)
+PILOT_STEPS, LONGER_PILOT_STEPS = 200, 600  # amendment 3: the longer pilot, when the first one's target is noise
+NOISE_FLOOR_SDS = 3
 GRID_SEEDS = tuple(range(8))
 ARMS = {"A_2": ("alone", ("A_2",)), "A_1": ("alone", ("A_1",)), "copy-2": ("copies", ("a", "b"))}
 
@@ -262,13 +264,41 @@ def pilot_rule(records: list[dict]) -> dict | None:
     gains = [statistics.fmean(p["accuracy"] for p in curve[(s, "A_1")][-3:]) - curve[(s, "A_1")][0]["accuracy"]
              for s in seeds]  # fmt: skip
     offset = 0.5 * statistics.median(gains)
+    floor = noise_floor(curve, seeds)
+    if offset < floor:  # amendment 3: a target within the snapshots' fluctuation measures noise, not learning
+        return {"offset": offset, "budget": None, "gains": gains, "lower_rate": lower, "floor": floor}
     warm = curve[(seeds[0], "A_1")][0]["accuracy"]
     reached = [time_to_target(curve[(s, "A_1")], warm + offset) for s in seeds]
     if any(censored for _, _, censored in reached):
-        return {"offset": offset, "budget": None, "gains": gains, "lower_rate": lower}
+        return {"offset": offset, "budget": None, "gains": gains, "lower_rate": lower, "floor": floor}
     needed = max(steps for _, steps, _ in reached) / 0.8
     budget = CHECKPOINT_STEPS * math.ceil(needed / CHECKPOINT_STEPS)
-    return {"offset": offset, "budget": budget, "gains": gains, "lower_rate": lower}
+    return {"offset": offset, "budget": budget, "gains": gains, "lower_rate": lower, "floor": floor}
+
+
+def noise_floor(curve: dict, seeds: list[int]) -> float:
+    """Amendment 3's floor for the target offset: `NOISE_FLOOR_SDS` x the median over the pilot seeds of the standard
+    deviation of A_1's snapshot-to-snapshot accuracy changes."""
+    sds = []
+    for seed in seeds:
+        accuracy = [p["accuracy"] for p in curve[(seed, "A_1")]]
+        sds.append(statistics.pstdev(b - a for a, b in itertools.pairwise(accuracy)))
+    return NOISE_FLOOR_SDS * statistics.median(sds)
+
+
+def pilot_file(steps: int) -> Path:
+    """The pilot's records: the registered 200 steps in `peer_gain_wall-pilot.jsonl`, a longer one apart."""
+    return RESULTS / ("peer_gain_wall-pilot.jsonl" if steps == PILOT_STEPS else f"peer_gain_wall-pilot{steps}.jsonl")
+
+
+def graded_rule() -> dict | None:
+    """The rule the graded seeds follow: that of the first pilot (200 steps, then `LONGER_PILOT_STEPS`) whose target
+    clears the noise floor and gives a budget (amendment 3); None before there is one."""
+    for steps in (PILOT_STEPS, LONGER_PILOT_STEPS):
+        rule = pilot_rule(peer_gain.load(pilot_file(steps)))
+        if rule is not None and rule["budget"] is not None:
+            return rule
+    return None
 
 
 def arms_that_lost(curve: dict, seeds: list[int]) -> list[str]:
@@ -388,13 +418,15 @@ def main() -> None:
     if options.config and options.stage != "quick":
         raise SystemExit("--config is for a candidate's warm-up (--warm) and smoke tests (--stage quick); CONFIG is "
                          "the plan's choice")  # fmt: skip
-    raw = RESULTS / f"peer_gain_wall-{options.stage}.jsonl"
+    pilot_steps = options.steps or PILOT_STEPS
+    raw = pilot_file(pilot_steps) if options.stage == "pilot" else RESULTS / f"peer_gain_wall-{options.stage}.jsonl"
     records = peer_gain.load(raw)
-    rule = pilot_rule(peer_gain.load(RESULTS / "peer_gain_wall-pilot.jsonl")) if options.stage == "grid" else None
-    steps = {"quick": 10, "pilot": options.steps or 200, "grid": rule and rule["budget"]}[options.stage]
+    rule = graded_rule() if options.stage == "grid" else None
+    steps = {"quick": 10, "pilot": pilot_steps, "grid": rule and rule["budget"]}[options.stage]
     seeds = {"quick": (990,), "pilot": PILOT_SEEDS, "grid": GRID_SEEDS}[options.stage]
     if steps is None:
-        raise SystemExit("the budget comes from the pilot (benchmarks/peer_gain.md, part B): run --stage pilot first")
+        raise SystemExit("the budget comes from a pilot whose target clears the noise floor (benchmarks/peer_gain.md, "
+                         "part B, amendment 3): run --stage pilot (then --steps 600) first")  # fmt: skip
     choice = peer_gain.rate_choice(peer_gain.load(RESULTS / "peer_gain-lr.jsonl"))
     if options.stage != "quick" and any(arm not in choice for arm in ARMS):
         raise SystemExit("part A's learning-rate stage is not complete: its rates are this part's")

@@ -1,5 +1,7 @@
 """The benchmarks' analysis helpers (benchmarks/ is not a package: loaded by path), against hand-computed values."""
 
+import itertools
+import statistics
 import sys
 from pathlib import Path
 
@@ -182,6 +184,19 @@ def test_peer_gain_wall_pilot_rule_by_hand():
     assert rule["offset"] == pytest.approx(0.075)
     assert rule["budget"] == 35  # 25 / 0.8 = 31.25, up to a multiple of 5
     assert rule["lower_rate"] == []
+    # Amendment 3: the offset must clear 3 sd of A_1's snapshot-to-snapshot changes (median over the seeds).
+    changes = {
+        1: [0.2, 0.22, 0.26, 0.3, 0.34, 0.38, 0.4, 0.4, 0.4],
+        2: [0.2, 0.21, 0.23, 0.25, 0.27, 0.29, 0.3, 0.3, 0.3],
+    }
+    sds = [statistics.pstdev(b - a for a, b in itertools.pairwise(c)) for c in changes.values()]
+    assert rule["floor"] == pytest.approx(3 * statistics.median(sds))
+    wobbly = [{"kind": "warm", "accuracy": 0.2}]
+    wobbly += points(1, [0.25, 0.15, 0.25, 0.15, 0.25, 0.15, 0.25, 0.25])  # a small end gain in +-0.1 swings
+    wobbly += points(2, [0.25, 0.15, 0.25, 0.15, 0.25, 0.15, 0.25, 0.25])
+    rule = peer_gain_wall.pilot_rule(wobbly)
+    assert rule["offset"] == pytest.approx(0.5 * ((0.15 + 0.25 + 0.25) / 3 - 0.2))
+    assert rule["floor"] > 0.2 and rule["budget"] is None
     records = [r for r in records if r.get("seed") != 2] + points(2, [0.2] * 8)  # seed 2 never learns
     assert peer_gain_wall.pilot_rule(records)["budget"] is None
 
