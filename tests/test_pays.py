@@ -226,8 +226,10 @@ def test_measured_learning_is_what_the_raw_summary_says():
     raw = (Path(__file__).resolve().parents[1] / "benchmarks/results/peer_gain-grid.txt").read_text()
     number = r"(-?[\d.]+)"
     for (partners, peers), values in MEASURED_LEARNING.items():
-        phi = re.search(rf"^\| {partners}-{peers} \| {number} \| \[{number}, {number}\]", raw, re.M)
-        beta = re.search(rf"^\| beta_{peers}: A_1 / A_{peers} \| {number} \| \[{number}, {number}\]", raw, re.M)
+        phi = re.search(rf"^\| {partners}-{peers} \| {number} \| \[{number}, {number}\]", raw, re.MULTILINE)
+        beta = re.search(
+            rf"^\| beta_{peers}: A_1 / A_{peers} \| {number} \| \[{number}, {number}\]", raw, re.MULTILINE
+        )
         assert phi and beta, (partners, peers)
         assert values["phi"] == tuple(map(float, phi.groups()))
         assert values["beta"] == tuple(map(float, beta.groups()))
@@ -247,6 +249,9 @@ def test_pays_command_with_the_measured_learning_factors(tmp_path, capsys):
     assert cli.main(["pays", str(peer), "--partners", "copy", "--phi", "0.5"]) == 0
     out = capsys.readouterr().out
     assert "beta as measured here" in out and "phi = 0.50 [0.50, 0.50], beta = 1.44" in out
+    # Both given: nothing is taken from the measurement, and the output does not say it was.
+    assert cli.main(["pays", str(peer), "--partners", "copy", "--phi", "0.5", "--beta", "2"]) == 0
+    assert "as measured here" not in capsys.readouterr().out
     # Measured for P = 2 and 4 only; without --partners both factors are needed.
     assert cli.main(["pays", str(peer), "--partners", "copy", "--peers", "3"]) == 2
     assert "measured for P = 2 and 4, not P = 3" in capsys.readouterr().err

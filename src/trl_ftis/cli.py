@@ -256,9 +256,9 @@ def _run_pays(args: argparse.Namespace) -> int:
         beta = _interval("beta", args.beta) if args.beta is not None else measured["beta"]
         if beta[1] <= 0:
             raise ValueError("--beta must be > 0")
-        if measured:
-            given = [name for name in ("phi", "beta") if getattr(args, name) is None]
-            print(f"{' and '.join(given)} as measured here for --partners {args.partners} at P = {hardware.peers} "
+        taken = [name for name in ("phi", "beta") if getattr(args, name) is None]
+        if taken:
+            print(f"{' and '.join(taken)} as measured here for --partners {args.partners} at P = {hardware.peers} "
                   "(tiny models on carry chains; your own task may differ)")  # fmt: skip
         print(pays.format_report(hardware, phi, beta))
     except ValueError as error:
