@@ -35,9 +35,10 @@ demo-tiny: install
 	$(PY) examples/quick_demo.py $(ARGS)
 
 # The system services some tests use (redis-server; slurm-wlm and munge), installed once per .venv where the machine
-# allows; where it does not, those tests skip with the reason. `rm .venv/.test-services` tries again.
+# allows; where it does not, those tests skip with the reason. `rm .venv/.test-services` tries again; apt's output is
+# kept in .venv/test-services.log.
 $(VENV)/.test-services: tests/provision_services.sh | $(PY)
-	bash tests/provision_services.sh
+	bash tests/provision_services.sh $(VENV)/test-services.log
 	touch $@
 
 # The tests never reach the Hugging Face Hub.
