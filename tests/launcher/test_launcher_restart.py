@@ -149,6 +149,11 @@ def _says(out: str, peer: str, text: str) -> bool:
     return any(line.startswith(f"[{peer}]") and text in line for line in out.splitlines())
 
 
+def _says_last(out: str, peer: str, text: str) -> bool:
+    """Whether a line of `peer` ends with `text`."""
+    return any(line.startswith(f"[{peer}]") and line.rstrip().endswith(text) for line in out.splitlines())
+
+
 def test_each_run_is_bound_to_a_new_id_and_only_restarts_join_it(tmp_path, capsys):
     """Messages are bound to their run (issue 23): every full run draws a new id, kept in run_dir for `--only`; a run
     of an earlier version (no id recorded) restarts a peer unbound, as the others are."""
@@ -169,11 +174,34 @@ def test_each_run_is_bound_to_a_new_id_and_only_restarts_join_it(tmp_path, capsy
     (tmp_path / "run" / RUN_ID_FILE).unlink()
     assert cli.main(["swarm", str(path), "--only", "a"]) == 0
     out = capsys.readouterr().out
-    assert "no run id recorded: messages unbound" in out and _says(out, "a", "swarm=- run=-")
-    # Whatever else the file holds is no run id (only a bounded prefix of it is read).
-    for junk in (b"\xff\xfe", b"run\x00id", b"", b"x" * 50_000_000):
-        (tmp_path / "run" / RUN_ID_FILE).write_bytes(junk)
-        assert restart_config(load_swarm_config(path), only=["a"])[0].run_id == ""
+    assert "no run id recorded: messages unbound" in out and _says_last(out, "a", "swarm=- run=")  # unbound, said so
+
+
+def test_a_damaged_run_id_file_stops_the_restart_naming_the_file(tmp_path, capsys):
+    """Only a missing file means an unbound run: one that exists but holds no valid id (not UTF-8, a control
+    character, over 128 characters, empty) stops `--only` with one line naming it, and starts nothing. Only a
+    bounded prefix of the file is read."""
+    path = _write_config(tmp_path, [{"id": "a"}, {"id": "b"}])
+    run_file = tmp_path / "run" / RUN_ID_FILE
+    run_file.parent.mkdir(parents=True)
+    for junk, problem in (
+        (b"\xff\xfe", "is not UTF-8"),
+        (b"run\x00id\n", "printable"),
+        (b"", "is empty"),
+        (b"\n", "is empty"),
+        (b"x" * 129, "printable"),
+        (b"x" * 50_000_000, "printable"),
+    ):
+        run_file.write_bytes(junk)
+        with pytest.raises(SwarmConfigError, match="damaged") as info:
+            restart_config(load_swarm_config(path), only=["a"])
+        assert str(run_file) in str(info.value) and problem in str(info.value)
+        assert cli.main(["swarm", str(path), "--only", "a"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(run_file) in err and "damaged" in err
+        assert not (tmp_path / "run" / "logs").exists()  # nothing started
+    run_file.write_text("20261206T000000Z-0123abcd\n")  # a valid id: joined
+    assert restart_config(load_swarm_config(path), only=["a"])[0].run_id == "20261206T000000Z-0123abcd"
 
 
 def test_unknown_only_peer_is_one_line_with_a_did_you_mean(tmp_path, capsys):

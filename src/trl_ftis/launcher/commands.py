@@ -41,7 +41,7 @@ from ..rules import (
     local_model_problem,
     redact_text,
 )
-from .schema import SwarmConfig
+from .schema import SwarmConfig, SwarmConfigError
 
 __all__ = [
     "HUB_TOKEN_ENV",
@@ -169,13 +169,31 @@ def new_run_id() -> str:
 
 
 def recorded_run_id(config: SwarmConfig) -> str | None:
-    """The run id `record_run_id` kept in `run_dir`, or None when there is none (or it is not a valid id)."""
+    """The run id `record_run_id` kept in `run_dir`, or None when there is no such file (a run of an earlier
+    version: its peers are unbound). `SwarmConfigError` naming the file when it exists but holds no valid id (not
+    UTF-8, a control character, over `MAX_BINDING_CHARS` characters, empty, unreadable): a restart must never fall
+    back to an unbound peer, which the others would refuse and which would accept any run's messages."""
+    path = config.run_dir / RUN_ID_FILE
     try:
-        with open(config.run_dir / RUN_ID_FILE, "rb") as handle:  # a valid id and its newline, no more
-            text = handle.read(4 * MAX_BINDING_CHARS + 2).decode("utf-8").strip()
-    except (OSError, UnicodeDecodeError):
+        with open(path, "rb") as handle:  # a valid id and its newline, no more
+            data = handle.read(4 * MAX_BINDING_CHARS + 2)
+    except FileNotFoundError:
         return None
-    return text if binding_problem(text) is None else None
+    except OSError as error:
+        raise SwarmConfigError(f"cannot read the run id file {path}: {error}") from None
+    try:
+        text = data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        problem = "is not UTF-8"
+    else:
+        problem = binding_problem(text) if text else "is empty"
+    if problem is not None:
+        raise SwarmConfigError(
+            f"the run id file {path} is damaged: it {problem}. It should hold the id of the swarm's latest run (the "
+            f"FTIS_SWARM_RUN of its peers' logs/<id>.cmd files); write that id into it, or delete the file to "
+            "restart the peer unbound"
+        )
+    return text
 
 
 def record_run_id(config: SwarmConfig) -> None:
@@ -232,6 +250,8 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         if config.run_id:  # messages of other swarms and runs (replays, leftovers in the exchange) are refused
             env[SWARM_NAME_ENV] = swarm_name
             env[SWARM_RUN_ENV] = config.run_id
+        elif config.run_id == "":  # unbound on purpose (a restart of a run that recorded none): peers must be told
+            env[SWARM_RUN_ENV] = ""
         env.update(peer.env)
         if "WANDB_RUN_GROUP" not in os.environ and "WANDB_RUN_GROUP" not in env:
             env["WANDB_RUN_GROUP"] = swarm_name  # wandb groups the peers' runs
