@@ -586,11 +586,68 @@ def test_a_flood_of_far_future_entries_is_repaired_a_bounded_page_at_a_time(redi
         with open_transport(redis_url, swarm=swarm) as a:
             for k in range(300):
                 client.xadd(key, {"sender": "mallory", "data": b"j"}, id=f"{2**64 - 1}-{2**64 - 300 + k}")
-            with pytest.raises(TransportError, match="exhausted"):
+            with pytest.raises(TransportError, match="more than a day in the future"):
                 a.publish(b"a0", sender="a", round=0)
             assert a.repairs == 1 and client.xlen(key) == 300 - 256
             a.publish(b"a1", sender="a", round=1)
             assert a.repairs == 2 and _payloads(a.poll()) == [b"a1"]
+    finally:
+        client.delete(key)
+
+
+def _server_ms(client) -> int:
+    seconds, microseconds = client.time()
+    return seconds * 1000 + microseconds // 1000
+
+
+def _ms(entry_id) -> int:
+    return int((entry_id.decode() if isinstance(entry_id, bytes) else entry_id).split("-")[0])
+
+
+@pytest.mark.redis
+def test_an_entry_beyond_the_horizon_never_gives_honest_publishes_far_future_ids(redis_url):
+    """A client that may XADD puts an entry two days ahead of the server's clock (not the largest id: no XADD *
+    fails). Honest publishes still get ids of the server's clock (the far entry is repaired away first), and a second,
+    largest-id entry later makes the repair delete only the hostile entries: a late joiner reads every honest
+    round."""
+    swarm = f"horizon-{uuid.uuid4().hex}"
+    key = f"ftis:{swarm}"
+    client = _redis_client(redis_url)
+    day = 86_400_000
+    try:
+        with open_transport(redis_url, swarm=swarm) as a:
+            a.publish(b"r4", sender="a", round=4)
+            client.xadd(
+                key, {"sender": "mallory", "round": "5", "data": b"junk"}, id=f"{_server_ms(client) + 2 * day}-0"
+            )
+            for round in (5, 6):
+                a.publish(b"r%d" % round, sender="a", round=round)
+            honest = [(entry_id, fields) for entry_id, fields in client.xrange(key) if fields[b"sender"] == b"a"]
+            assert len(honest) == 3 and all(_ms(entry_id) <= _server_ms(client) for entry_id, _ in honest)
+            assert a.repairs == 1 and client.xlen(key) == 3  # the far entry is gone, no honest one with it
+            client.xadd(key, {"sender": "mallory", "data": b"junk"}, id="18446744073709551615-18446744073709551615")
+            a.publish(b"r7", sender="a", round=7)
+            assert a.repairs == 2
+        with open_transport(redis_url, swarm=swarm) as late:
+            assert _payloads(late.poll()) == [b"r4", b"r5", b"r6", b"r7"]
+    finally:
+        client.delete(key)
+
+
+@pytest.mark.redis
+def test_an_entry_within_the_horizon_is_followed_and_kept(redis_url):
+    """An id an hour ahead (a client's clock, or a hostile one within the horizon): publishes follow it, ids stay
+    within the horizon, and nothing is deleted."""
+    swarm = f"near-{uuid.uuid4().hex}"
+    key = f"ftis:{swarm}"
+    client = _redis_client(redis_url)
+    try:
+        with open_transport(redis_url, swarm=swarm) as a:
+            ahead = _server_ms(client) + 3_600_000
+            client.xadd(key, {"sender": "b", "round": "0", "data": b"b0"}, id=f"{ahead}-0")
+            a.publish(b"a0", sender="a", round=0)
+            last = client.xrevrange(key, "+", "-", count=1)[0][0]
+            assert _ms(last) == ahead and a.repairs == 0 and client.xlen(key) == 2
     finally:
         client.delete(key)
 

@@ -48,8 +48,9 @@ REDIS_USER = "ftis"  # the peers' ACL user on the launcher's Redis job (when it 
 # What the peers' transport runs (exchange/transports/redis_streams.py): PING when it connects, XADD (with MAXLEN
 # trimming) to publish, XREAD to poll and wait, XDEL to prune its own entries. AUTH is always allowed; redis-py's
 # CLIENT SETINFO at connect is refused, which it ignores.
-# xrevrange and xsetid: a publish that finds the stream's ids exhausted (an entry with the largest id) repairs it.
-REDIS_PEER_COMMANDS = ("ping", "xadd", "xread", "xdel", "xrevrange", "xsetid")
+# time and xinfo|stream: a publish asks for an id of the server's clock, and reads the stream's last id when that
+# fails; xrevrange and xsetid: a publish that finds ids more than a day ahead of the clock repairs the stream.
+REDIS_PEER_COMMANDS = ("ping", "xadd", "xread", "xdel", "time", "xinfo|stream", "xrevrange", "xsetid")
 
 
 def _node_layout() -> tuple[int, int, list[str], str]:

@@ -29,13 +29,17 @@ _MAX_DELAY = 1.0  # ...up to this
 # The `sender` and `round` fields and the field names of an entry: a message is at most max_message_bytes plus this.
 _MAX_HINT_BYTES = 4 * MAX_HINT_CHARS + 64
 _OUTAGE_ATTEMPTS = 2  # attempts per call while the server is known to be down (the second after a fresh connect)
-# Entries whose id is more than a day ahead of this machine's clock were added with an explicit id (XADD * uses the
-# server's clock): with the largest possible id, no XADD * can ever succeed again. A publish that meets this deletes
-# such entries, at most _REPAIR_PAGES pages of _REPAIR_PAGE a time, and moves the stream's last id back (XSETID).
+# A publish asks for an id of the server's clock (`XADD key <ms>-*`, Redis 7), so that it never gets one far in the
+# future. When the stream's last id is ahead of the clock (someone added an entry with an explicit id), it follows
+# that id if it is at most _FUTURE_ID_MS ahead; beyond that (up to the largest possible id, with which no XADD * works
+# again), it first deletes the entries beyond the horizon, at most _REPAIR_PAGES pages of _REPAIR_PAGE a time, and
+# moves the stream's last id back (XSETID). No honest publish ever got such an id, so none of theirs is deleted.
 _FUTURE_ID_MS = 86_400_000
 _REPAIR_PAGE = 16
 _REPAIR_PAGES = 16
+_ADD_ATTEMPTS = 4  # ids asked for per publish (a racing writer may move the last id on between two of them)
 _EXHAUSTED = ("exhausted the last possible id", "equal or smaller than the target stream top item")
+_NO_PARTIAL_IDS = "invalid stream id"  # Redis before 7.0 has no `<ms>-*`: then XADD *, unguarded
 
 
 def _text_hint(value) -> str | None:
@@ -180,7 +184,8 @@ class RedisTransport(Transport):
         self._own: deque[tuple[str, int, bytes]] = deque(maxlen=self.max_stream_len)  # for prune
         self._down_since: float | None = None  # monotonic time the current outage was noticed, None when up
         self.outages = 0  # how many times the server became unreachable after it had answered
-        self.repairs = 0  # how many times a publish found the stream's ids exhausted and repaired them (`_repair_ids`)
+        self.repairs = 0  # how many times a publish found ids beyond the horizon and repaired them (`_repair_ids`)
+        self._partial_ids = True  # `XADD key <ms>-*` works (Redis 7); set False when the server says it does not
         self._ever_up = False
         try:
             self._call("PING", self._client.ping)  # fail fast on a wrong host or password
@@ -304,38 +309,92 @@ class RedisTransport(Transport):
 
     def _publish(self, data: bytes, *, sender: str, round: int, patience: float | None = None) -> None:
         fields = {"sender": sender, "round": str(round), "data": data}
-
-        def add():
-            try:
-                return self._client.xadd(self.key, fields, maxlen=self.max_stream_len, approximate=True)
-            except self._redis.ResponseError as exc:
-                if not any(text in str(exc).lower() for text in _EXHAUSTED):
-                    raise
-            self._repair_ids()  # someone added an entry with the largest id (or near it): no XADD * works until then
-            return self._client.xadd(self.key, fields, maxlen=self.max_stream_len, approximate=True)
-
-        entry_id = self._call("XADD", add, retry_timeouts=False, patience=patience)
+        entry_id = self._call("XADD", lambda: self._add(fields), retry_timeouts=False, patience=patience)
         self._own.append((sender, round, entry_id))
         new, last = _entry_id(entry_id), _entry_id(self._last_id)
         if new is not None and last is not None and new < last:
-            # XADD * always gives an id above every entry of the stream, so ours being below the last id we read
-            # means the stream we read is gone (a restarted server, a deleted key): read the new one from its start.
+            # XADD always gives an id above every entry of the stream, so ours being below the last id we read means
+            # the stream we read is gone (a restarted server, a deleted key), or an entry we read was beyond the
+            # horizon and repaired away: read the stream again from its start.
             logger.warning(
-                "The redis stream %s on %s was recreated (new ids are older than the last one read); reading it "
-                "again from its start.",
+                "The redis stream %s on %s was recreated or repaired (new ids are older than the last one read); "
+                "reading it again from its start.",
                 self.key,
                 self.url,
             )
             self._last_id = b"0-0"
 
-    def _repair_ids(self) -> None:
-        """Make XADD * work again on a stream whose last id was pushed to (or near) the largest one: delete the entries
-        whose id is more than a day ahead of this machine's clock (none is an honest peer's: XADD * takes the
-        server's clock), then move the stream's last id back to its newest remaining entry (XSETID). Bounded: at most
-        `_REPAIR_PAGES * _REPAIR_PAGE` entries are read; when more remain, the last id stays where it is and this
-        publish fails (TransportError), the next one going on. Readers whose cursor passed such an entry read the
-        stream again from its start after their next publish (see `_publish`)."""
-        horizon = int(time.time() * 1000) + _FUTURE_ID_MS
+    def _add(self, fields):
+        """XADD `fields` with an id no more than `_FUTURE_ID_MS` ahead of the server's clock: the clock's own
+        millisecond when the stream's last id is behind it, else the last id's (or the next) millisecond when that is
+        within the horizon; beyond it, the far-future entries are deleted first ([`_repair_ids`])."""
+        if not self._partial_ids:
+            return self._xadd(fields, "*")
+        for _ in range(_ADD_ATTEMPTS):
+            try:
+                now = self._server_ms()
+            except self._redis.exceptions.NoPermissionError:
+                return self._unguarded(fields, "may not run TIME")
+            try:
+                return self._xadd(fields, f"{now}-*")
+            except self._redis.ResponseError as exc:
+                text = str(exc).lower()
+                if _NO_PARTIAL_IDS in text:
+                    return self._unguarded(fields, "has no `XADD <ms>-*` (Redis before 7.0)")
+                if not any(part in text for part in _EXHAUSTED):
+                    raise
+            try:
+                top = self._last_ms()
+            except self._redis.exceptions.NoPermissionError:
+                return self._unguarded(fields, "may not run XINFO STREAM")
+            if top > now + _FUTURE_ID_MS:
+                self._repair_ids(now)
+                continue
+            for ms in (top, top + 1):  # the last id's millisecond, or the next when its sequence numbers ran out
+                if ms > now + _FUTURE_ID_MS:
+                    break
+                try:
+                    return self._xadd(fields, f"{ms}-*")
+                except self._redis.ResponseError as exc:
+                    if not any(part in str(exc).lower() for part in _EXHAUSTED):
+                        raise
+        raise TransportError(
+            f"the redis stream {self.key} on {self.url}: no id within a day of the server's clock after "
+            f"{_ADD_ATTEMPTS} tries (another writer keeps moving the stream's last id); this message was not sent"
+        )
+
+    def _unguarded(self, fields, why: str):
+        """Publish with XADD * from now on, saying once why: this server or user cannot keep ids near its clock."""
+        self._partial_ids = False
+        logger.warning(
+            "The redis server at %s %s: publishing with XADD *, whose ids anyone who may XADD can push into the "
+            "future (give the user +time and +xinfo|stream on Redis 7: docs/security.md).",
+            self.url,
+            why,
+        )
+        return self._xadd(fields, "*")
+
+    def _xadd(self, fields, entry_id: str):
+        return self._client.xadd(self.key, fields, id=entry_id, maxlen=self.max_stream_len, approximate=True)
+
+    def _server_ms(self) -> int:
+        seconds, microseconds = self._client.time()
+        return int(seconds) * 1000 + int(microseconds) // 1000
+
+    def _last_ms(self) -> int:
+        """The millisecond part of the stream's last generated id (what XADD compares with)."""
+        info = self._client.xinfo_stream(self.key)
+        parsed = _entry_id(info.get("last-generated-id", info.get(b"last-generated-id", b"0-0")))
+        return parsed[0] if parsed is not None else 0
+
+    def _repair_ids(self, now: int) -> None:
+        """Make publishing work again on a stream whose last id was pushed more than `_FUTURE_ID_MS` past the server's
+        clock (`now`, in ms), up to the largest possible one: delete the entries beyond that horizon (no honest
+        publish gets such an id: [`_add`]), then move the stream's last id back to its newest remaining entry
+        (XSETID). Bounded: at most `_REPAIR_PAGES * _REPAIR_PAGE` entries are read; when more remain, the last id
+        stays where it is and this publish fails (TransportError), the next one going on. Readers whose cursor
+        passed such an entry read the stream again from its start after their next publish (see `_publish`)."""
+        horizon = now + _FUTURE_ID_MS
 
         def far_ahead(entry_id) -> bool:
             return (_entry_id(entry_id) or (0, 0))[0] > horizon
@@ -351,17 +410,17 @@ class RedisTransport(Transport):
         self.repairs += 1
         newest = self._client.xrevrange(self.key, "+", "-", count=1)
         if newest and far_ahead(newest[0][0]):
-            # More than one repair's worth: moving the last id back to such an entry would give honest entries
-            # far-future ids (which a later repair would delete). This publish fails; the next one goes on.
+            # More than one repair's worth: moving the last id back to such an entry would leave it beyond the
+            # horizon. This publish fails; the next one goes on.
             raise TransportError(
-                f"the redis stream {self.key} on {self.url} has exhausted the last possible id; this publish deleted "
-                f"{deleted} of its entries with far-future ids, and the next one deletes more"
+                f"the redis stream {self.key} on {self.url} has entries with ids more than a day in the future; this "
+                f"publish deleted {deleted} of them, and the next one deletes more"
             )
         last = newest[0][0] if newest else b"0-1"
         self._client.execute_command("XSETID", self.key, last)
         logger.warning(
-            "The redis stream %s on %s could take no new entry: %d entries with ids more than a day in the future "
-            "(the largest possible id among them) were deleted and its last id moved back to %s.",
+            "The redis stream %s on %s had ids more than a day ahead of the server's clock: %d such entries were "
+            "deleted and its last id moved back to %s.",
             self.key,
             self.url,
             deleted,
