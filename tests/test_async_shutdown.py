@@ -134,9 +134,10 @@ def test_a_heavy_last_round_still_collecting_at_the_end_is_not_admitted(tokenize
 
 
 def test_a_last_round_admitting_at_the_end_is_not_rescored(tokenizer, make_args, url):
-    """Here the last round's 256 rows arrived at once: the worker is admitting them (~1 s) when training ends. The
-    64 selected would then be rescored by slow reward functions (~6 s): that is skipped, and train() ends within a
-    couple of seconds of the last step."""
+    """Here the last round's 256 rows arrived at once (128 of them taken: the partner's share of the round's rows,
+    the newcomers' half being reserved): the worker is admitting them (~0.5 s) when training ends. The 64 selected
+    would then be rescored by slow reward functions (~6 s): that is skipped, and train() ends within a couple of
+    seconds of the last step."""
     last = 2
     callbacks = [Publisher(make_swarm(url, "partner", tokenizer), last), EndOfLastStep()]
     trainer = async_trainer(
@@ -149,6 +150,6 @@ def test_a_last_round_admitting_at_the_end_is_not_rescored(tokenizer, make_args,
     ended = time.monotonic()
     assert [entry["ftis/peer_rows"] for entry in trainer.state.log_history if "loss" in entry] == [0, 8, 8]
     assert ended - callbacks[1].at < 2.5, f"train() ended {ended - callbacks[1].at:.1f} s after the last step"
-    assert admit.heavy_rows == 256 and rescore.heavy_rows == 0
+    assert admit.heavy_rows == 128 and rescore.heavy_rows == 0
     assert not worker_threads()
     assert trainer.swarm.closed

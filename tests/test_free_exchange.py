@@ -118,15 +118,20 @@ def test_a_silent_expected_peer_is_counted_missing_after_peer_timeout_never_wait
 
 def test_a_sender_that_restarted_from_an_older_checkpoint_is_followed_back(tokenizer, url):
     sender = make_swarm(url, "a", tokenizer)
+    checkpoint = sender.state_dict()
     receiver = make_swarm(url, "me", tokenizer, free_running=True)
     sender.publish(rows("a", group="late", round=50), 50)
     receiver.collect(0)
-    sender.publish(rows("a", group="again", round=41), 41)  # resumed at step 41
-    result = receiver.collect(1)
+    sender.publish(rows("a", group="older", round=41), 41)  # the same start going back: refused (a replay's pattern)
+    assert receiver.collect(1).rows == [] and receiver.sender_rounds == {"a": 50}
+    resumed = make_swarm(url, "a", tokenizer)
+    resumed.load_state_dict(checkpoint)  # a new start, resumed at step 41: a newer epoch
+    resumed.publish(rows("a", group="again", round=41), 41)
+    result = receiver.collect(2)
     assert {row.round for row in result.rows} == {41} and receiver.sender_rounds == {"a": 41}
     restored = make_swarm(url, "me2", tokenizer, free_running=True)
     restored.load_state_dict(receiver.state_dict())
-    assert restored.sender_rounds == {"a": 41}
+    assert restored.sender_rounds == {"a": 41} and restored.sender_epochs == {"a": resumed.epoch}
 
 
 # -- the trainer ------------------------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class StandInSwarm:
         self.published += len(rows)
         return 0
 
-    def collect(self, round, *, max_rows=None):
+    def collect(self, round, *, max_rows=None, share=None):
         result = RoundResult()
         result.rows, self.received = self.received, []
         for row in result.rows:

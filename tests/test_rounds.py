@@ -23,7 +23,7 @@ class StandInSwarm:
         self.published.append((round, len(rows)))
         return 10 * len(rows)
 
-    def collect(self, round, *, max_rows=None):
+    def collect(self, round, *, max_rows=None, share=None):
         self.interrupted.wait(self.delay)
         result = RoundResult()
         result.rows = self.by_round.pop(round, [])

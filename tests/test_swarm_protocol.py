@@ -224,7 +224,7 @@ def test_the_round_drains_the_exchange_beyond_one_poll(tokenizer, memory_url):
 def test_a_round_budget_of_bytes_messages_rows_and_time(tokenizer, memory_url):
     for peer in "bcd":
         make_swarm(memory_url, peer, tokenizer).publish(rows(peer), 0)
-    size = len(encode_message(message(tokenizer, "b")))
+    size = len(encode_message(message(tokenizer, "b", epoch=time.time_ns() // 1000)))  # as published: with an epoch
     budgets = {
         "bytes": RoundBudget(max_bytes=2 * size + 10),
         "messages": RoundBudget(max_messages=2),
@@ -376,7 +376,8 @@ def test_the_alignment_is_saved_with_the_swarm_state(tokenizer, memory_url):
     assert joiner.round_offset == 20
     restarted = make_swarm(memory_url, "joiner", tokenizer)
     restarted.load_state_dict(joiner.state_dict())
-    assert restarted.round_offset == 20 and restarted.state_dict() == joiner.state_dict()
+    assert restarted.round_offset == 20 and restarted.epoch > joiner.epoch  # a new start: a newer epoch
+    assert {**restarted.state_dict(), "epoch": joiner.epoch} == joiner.state_dict()
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 
 from .peer_rows import PeerRow
 
-ROW_MISSES = 4  # regulars (or newcomers) whose decoded message did not fit in the rows left: then none is read
+ROW_MISSES = (
+    4  # senders whose decoded message did not fit: then no newcomer (or, first come first served, no one) is read
+)
 
 
 @dataclass(frozen=True)
@@ -20,15 +22,16 @@ class RoundBudget:
     """What one [`Swarm.collect`] may cost, whatever the other writers of the exchange do.
 
     An envelope is examined (hashed, verified, decoded) only while the budget lasts; beyond it, envelopes are
-    dropped unread and counted as `round_budget`. The rows are part of it: once the round's row allowance is spent
-    (`max_rows` rows accepted, or the messages of `ROW_MISSES` = 4 regulars decoded without fitting in what is
-    left; for newcomers, also their share of the rows, or 4 newcomers' misses), the rest is dropped unread, so what a
-    receiver reads is set by the rows it can use, not by the number of senders in the swarm. The transport's
+    dropped unread and counted as `round_budget`. The rows are part of it, in shares ([`RoundSpending`]): each
+    regular, and the newcomers together, have `max_rows // (regulars + 1)` rows reserved; a regular whose share
+    (and the unreserved rows) is spent has its further envelopes dropped unread, newcomers likewise (or after 4
+    newcomers' misses), and once `max_rows` are taken everything else is, so what a receiver reads is set by the rows
+    it can use, not by the number of senders in the swarm. The transport's
     `sender_hint` decides whose allowance an envelope draws from and in which order envelopes are examined: it is
     never trusted, and a message whose signed sender differs from its hint is refused (`sender_hint`).
 
-    The order ([`Swarm._ordered`]): regulars first, then everyone else; within each, one envelope per sender hint
-    at a time (each sender's round hint nearest this peer's round first, the newest on a tie; the newest when
+    The order ([`trl_ftis.reading_order.reading_order`]): regulars first, then everyone else; within each, one
+    envelope per sender hint at a time (each sender's round hint nearest this peer's round first, the newest on a tie; the newest when
     free-running), the senders in an order drawn afresh every round from this peer's id, the round and the hint;
     envelopes whose round hint is outside the round window, or missing, come last. (Except when half the regulars
     or more file envelopes ahead of the window: each one's newest such envelope then comes first, since a peer that
@@ -38,8 +41,9 @@ class RoundBudget:
     sender's name takes one of that sender's turns and its allowance, as before, and is then refused.
 
     *Regulars* are the peers this swarm knows: `expected_peers` when given, else the peers of the public-key file,
-    else the peers accepted in earlier rounds. Every regular has its own allowance; everyone else (newcomers, and
-    ids made up by a hostile member) shares one, so a thousand invented ids cost what one newcomer slot does.
+    else the peers accepted in earlier rounds. Every regular has its own allowance and row share; everyone else
+    (newcomers, and ids made up by a hostile member) shares one, so a thousand invented ids cost what one newcomer
+    slot does.
     """
 
     max_bytes: int = 2**30
@@ -87,6 +91,9 @@ class PeerRoundStats:
     """Rows in the peer's messages that passed the checks (signature, tokenizer, temperature, duplicate)."""
     rows_stale: int = 0
     """Of those, rows in messages then dropped as outside the round window (`stale` or `ahead`)."""
+    rows_cut: int = 0
+    """Of those, rows left out because the message went beyond its sender's share of the round's rows (cut to whole
+    groups within it)."""
     bytes_received: int = 0
     staleness: list[int] = field(default_factory=list)
     """Rounds between this peer's own round and the message's, per message accepted (negative: the peer is ahead)."""
@@ -120,34 +127,63 @@ class RoundResult:
 
 
 class RoundSpending:
-    """One collect's spending against the [`RoundBudget`]."""
+    """One collect's spending against the [`RoundBudget`].
 
-    def __init__(self, budget: RoundBudget, regulars: frozenset[str], per_sender: int, max_rows: int, until: float):
-        self.budget, self.regulars, self.per_sender, self.max_rows = budget, regulars, per_sender, max_rows
+    Rows: every regular, and all newcomers together, have a share of the round's rows reserved for them (`row_share`
+    = `max_rows // (regulars + 1)`, at least `share`, which raises `max_rows` to hold every share). A regular's message is taken whole when it fits in what is left of its share plus
+    the rows nobody has a claim on (unreserved); beyond that it is cut to whole groups, so what one sender sends never
+    takes another's reserved rows, whatever the order of reading. Newcomers never get more than their share. When the
+    budget is too small to reserve a row for each (more regulars than `max_rows`), rows go first come, first served,
+    and reading ends after `ROW_MISSES` regulars' messages did not fit."""
+
+    def __init__(
+        self,
+        budget: RoundBudget,
+        regulars: frozenset[str],
+        per_sender: int,
+        max_rows: int,
+        until: float,
+        share: int | None = None,
+    ):
+        self.budget, self.regulars, self.per_sender = budget, regulars, per_sender
         self.until = until  # monotonic time after which nothing more is examined
         shares = len(regulars) + 1
         self.newcomer_bytes_cap = budget.max_bytes // shares
-        self.newcomer_rows_cap = max_rows // shares
+        self.row_share = max(max_rows // shares, 0 if share is None else int(share))
+        self.max_rows = max(max_rows, self.row_share * shares)
+        self.newcomer_rows_cap = self.row_share
         self.bytes = self.messages = self.rows = 0
         self.newcomer_bytes = self.newcomer_messages = self.newcomer_rows = 0
         self.by_hint: Counter = Counter()  # regulars' envelopes examined, by sender hint
         self.accepted: Counter = Counter()  # messages accepted, by signed sender
-        self.newest: dict[str, int] = {}  # newest verified round per sender in this poll
+        self.regular_rows: Counter = Counter()  # rows taken, by regular (signed sender)
+        self.reserved = self.row_share * shares  # rows of shares not yet taken (regulars' and the newcomers')
+        self.newest: dict[str, tuple[int, int]] = {}  # newest verified (epoch, round) per sender in this poll
         self.leads: dict[str, int] = {}  # senders that showed they are live and far ahead, with their round
         self.deferred: list = []  # their messages beyond the window, until `Swarm._align` decides
         self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
-        self.misses: set[str] = set()  # regulars whose decoded message did not fit in the rows left
-        self.newcomer_misses: set[str] = set()  # the same for newcomers (the rows left, or their share of them)
+        self.misses: set[str] = set()  # regulars whose decoded message did not fit (first come, first served only)
+        self.newcomer_misses: set[str] = set()  # newcomers whose decoded message did not fit in their share's rest
+        # Free-running: (epoch, round) of the messages taken from each sender, and the newest of them.
+        self.free_taken: dict[str, set[tuple[int, int]]] = {}
+        self.free_newest: dict[str, tuple[int, int]] = {}
 
     def rows_spent(self) -> bool:
-        """Whether the round can take no more rows: `max_rows` are taken, or the messages of `ROW_MISSES`
-        regulars were decoded and did not fit in what is left (an honest swarm's messages are of similar sizes)."""
-        return self.rows >= self.max_rows or len(self.misses) >= ROW_MISSES
+        """Whether the round can take no more rows: `max_rows` are taken, or (first come, first served only) the
+        messages of `ROW_MISSES` regulars were decoded and did not fit in what is left."""
+        return self.rows >= self.max_rows or (self.row_share == 0 and len(self.misses) >= ROW_MISSES)
 
     def newcomer_rows_spent(self) -> bool:
         """Whether newcomers can get no more rows: their share is taken, or the messages of `ROW_MISSES` newcomers
-        did not fit (which ends the newcomers' reading only)."""
+        did not fit in what is left of it (which ends the newcomers' reading only)."""
         return self.newcomer_rows >= self.newcomer_rows_cap or len(self.newcomer_misses) >= ROW_MISSES
+
+    def _unreserved(self) -> int:
+        return max(self.max_rows - self.rows - self.reserved, 0)
+
+    def _share_left(self, sender: str) -> int:
+        used = self.regular_rows[sender] if sender in self.regulars else self.newcomer_rows
+        return max(self.row_share - used, 0)
 
     def examine(self, hint: str | None, size: int) -> str | None:
         """Charge one envelope about to be examined; returns which budget is spent instead (then it is not)."""
@@ -163,6 +199,8 @@ class RoundSpending:
         regular = hint in self.regulars
         if regular and self.by_hint[hint] >= self.per_sender:
             return "sender"
+        if regular and self.row_share and self._share_left(hint) + self._unreserved() == 0:
+            return "share"  # that regular's rows are taken: its other envelopes could only be cut to nothing
         if not regular and (
             self.newcomer_messages >= budget.newcomer_messages
             or self.newcomer_bytes + size > self.newcomer_bytes_cap
@@ -178,23 +216,33 @@ class RoundSpending:
             self.newcomer_bytes += size
         return None
 
-    def take(self, sender: str, rows: int) -> str | None:
-        """Charge one decoded message's rows to its signed sender; returns which budget is spent instead."""
+    def room(self, sender: str) -> tuple[str | None, int]:
+        """`(None, rows)`: how many rows of a decoded message its signed sender may still have taken this round: what
+        is left of its share, plus (a regular) the unreserved rows; a longer message is cut to whole groups within it
+        and [`take`] charges what is kept. `(budget, 0)` when the sender may have no further message taken."""
         if self.accepted[sender] >= self.per_sender:
-            return "sender"
+            return "sender", 0
+        left = max(self.max_rows - self.rows, 0)
+        if sender in self.regulars:
+            return None, min(self._share_left(sender) + self._unreserved(), left)
+        return None, min(self._share_left(sender), left)
+
+    def take(self, sender: str, rows: int, cut: bool) -> str | None:
+        """Charge a decoded message's `rows` (after any cut) to its signed sender, its share first; returns which
+        budget is spent instead when none of them fit (then nothing is charged)."""
         newcomer = sender not in self.regulars
-        if self.rows + rows > self.max_rows:
+        if cut and rows == 0:
             # Sets of signed senders: one sender's misses end nobody's reading, and newcomers' (invented ids among
             # them) end only the newcomers'.
             (self.newcomer_misses if newcomer else self.misses).add(sender)
-            return "rows"
-        if newcomer and self.newcomer_rows + rows > self.newcomer_rows_cap:
-            self.newcomer_misses.add(sender)
-            return "newcomers"
+            return "newcomers" if newcomer else ("share" if self.row_share else "rows")
+        self.reserved -= min(self._share_left(sender), rows)
         self.accepted[sender] += 1
         self.rows += rows
         if newcomer:
             self.newcomer_rows += rows
+        else:
+            self.regular_rows[sender] += rows
         return None
 
 
@@ -212,9 +260,14 @@ BUDGET_TEXT = {
     "bytes": "RoundBudget.max_bytes bytes were examined this round",
     "sender": "this sender's messages this round reached RoundBudget.messages_per_sender",
     "newcomers": "the newcomers' shared allowance (senders not expected, registered or known) is spent",
-    "rows": "RoundBudget.max_rows rows were accepted this round",
+    "rows": "the round's rows (RoundBudget.max_rows) did not hold this message",
+    "senders": "this peer already follows as many senders as it keeps (10,000), and this one is not a regular",
     "rows_spent": (
-        "the round's rows (RoundBudget.max_rows, or collect(max_rows=...)) are spent, or the messages of 4 regulars "
-        "did not fit in what is left: later messages are dropped unread"
+        "the round's rows (RoundBudget.max_rows, or collect(max_rows=...)) are spent: later messages are dropped "
+        "unread"
+    ),
+    "share": (
+        "this regular's share of the round's rows (max_rows // (regulars + 1)) and the unreserved rows are taken: "
+        "its messages are cut to what is left, or dropped when no whole group fits"
     ),
 }

@@ -396,7 +396,11 @@ class RoundRunner:
         admits what it takes). Returns `(result, rows sent, bytes sent, each sender's newest round)`."""
         swarm = self.swarm
         bytes_sent = sum(swarm.publish(rows, step) for rows, step in unsent)
-        result = swarm.collect(round, max_rows=self.arrivals.max_rows or None)
+        result = swarm.collect(
+            round,
+            max_rows=self.arrivals.max_rows or None,
+            share=max((len(rows) for rows, _ in unsent), default=None),  # as in run_round
+        )
         return result, sum(len(rows) for rows, _ in unsent), bytes_sent, dict(swarm.sender_rounds)
 
     def taken_metrics(self, rows: Sequence[ScoredRow], taken: Taken) -> dict[str, float]:
@@ -435,7 +439,11 @@ class RoundRunner:
         bytes_sent = swarm.publish(own_rows, round)
         cap = self.peer_row_cap(len(own_rows))
         # Decode at most a few times what this round can use: rows beyond that cost nothing.
-        result = swarm.collect(round, max_rows=None if cap is None else max(4 * cap, 64))
+        # Each regular's share of the round's rows holds at least a message like ours: a member's volume cannot crowd an
+        # honest peer out, and an honest peer's message is never cut to nothing by its share.
+        result = swarm.collect(
+            round, max_rows=None if cap is None else max(4 * cap, 64), share=len(own_rows) if cap is not None else None
+        )
         with self.lock:  # the rest uses the tokenizer, the reward functions and the ledger
             try:
                 self.check_closing()
@@ -535,6 +543,7 @@ class RoundRunner:
                 "rows_received": float(sum(stat.rows_received for stat in stats)),
                 "rows_accepted": float(len(mine)),
                 "rows_stale": float(sum(stat.rows_stale for stat in stats)),
+                "rows_cut": float(sum(stat.rows_cut for stat in stats)),
                 "bytes_received": float(sum(stat.bytes_received for stat in stats)),
             }
             if staleness:

@@ -26,6 +26,7 @@ The round protocol (`docs/swarm.md`, "The round protocol"):
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import math
@@ -42,7 +43,8 @@ from .exchange import ExchangeError, Limits, Message, decode_message, encode_mes
 from .exchange.transports import Transport, open_transport
 from .peer_messages import message_to_rows, rows_to_message
 from .peer_rows import PeerRow
-from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, sender_rank
+from .reading_order import reading_order
+from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending
 from .rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
@@ -53,6 +55,7 @@ from .rules import (
     check_round_window,
     check_temperature,
 )
+from .sender_order import SenderOrder
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -70,7 +73,6 @@ __all__ = [
 ]
 
 _MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
-_NO_ROUND = 2**64  # sorts an envelope without a round hint after every hinted one
 _MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
 # Without a run id, a message stamped more than this many seconds before this peer started cannot be evidence that the
 # swarm is ahead (`_note_round`): it may be a leftover or a replay of an earlier run. Honest clocks agree far better.
@@ -78,6 +80,19 @@ EVIDENCE_CLOCK_SLACK = 60.0
 # Seconds `leave` retries its message at most (a Redis server that is down): the run is ending, and a peer that never
 # hears of it stops waiting after one peer_timeout anyway.
 LEAVE_PATIENCE = 1.0
+
+
+def _whole_groups(message: Message, most: int) -> Message:
+    """`message` with only its first groups (in the order of their first completion) whose completions number at
+    most `most` together: a group is kept whole or not at all, since receivers normalise advantages within it."""
+    sizes = Counter(completion.group for completion in message.completions)
+    keep, total = set(), 0
+    for group in dict.fromkeys(completion.group for completion in message.completions):
+        if total + sizes[group] > most:
+            break
+        keep.add(group)
+        total += sizes[group]
+    return dataclasses.replace(message, completions=[c for c in message.completions if c.group in keep])
 
 
 class Swarm:
@@ -207,19 +222,33 @@ class Swarm:
         # `_hinted`, the senders whose far-ahead messages were refused unread (their next one is read).
         self.round_offset = 0
         self._newest: dict[str, int] = {}
+        # The epoch (start) of each sender that `_newest` holds a round of: a newer start's rounds replace an older
+        # one's (leftovers of an earlier, longer run cannot hide a restarted sender's live lead), and an older start's
+        # messages are no evidence and, lock-step, are refused once a newer start of the sender was seen.
+        self._newest_epoch: dict[str, int] = {}
         # Newest round of an accepted message per sender: a peer one round ahead may deliver round r + 1 while this
         # peer collects round r; in round r + 1 it has then delivered already and is not waited for again.
         self._delivered: dict[str, int] = {}
         self._hinted: set[str] = set()
-        # Free-running: the round of each sender's newest delivered message (the latest collect that had one decides,
-        # so a sender that restarted from an older checkpoint is followed back), and when it was last heard from.
-        self.sender_rounds: dict[str, int] = {}
-        self._last_heard: dict[str, float] = {}
-        self._started = time.monotonic()
+        self.epoch = time.time_ns() // 1000
+        """This start of this peer, sent in every message (`Message.epoch`): microseconds since 1970, kept above the
+        epoch of any state it resumed from ([`load_state_dict`]), so that every start of a peer has a newer one."""
+        # Free-running: each sender's messages are taken in order of (epoch, round) only.
+        self.order = SenderOrder(self.max_staleness, self.peer_timeout, _MAX_KNOWN_PEERS)
         self._started_at = time.time()  # wall clock, compared with messages' `created` (catch-up evidence only)
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
+
+    @property
+    def sender_rounds(self) -> dict[str, int]:
+        """Free-running: each sender's newest accepted round, in its newest start ([`SenderOrder`])."""
+        return self.order.rounds
+
+    @property
+    def sender_epochs(self) -> dict[str, int]:
+        """Free-running: each sender's newest start (`Message.epoch`) that a message was accepted from."""
+        return self.order.epochs
 
     def _keys(self, private_key, public_keys):
         """The key arguments loaded (from files when they are paths) and checked against each other."""
@@ -274,7 +303,7 @@ class Swarm:
                 reward_names=self.reward_names,
                 model=self.model_name,
             )
-            message.swarm, message.run = self.swarm_name or "", self.run_id or ""
+            message.swarm, message.run, message.epoch = self.swarm_name or "", self.run_id or "", self.epoch
             data = encode_message(
                 message, secret=self.secret, private_key=self.private_key, compact=self.compact, limits=self.limits
             )
@@ -332,6 +361,7 @@ class Swarm:
             final=True,
             swarm=self.swarm_name or "",
             run=self.run_id or "",
+            epoch=self.epoch,
         )
         try:
             data = encode_message(message, secret=self.secret, private_key=self.private_key, limits=self.limits)
@@ -406,7 +436,7 @@ class Swarm:
             return frozenset(self.public_keys) - {self.peer_id}
         return frozenset(self.known_peers)
 
-    def collect(self, round: int, *, max_rows: int | None = None) -> RoundResult:
+    def collect(self, round: int, *, max_rows: int | None = None, share: int | None = None) -> RoundResult:
         """Collect what arrived for `round`. Waits for the expected peers (each must deliver something new) at most
         `peer_timeout` seconds, then reads what is left in the exchange for at most `budget.max_seconds`; never
         raises because of what a peer sent.
@@ -416,6 +446,10 @@ class Swarm:
                 (`round_offset` moves forward when this peer finds the swarm far ahead of it: [`_align`]).
             max_rows: rows to accept at most this round (all senders together); default `budget.max_rows`. A
                 trainer that keeps `cap` rows a round passes a few times `cap`, so that selection can still be fair.
+            share: rows reserved at least for each regular, and for the newcomers together, this round (a message
+                beyond its sender's share and the unreserved rows is cut to whole groups: [`RoundSpending`]); the
+                share is `max_rows // (regulars + 1)` when that is more. A larger one raises `max_rows` to `share *
+                (regulars + 1)`. A trainer passes the rows it publishes a round, which an honest peer sends too.
         """
         round = int(round) + self.round_offset
         regulars = self.regulars()
@@ -425,10 +459,12 @@ class Swarm:
         budget = self.budget
         per_sender = budget.messages_per_sender or self.max_staleness + self.max_rounds_ahead + 1
         rows_cap = budget.max_rows if max_rows is None else max(int(max_rows), 0)
+        if share is not None:
+            rows_cap = max(rows_cap, max(int(share), 0) * (len(regulars) + 1))
         # A round that waits may read until its wait is over, and then for `max_seconds`; one that does not wait, for
         # `max_seconds` from its start.
         state = RoundSpending(
-            budget, regulars, per_sender, rows_cap, (deadline if self.waits else start) + budget.max_seconds
+            budget, regulars, per_sender, rows_cap, (deadline if self.waits else start) + budget.max_seconds, share
         )
         self._forget(round)
         fresh: set[str] = {sender for sender, newest in self._delivered.items() if newest >= round}
@@ -439,7 +475,9 @@ class Swarm:
             except Exception as error:  # noqa: BLE001 - any transport failure: train on what arrived
                 self._warn_once("transport", type(error).__name__, f"Polling the exchange failed: {error}")
                 envelopes = []
-            for envelope in self._ordered(envelopes, round, regulars):
+            is_old = self.order.is_old if self.free_running else None
+            window = (self.max_staleness, self.max_rounds_ahead)
+            for envelope in reading_order(envelopes, round, regulars, self.peer_id, window, is_old):
                 sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)
@@ -461,7 +499,7 @@ class Swarm:
         result.round = round
         result.bytes_read, result.messages_read = state.bytes, state.messages
         if self.free_running:
-            self._free_window(result)
+            self.order.window(result, state)
         for kind, count in dropped.items():
             self._warn_once(
                 "round_budget",
@@ -470,7 +508,7 @@ class Swarm:
                 "budget; `ftis/exchange/refused/round_budget` counts them every round.",
             )
         if self.free_running:
-            result.missing = self._silent()
+            result.missing = self.order.silent(self.expected_peers, self.num_expected_peers, self.departed)
             return result
         self._absent -= fresh  # a peer that delivers again is waited for again
         if self.num_expected_peers is not None:
@@ -493,64 +531,6 @@ class Swarm:
             )
         return result
 
-    def _ordered(self, envelopes, round: int, regulars: frozenset[str]) -> list:
-        """The order in which a poll's envelopes are examined ([`RoundBudget`]): regulars' first, then everyone
-        else's; within each, one envelope per sender hint at a time (its round hint nearest `round` first, the newest
-        on a tie; the newest when free-running), the senders in an order drawn for this round ([`sender_rank`]);
-        envelopes whose round hint is outside the window, or missing, last (by distance, then arrival).
-
-        Except when enough regulars to move this peer ([`_align`]: half of them, the median) file envelopes beyond
-        the window: then each one's newest such envelope comes first, so that a peer lagging behind the swarm sees it
-        even when peers level with it fill its rows (read last, those envelopes would be dropped unread). Fewer
-        regulars filing so, liars among them, get no early place.
-
-        When the round's rows run out before the poll does, the senders read are another subset every round, so
-        every sender is read over rounds. Hints only order the work: a lying hint costs its writer, never another
-        sender, anything but a place."""
-        free = bool(getattr(self, "free_running", False))  # no shared round: the receiver's round says nothing
-
-        def late(hint) -> bool:
-            if not isinstance(hint, int):
-                return True
-            return not free and (round - hint > self.max_staleness or hint - round > self.max_rounds_ahead)
-
-        probes: dict = {}  # regular's sender hint -> (round hint, index) of its newest envelope beyond the window
-        for index, envelope in enumerate(envelopes):
-            hint, sender = envelope.round_hint, envelope.sender_hint
-            if not free and isinstance(hint, int) and hint - round > self.max_rounds_ahead and sender in regulars:
-                if sender not in probes or hint > probes[sender][0]:
-                    probes[sender] = (hint, index)
-        # As many leaders as move the median of `_align` (a regular showing no lead counts as level with this peer).
-        leaders = len(regulars) - len(regulars) // 2
-        probe_index = {index for _, index in probes.values()} if len(probes) >= leaders else set()
-        timely = [(index, envelope) for index, envelope in enumerate(envelopes) if not late(envelope.round_hint)]
-        if free:
-            timely.sort(key=lambda item: (-item[1].round_hint, item[0]))
-        else:
-            timely.sort(key=lambda item: (abs(item[1].round_hint - round), -item[1].round_hint, item[0]))
-        turn: dict[int, int] = {}  # envelope index -> its place among its sender hint's envelopes
-        turns: Counter = Counter()
-        ranks: dict = {}
-        for index, envelope in timely:
-            hint = envelope.sender_hint
-            turn[index] = turns[hint]
-            turns[hint] += 1
-            if hint not in ranks:
-                ranks[hint] = sender_rank(self.peer_id, round, hint)
-
-        def key(item):
-            index, envelope = item
-            tier = envelope.sender_hint not in regulars
-            if index in probe_index:
-                return (tier, -1, 0, sender_rank(self.peer_id, round, envelope.sender_hint), index)
-            if index in turn:
-                return (tier, 0, turn[index], ranks[envelope.sender_hint], index)
-            hint = envelope.round_hint
-            distance = abs(hint - round) if isinstance(hint, int) else _NO_ROUND
-            return (tier, 1, distance, b"", index)
-
-        return [envelope for _, envelope in sorted(enumerate(envelopes), key=key)]
-
     def _may_lead(self, hint: str | None, regulars: frozenset[str]) -> bool:
         """Whether an envelope filed far ahead is read anyway, because its sender may be a live swarm that this peer
         lags behind ([`_align`]): a regular's; with no regulars, one from a sender seen before (the first far-ahead
@@ -559,19 +539,26 @@ class Swarm:
             return hint in regulars
         return hint in self._newest or hint in self._hinted
 
-    def _note_round(self, sender: str, message_round: int, created: float, round: int, state: RoundSpending) -> bool:
+    def _note_round(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
         """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
         its newest of an earlier poll (leftovers of an earlier run all come in the first poll and never count) and
         more than `max_staleness` rounds ahead (this peer's messages are stale to it), from a sender whose lead
         counts (a regular; any sender when there are none). Only messages that can belong to the present run are
         evidence: with a run id every accepted one is (others are refused, `run`); without one, those stamped
         (`created`) at most `EVIDENCE_CLOCK_SLACK` seconds before this peer started, so that leftovers of a longer
-        earlier run can neither move this peer nor, recorded as a sender's newest, hide that sender's live lead."""
-        if self.run_id is None and created < self._started_at - EVIDENCE_CLOCK_SLACK:
+        earlier run can neither move this peer nor, recorded as a sender's newest, hide that sender's live lead. A
+        sender's newest round is kept per start (`epoch`): an older start's message is no evidence, and a newer
+        start's rounds replace the older start's, however large those were."""
+        message_round, epoch = message.round, message.epoch
+        if self.run_id is None and message.created < self._started_at - EVIDENCE_CLOCK_SLACK:
             return False  # may belong to an earlier run (a leftover, a replay): no evidence either way
-        if message_round > state.newest.get(sender, -1):
-            state.newest[sender] = message_round
-        previous = self._newest.get(sender)
+        if (epoch, message_round) > state.newest.get(sender, (-1, -1)):
+            state.newest[sender] = (epoch, message_round)
+        known = self._newest_epoch.get(sender, 0)
+        if epoch < known:
+            return False  # an older start of the sender: no evidence
+        # A newer start than the one recorded shows its lead only from its second poll on, like a new sender.
+        previous = self._newest.get(sender) if epoch == known else None
         if (
             previous is None
             or message_round <= previous
@@ -592,9 +579,13 @@ class Swarm:
         (`round_offset`); rounds only move forward. A lead counts only from a signed, newer message than the
         sender's previous one, so leftovers of an earlier run, forged hints and strangers move nothing; a member
         can only move this peer forward, which isolates it at worst (documented in `docs/security.md`)."""
-        for sender, newest in state.newest.items():
+        for sender, (epoch, newest) in state.newest.items():
             if sender in self._newest or len(self._newest) < _MAX_KNOWN_PEERS:
-                self._newest[sender] = max(self._newest.get(sender, newest), newest)
+                known = self._newest_epoch.get(sender, 0)
+                if epoch > known or sender not in self._newest:
+                    self._newest[sender], self._newest_epoch[sender] = newest, max(epoch, known)
+                elif epoch == known:
+                    self._newest[sender] = max(self._newest[sender], newest)
         state.newest = {}
         self._hinted |= set(list(state.hinted)[: max(_MAX_KNOWN_PEERS - len(self._hinted), 0)])
         state.hinted = set()
@@ -626,51 +617,6 @@ class Swarm:
             if sender is not None:
                 fresh.add(sender)
         return round
-
-    def _free_window(self, result: RoundResult) -> None:
-        """Free-running: keep each sender's rows of at most `max_staleness` of its own steps before its newest message
-        in this poll (that round becomes its [`sender_rounds`] entry); older ones are dropped as `stale`."""
-        newest: dict[str, int] = {}
-        for row in result.rows:
-            newest[row.sender] = max(newest.get(row.sender, row.round), row.round)
-        stale_messages: set[tuple[str, int]] = set()
-        kept = []
-        for row in result.rows:
-            age = newest[row.sender] - row.round
-            if age > self.max_staleness:
-                result.peers[row.sender].rows_stale += 1
-                stale_messages.add((row.sender, row.round))
-            else:
-                kept.append(row)
-        result.rows = kept
-        result.refused["stale"] += len(stale_messages)
-        if not result.refused["stale"]:
-            del result.refused["stale"]
-        for sender, round in newest.items():
-            if sender in self.sender_rounds or len(self.sender_rounds) < _MAX_KNOWN_PEERS:
-                self.sender_rounds[sender] = round
-        now = time.monotonic()
-        for sender in {row.sender for row in kept}:
-            if sender in self._last_heard or len(self._last_heard) < _MAX_KNOWN_PEERS:
-                self._last_heard[sender] = now
-            rounds = {row.round for row in kept if row.sender == sender}
-            result.peers[sender].staleness.extend(newest[sender] - r for r in sorted(rounds))
-
-    def _silent(self) -> list[str]:
-        """Free-running: the expected peers not heard from for `peer_timeout` seconds (never waited for)."""
-        now = time.monotonic()
-
-        def silent(peer: str) -> bool:
-            return now - self._last_heard.get(peer, self._started) > self.peer_timeout
-
-        if self.expected_peers:
-            return [peer for peer in self.expected_peers if peer not in self.departed and silent(peer)]
-        if self.num_expected_peers:
-            heard = sum(not silent(peer) for peer in self._last_heard if peer not in self.departed)
-            expected = self.num_expected_peers - len(self.departed)
-            if heard < expected and now - self._started > self.peer_timeout:
-                return [f"{expected - heard} of {self.num_expected_peers} peers"]
-        return []
 
     def _outside_window(self, message_round: int, round: int) -> str | None:
         if round - message_round > self.max_staleness:
@@ -709,7 +655,7 @@ class Swarm:
         ):
             # Refused unread: a round hint beyond the window is a peer far ahead, a leftover of a longer run, or a lie
             # that can only get its own message skipped (a genuine message's hint is its round). Stale hints are read
-            # (they come last, see _ordered), so that a slow peer shows in its `rows_stale`.
+            # (they come last, see `reading_order`), so that a slow peer shows in its `rows_stale`.
             result.refused["ahead"] += 1
             if isinstance(hint, str):
                 state.hinted.add(hint)  # from the next poll on, its messages are read: it may be a live swarm ahead
@@ -773,9 +719,15 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
+        if not self.free_running and message.epoch < self._newest_epoch.get(sender, 0):
+            stats = result.peers[sender]
+            stats.rows_received += len(message.completions)
+            stats.rows_stale += len(message.completions)
+            result.refused["stale"] += 1  # an older start of a sender that has restarted since: superseded
+            return None
         if (
             not self.free_running
-            and self._note_round(sender, message.round, message.created, round, state)
+            and self._note_round(sender, message, round, state)
             and self._outside_window(message.round, round)
         ):
             state.deferred.append((envelope, digest, message))  # a live peer far ahead: `_align` decides
@@ -808,8 +760,16 @@ class Swarm:
         """Accept a verified, decoded message of a compatible peer when its round is in the window and the round's
         budget allows; returns its sender when accepted."""
         sender, rows = message.sender, len(message.completions)
-        # Free-running: judged against the sender's own newest round once the poll is over (`_free_window`).
-        outside = None if self.free_running else self._outside_window(message.round, round)
+        # Free-running: taken in order only (`SenderOrder.refusal`), then judged against the sender's own newest round
+        # once the collect is over (`SenderOrder.window`).
+        if self.free_running:
+            outside = self.order.refusal(sender, message, state)
+            if outside == "senders":
+                result.refused["round_budget"] += 1
+                dropped["senders"] += 1
+                return None
+        else:
+            outside = self._outside_window(message.round, round)
         if outside is not None:
             stats = result.peers[sender]
             stats.rows_received += rows
@@ -823,11 +783,20 @@ class Swarm:
                     f"{self.max_rounds_ahead} rounds ahead of ours ({round}).",
                 )
             return None
-        spent = state.take(sender, rows)
+        spent, room = state.room(sender)
+        kept = message if spent is not None or rows <= room else _whole_groups(message, room)
+        if spent is None:
+            spent = state.take(sender, len(kept.completions), cut=kept is not message)
         if spent is not None:
             result.refused["round_budget"] += 1
             dropped[spent] += 1
             return None
+        if kept is not message:  # beyond its sender's share of the round: cut, at that sender's cost alone
+            result.peers[sender].rows_cut += rows - len(kept.completions)
+            dropped["share"] += 1
+            message = kept
+        if self.free_running:
+            self.order.note(sender, message, result, state)
         self._seen[digest] = message.round
         stats = result.peers[sender]
         stats.bytes_received += envelope.size
@@ -845,10 +814,12 @@ class Swarm:
         )
         if sender in self._delivered or len(self._delivered) < _MAX_KNOWN_PEERS:
             self._delivered[sender] = max(self._delivered.get(sender, message.round), message.round)
-        self._note_departure(sender, message)
+        # Free-running, a restart shows as a newer epoch, whatever its round.
+        restarted = self.free_running and self.order.restarted(sender, message)
+        self._note_departure(sender, message, restarted)
         return sender
 
-    def _note_departure(self, sender: str, message: Message) -> None:
+    def _note_departure(self, sender: str, message: Message, restarted: bool = False) -> None:
         """A final message marks its sender departed; a later round from it (it restarted) brings it back. Only peers
         a round may wait for are recorded (all of them without `expected_peers`; the map is bounded either way)."""
         if self.expected_peers and sender not in self.expected_peers:
@@ -858,7 +829,7 @@ class Swarm:
                 logger.info("Peer %r left the swarm (round %d): not waiting for it any more.", sender, message.round)
             if sender in self.departed or len(self.departed) < _MAX_KNOWN_PEERS:
                 self.departed[sender] = max(self.departed.get(sender, message.round), message.round)
-        elif sender in self.departed and message.round > self.departed[sender]:
+        elif sender in self.departed and (restarted or message.round > self.departed[sender]):
             del self.departed[sender]
             logger.info("Peer %r is back (round %d): waiting for it again.", sender, message.round)
 
@@ -868,7 +839,9 @@ class Swarm:
         models, the expected peers not waited for, the digests of the messages accepted in the round window (read
         again after a restart, they are refused as duplicates instead of trained on twice), the round alignment
         (`round_offset` and each sender's newest round), the newest round each sender delivered, each sender's
-        free-running round ([`sender_rounds`]), the peers that left ([`departed`]) and the unpublished-row counts.
+        newest accepted epoch and round ([`sender_epochs`], [`sender_rounds`]: free-running, nothing older is taken
+        after a restart either), this peer's own [`epoch`] (a resumed start gets a newer one), the peers that left
+        ([`departed`]) and the unpublished-row counts.
         Transport cursors are not part of it: a restarted peer reads what the exchange still holds."""
         return {
             "peer_id": self.peer_id,
@@ -880,8 +853,11 @@ class Swarm:
             "unpublished": dict(self.unpublished),
             "round_offset": self.round_offset,
             "newest": dict(self._newest),
+            "newest_epochs": dict(self._newest_epoch),
             "delivered": dict(self._delivered),
             "sender_rounds": dict(self.sender_rounds),
+            "sender_epochs": dict(self.sender_epochs),
+            "epoch": self.epoch,
             "departed": dict(self.departed),
             "run": self.run_id,
         }
@@ -924,6 +900,13 @@ class Swarm:
         # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
         delivered = field("delivered", dict, counts) if "delivered" in state else {}
         sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
+        sender_epochs = field("sender_epochs", dict, counts) if "sender_epochs" in state else {}
+        if set(sender_epochs) - set(sender_rounds):
+            raise ValueError("Swarm state: 'sender_epochs' names senders that 'sender_rounds' does not.")
+        saved_epoch = field("epoch", int, whole) if "epoch" in state else 0
+        newest_epochs = field("newest_epochs", dict, counts) if "newest_epochs" in state else {}
+        if set(newest_epochs) - set(newest):
+            raise ValueError("Swarm state: 'newest_epochs' names senders that 'newest' does not.")
         departed = field("departed", dict, counts) if "departed" in state else {}
         try:
             digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
@@ -944,7 +927,8 @@ class Swarm:
                 self.run_id,
                 saved_run,
             )
-            newest, delivered, sender_rounds, departed = {}, {}, {}, {}
+            newest, delivered, sender_rounds, sender_epochs, departed = {}, {}, {}, {}, {}
+            newest_epochs = {}
         saved_id = state.get("peer_id")
         if saved_id != self.peer_id:
             logger.warning(
@@ -960,8 +944,10 @@ class Swarm:
         self.unpublished = Counter(unpublished)
         self.round_offset = offset
         self._newest = dict(newest)
+        self._newest_epoch = {sender: newest_epochs.get(sender, 0) for sender in newest}
         self._delivered = dict(delivered)
-        self.sender_rounds = dict(sender_rounds)
+        self.order.load(sender_rounds, sender_epochs)
+        self.epoch = max(self.epoch, min(saved_epoch + 1, 2**63 - 1))  # every start newer, even if the clock went back
         self.departed = {
             peer: round for peer, round in departed.items() if not self.expected_peers or peer in self.expected_peers
         }

@@ -24,6 +24,7 @@ from .layout import (
     ID_DTYPES,
     LOGP_DTYPES,
     MAX_CREATED,
+    MAX_EPOCH,
     MAX_JSON_DEPTH,
     MAX_NAME_CHARS,
     MAX_REWARD_NAME_CHARS,
@@ -153,6 +154,8 @@ class Header:
     """The swarm the message is bound to; empty: none."""
     run: str = ""
     """The run of that swarm the message is bound to; empty: none."""
+    epoch: int = 0
+    """The sender's start it was sent in (grows with every start of the sender); 0: not sent."""
 
 
 def check_header(header: Any, compact: bool, limits: Limits) -> Header:
@@ -227,6 +230,9 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
             raise refusal("limits", problem, sender)
 
     swarm, run = (_check_binding(header, key, sender) if key in header else "" for key in ("swarm", "run"))
+    epoch = header.get("epoch", 0)
+    if "epoch" in header and not (is_int(epoch) and 1 <= epoch <= MAX_EPOCH):  # present only when set
+        raise refusal("header", f"epoch must be an integer in [1, 2**63 - 1] when present, got {epoch!r:.40}", sender)
     if "final" in header and header["final"] is not True:  # present only to say "leaving"
         raise refusal("header", f"final must be true when present, got {header['final']!r:.40}", sender)
 
@@ -257,6 +263,7 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
         final="final" in header,
         swarm=swarm,
         run=run,
+        epoch=int(epoch),
     )
 
 

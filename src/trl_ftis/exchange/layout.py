@@ -78,10 +78,11 @@ MAX_TRAILER_BYTES = 1 + PEER_ID_MAX_CHARS + ED25519_SIGNATURE_SIZE + SIGNATURE_S
 
 HEADER_KEYS = ("sender", "round", "created", "tokenizer_fingerprint", "tokenizer_name", "temperature")
 HEADER_KEYS += ("reward_names", "groups", "counts", "dtypes")
-OPTIONAL_HEADER_KEYS = ("model", "text_bytes", "final", "swarm", "run")
+OPTIONAL_HEADER_KEYS = ("model", "text_bytes", "final", "swarm", "run", "epoch")
 """Keys a header may carry or leave out (added after schema version 1 without breaking it)."""
 MAX_JSON_DEPTH = 32  # a chat prompt reaches depth 6 in the header; anything near 32 is hostile
 MAX_ROUND = 2**63 - 1  # fits int64 wherever a round is stored
+MAX_EPOCH = 2**63 - 1  # a sender's start (`Message.epoch`), int64 too
 MAX_CREATED = 253_402_300_799.0  # 9999-12-31T23:59:59Z: datetime.fromtimestamp works on every accepted value
 MAX_NAME_CHARS = 4096  # tokenizer_name and model (a name_or_path can be a long local path)
 MAX_REWARD_NAME_CHARS = 256

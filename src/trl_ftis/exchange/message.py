@@ -80,6 +80,12 @@ class Message:
     """The run of the swarm the message belongs to (`FTISConfig.swarm_run`, which `trl-ftis swarm` draws for each
     run); a receiver bound to a run refuses messages of another run, or of none (`run`): replays of an earlier run,
     leftovers in a reused exchange. Empty: not sent."""
+    epoch: int = 0
+    """The sender's start it was sent in: a number in [1, 2**63 - 1] that grows with every start of the sender
+    (`Swarm` uses the microseconds since 1970 at its start, above any epoch of the state it resumed from), inside
+    what is signed. A receiver takes a sender's messages only in order: a round not newer than one it already
+    accepted from that sender is refused, unless its epoch is newer (the sender restarted, perhaps from an older
+    checkpoint). 0: not sent (messages of earlier versions)."""
     compact: bool = False
     """How the message was (or is to be) encoded; [`decode_message`] sets it."""
 

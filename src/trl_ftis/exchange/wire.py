@@ -254,6 +254,8 @@ def encode_message(
         value = getattr(message, key)
         if value:
             header[key] = _to_json(value, key)
+    if message.epoch:
+        header["epoch"] = _to_json(message.epoch, "epoch")
     parsed = check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
     columns = Columns(
@@ -493,6 +495,7 @@ def decode_message(
         final=header.final,
         swarm=header.swarm,
         run=header.run,
+        epoch=header.epoch,
     )
 
 
@@ -514,9 +517,10 @@ def peek_header(
 
     Returns a dict with ``schema_version, signed, ed25519, verified, signer, compact, compressed, sender, round,
     created, tokenizer_fingerprint, tokenizer_name, temperature, reward_names, model, num_groups, num_completions,
-    num_tokens, text_bytes, swarm, run, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when
+    num_tokens, text_bytes, swarm, run, epoch, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when
     `public_keys` verified it, else None; `text_bytes`: UTF-8 bytes of the completions' texts, 0 when the message
-    carries none; `swarm`, `run`: what it is bound to, empty when nothing; `message_bytes`: the size the frame
+    carries none; `swarm`, `run`: what it is bound to, empty when nothing; `epoch`: the sender's start, 0 when not
+    sent; `message_bytes`: the size the frame
     declares).
     """
     frame, header = _open(data, secret, public_keys, limits, need_body=False, swarm=swarm, run=run)
@@ -542,6 +546,7 @@ def peek_header(
         "text_bytes": header.text_bytes or 0,
         "swarm": header.swarm,
         "run": header.run,
+        "epoch": header.epoch,
         "header_bytes": frame.header_length,
         "body_bytes": frame.body_length,
         "message_bytes": frame.total_length,
