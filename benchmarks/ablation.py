@@ -37,7 +37,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bound_run import bind_peers_to_this_run  # benchmarks/, the script's folder
 from paired import format_interval, interval  # benchmarks/, the script's folder
+
+bind_peers_to_this_run()
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER_SCRIPT = ROOT / "examples" / "tiny_peer.py"

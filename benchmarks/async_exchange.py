@@ -36,7 +36,10 @@ import tempfile
 import time
 
 import overhead as common
+from bound_run import bind_peers_to_this_run  # benchmarks/, the script's folder
 from exchange import start_redis
+
+bind_peers_to_this_run()
 
 GOAL_BLOCKING = 0.02
 ROWS_PER_PEER = 16

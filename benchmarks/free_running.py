@@ -47,6 +47,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bound_run import bind_peers_to_this_run  # noqa: E402  # benchmarks/, the script's folder
+
+bind_peers_to_this_run()
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 PEER = ROOT / "examples" / "tiny_peer.py"

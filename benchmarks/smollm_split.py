@@ -37,6 +37,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bound_run import bind_peers_to_this_run  # benchmarks/, the script's folder
+
+bind_peers_to_this_run()
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"

@@ -32,8 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bound_run import bind_peers_to_this_run  # benchmarks/, the script's folder
 from paired import interval  # benchmarks/, the script's folder
 from warm_models import warm_checkpoint
+
+bind_peers_to_this_run()
 
 ROOT = Path(__file__).resolve().parents[1]
 

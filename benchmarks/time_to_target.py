@@ -102,6 +102,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from bound_run import bind_peers_to_this_run  # noqa: E402  # benchmarks/, the script's folder
+
+bind_peers_to_this_run()
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"

@@ -141,11 +141,12 @@ def test_without_a_run_id_old_messages_are_no_catch_up_evidence(tokenizer, memor
 # --------------------------------------------------------------------------------------------------------------------
 # Leftovers of a longer earlier run in a reused exchange
 # --------------------------------------------------------------------------------------------------------------------
-def leftovers_then_live(tokenizer, url, me, *, run, created):
-    """b's leftovers of an earlier run (rounds 495-500) sit in the exchange; this run's b is at rounds 20, 21, 22...
-    while `me` (expecting b) starts at round 0. Returns me's round after five collects."""
+def leftovers_then_live(tokenizer, url, me, *, run, created, epoch=0):
+    """b's leftovers of an earlier run (rounds 495-500, sent in start `epoch`: 0, a version before epochs) sit in the
+    exchange; this run's b is at rounds 20, 21, 22... while `me` (expecting b) starts at round 0. Returns me's round
+    after five collects."""
     for round in range(495, 501):
-        old = message(tokenizer, "b", round, run=run, created=created, prompt="old")
+        old = message(tokenizer, "b", round, run=run, created=created, prompt="old", epoch=epoch)
         write(url, encode_message(old, secret=SECRET), sender="b", round=round)
     live = make_swarm(url, "b", tokenizer, secret=SECRET, run_id=me.run_id, keep_rounds=100)
     for step in range(5):
@@ -154,10 +155,13 @@ def leftovers_then_live(tokenizer, url, me, *, run, created):
     return me.round_offset
 
 
-def test_leftovers_of_a_longer_run_freeze_an_unbound_peer_when_they_are_recent(tokenizer, url):
-    """The freeze of the review: b's newest round (500, a leftover) hides its live lead, so `me` never catches up."""
+@pytest.mark.parametrize("epoch", [0, 1_700_000_000_000_000], ids=["no-epoch", "earlier-start"])
+def test_recent_leftovers_of_a_longer_run_no_longer_freeze_an_unbound_peer(tokenizer, url, epoch):
+    """The freeze of the review: b's newest round (500, a recent leftover) hid its live lead, so `me` never caught up.
+    Every message names its sender's start (epoch): the live b's start is newer than the leftovers', so its rounds
+    replace theirs and its lead counts."""
     me = make_swarm(url, "me", tokenizer, secret=SECRET, expected_peers=["b"], peer_timeout=0.05)
-    assert leftovers_then_live(tokenizer, url, me, run="", created=time.time()) == 0
+    assert leftovers_then_live(tokenizer, url, me, run="", created=time.time(), epoch=epoch) > 15
 
 
 def test_a_bound_peer_behind_the_swarm_catches_up_past_leftovers_of_a_longer_run(tokenizer, url):
@@ -197,7 +201,7 @@ def test_resuming_in_another_run_forgets_what_senders_showed_in_the_earlier_one(
     assert state["run"] == "run-1" and state["newest"] == {"b": 22} and first.round_offset == 20
     same_run = make_swarm(memory_url, "me", tokenizer, run_id="run-1")
     same_run.load_state_dict(state)
-    assert same_run.state_dict() == state
+    assert {**same_run.state_dict(), "epoch": state["epoch"]} == state and same_run.epoch > state["epoch"]
     with caplog.at_level(logging.INFO, logger="trl_ftis.swarm"):
         next_run = make_swarm(memory_url, "me", tokenizer, run_id="run-2")
         next_run.load_state_dict(state)
@@ -228,3 +232,33 @@ def test_the_config_reads_the_binding_from_its_fields_or_the_environment(monkeyp
     with pytest.raises(ValueError, match="swarm_name must be 1 to 128 printable"):
         FTISConfig(output_dir="o", use_cpu=True, bf16=False, report_to=[], swarm_name="x" * 200)
     assert SwarmCredentials(None, None, None).swarm_name is None
+
+
+def test_a_peer_that_joins_a_swarm_without_a_run_id_refuses_to_start(monkeypatch):
+    """Peers started by hand are bound by default: one with an exchange and no run id at all (neither `swarm_run` nor
+    `FTIS_SWARM_RUN`) stops with one message naming both; an empty one is unbound on purpose."""
+    monkeypatch.delenv(SWARM_RUN_ENV, raising=False)
+
+    def credentials(**fields):
+        return FTISConfig(output_dir="o", use_cpu=True, bf16=False, report_to=[], **fields).swarm_credentials()
+
+    with pytest.raises(ValueError) as caught:
+        credentials(exchange_url="dir:///tmp/x")
+    assert "swarm_run" in str(caught.value) and "$FTIS_SWARM_RUN" in str(caught.value)
+    assert credentials(exchange_url="dir:///tmp/x", swarm_run="run-1").run_id == "run-1"
+    assert credentials(exchange_url="dir:///tmp/x", swarm_run="").run_id is None  # unbound, on purpose
+    assert credentials().run_id is None  # alone: nothing to bind
+    monkeypatch.setenv(SWARM_RUN_ENV, "")
+    assert credentials(exchange_url="dir:///tmp/x").run_id is None
+    monkeypatch.setenv(SWARM_RUN_ENV, "run-2")
+    assert credentials(exchange_url="dir:///tmp/x").run_id == "run-2"
+    assert credentials(exchange_url="dir:///tmp/x", swarm_run="").run_id is None  # the field wins, even empty
+
+
+def test_an_empty_swarm_run_flag_is_unbound_on_purpose(tmp_path):
+    """Through a script's flags (HfArgumentParser), `--swarm_run ''` stays empty: unbound on purpose."""
+    from transformers import HfArgumentParser
+
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none", "--exchange_url", "dir:///tmp/x"]
+    (config,) = HfArgumentParser(FTISConfig).parse_args_into_dataclasses(argv + ["--swarm_run", ""])
+    assert config.swarm_run == "" and config.swarm_credentials().run_id is None

@@ -232,8 +232,10 @@ class FTISConfig(GRPOConfig):
             new one for each run). Every message names it, inside what is signed, and messages of another run are
             refused (`run`): replays of an earlier run and leftovers in a reused exchange can then neither be trained
             on nor move this peer's round (`docs/security.md`). Unset: `FTIS_SWARM_RUN` (`trl-ftis swarm` draws one
-            per run and keeps it for `--only` restarts), else no binding, and catch-up evidence counts only from
-            messages stamped at most 60 s before this peer started.
+            per run and keeps it for `--only` restarts). A peer that joins a swarm (`exchange_url`) with neither
+            refuses to start, naming both: every peer is bound to its run unless told otherwise. An empty string (the
+            field or the variable) means no binding, on purpose: messages of any run are taken, and catch-up
+            evidence counts only from messages stamped at most 60 s before this peer started.
         private_key_file (`str`, *optional*):
             This peer's Ed25519 private key (PEM, as `trl-ftis keygen` writes it): every message is signed with it.
             The config holds the path; [`swarm_credentials`] loads and checks the file when the trainer starts,
@@ -477,8 +479,9 @@ class FTISConfig(GRPOConfig):
     swarm_run: str | None = field(
         default=None,
         metadata={
-            "help": f"This run of the swarm (a new id per run): messages of another run (replays, leftovers) are "
-            f"refused. Unset: ${SWARM_RUN_ENV}, else none."
+            "help": f"This run of the swarm (a new id per run, the same on every peer): messages of another run "
+            f"(replays, leftovers) are refused. Unset: ${SWARM_RUN_ENV}; a peer with an exchange_url and neither "
+            "refuses to start. An empty string: no binding, on purpose."
         },
     )
     private_key_file: str | None = field(
@@ -704,7 +707,8 @@ class FTISConfig(GRPOConfig):
         check_expected_peers(self.expected_peers, self.num_expected_peers)  # alternatives, never both
         check_round_window(self.max_staleness, self.max_rounds_ahead)
         for name in ("swarm_name", "swarm_run"):
-            problem = None if getattr(self, name) is None else binding_problem(getattr(self, name))
+            value = getattr(self, name)
+            problem = None if value is None or (name == "swarm_run" and value == "") else binding_problem(value)
             if problem is not None:
                 raise ValueError(f"{name} {problem}.")
         if self.max_round_bytes < 1:
@@ -743,21 +747,33 @@ class FTISConfig(GRPOConfig):
         What this peer signs and verifies with, read now: the swarm secret (`swarm_secret`, else the environment
         variable `FTIS_SWARM_SECRET`), this peer's private key (`private_key_file`) and the swarm's public keys
         (`peer_keys_file`), loaded and checked against each other, and the swarm and run its messages are bound to
-        (`swarm_name`, else `FTIS_SWARM_NAME`; `swarm_run`, else `FTIS_SWARM_RUN`).
+        (`swarm_name`, else `FTIS_SWARM_NAME`; `swarm_run`, else `FTIS_SWARM_RUN`; an empty value: none).
 
         [`FTISTrainer`] calls it once, before it loads the model, so that a wrong path or a malformed key file fails
         at once, naming the file; the config itself never reads the environment or a file. Raises `ValueError` (a
-        missing, unreadable or malformed file, a key file that registers another key for this peer); warns when only
+        missing, unreadable or malformed file, a key file that registers another key for this peer, a peer with an
+        `exchange_url` and no run id, neither given nor empty on purpose); warns when only
         one of the two key files is set, or when the public keys have no entry for this peer.
         """
         secret = self.swarm_secret or os.environ.get(SWARM_SECRET_ENV) or None
         binding = {}
         for name, env, key in (("swarm_name", SWARM_NAME_ENV, "swarm_name"), ("swarm_run", SWARM_RUN_ENV, "run_id")):
-            value = getattr(self, name) or os.environ.get(env) or None
-            problem = None if value is None else binding_problem(value)
+            value = getattr(self, name)
+            if value is None:
+                value = os.environ.get(env)
+            problem = None if not value else binding_problem(value)
             if problem is not None:
                 raise ValueError(f"{name} (from ${env}) {problem}.")
-            binding[key] = value
+            if name == "swarm_run" and value is None and self.exchange_url is not None:
+                raise ValueError(
+                    f"This peer joins a swarm (exchange_url) but names no run: set swarm_run (--swarm_run) or "
+                    f"${env} to one id that every peer of this run is given and that is new for each run (for "
+                    "example --swarm_run pair-1 on every command, pair-2 the next time; `trl-ftis swarm` draws one for "
+                    "the peers it starts), so that messages of earlier runs (leftovers in a reused exchange, "
+                    "replays) are refused. To take messages of any run instead, set it to an empty string "
+                    f"(--swarm_run '' or {env}=''): docs/security.md says what that leaves open."
+                )
+            binding[key] = value or None
         if self.private_key_file is None and self.peer_keys_file is None:
             return SwarmCredentials(secret, None, None, **binding)
         for name in ("private_key_file", "peer_keys_file"):
