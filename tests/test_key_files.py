@@ -72,3 +72,28 @@ def test_loading_key_files_others_can_change_warns(tmp_path, caplog):
         keys.load_public_keys(public_path)
     assert caplog.text.count("its folder") == 2 and "can replace the file" in caplog.text
     assert keys.key_file_problems(tmp_path / "missing") == []
+
+
+def test_a_trainer_loading_a_world_writable_public_key_file_warns_naming_it(tmp_path, caplog):
+    """The path a trainer takes (`FTISConfig.swarm_credentials`, before the model is loaded): a 0666 public-key file
+    is loaded, with a warning naming the file and its mode."""
+    from trl_ftis import FTISConfig
+
+    folder = tmp_path / "keys"
+    folder.mkdir(mode=0o700)
+    private = keys.generate_keypair()[0]
+    keys.save_private_key(folder / "a.key", private)
+    public_path = keys.save_public_keys(folder / "peers.yaml", {"a": private.public_key()})
+    public_path.chmod(0o666)
+    config = FTISConfig(
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
+        report_to=[],
+        peer_id="a",
+        private_key_file=str(folder / "a.key"),
+        peer_keys_file=str(public_path),
+    )
+    with caplog.at_level(logging.WARNING, logger=keys.__name__):
+        credentials = config.swarm_credentials()
+    assert set(credentials.public_keys) == {"a"}
+    assert f"Public key file: '{public_path}' is writable by its group or others (mode 666)" in caplog.text
