@@ -96,6 +96,39 @@ def test_a_top_level_typo_is_reported_once_not_once_per_peer():
     assert errors == [f"top level: unknown argument `args.max_step` ({TINY_CLASSES}); did you mean `args.max_steps`?"]
 
 
+def test_values_the_peer_script_would_refuse_are_named_before_anything_starts(tmp_path, capsys):
+    """Values, not only keys: each enumerated or typed field of the script's (imported) dataclasses is checked as the
+    script's parser would, with the allowed values named, instead of every peer printing its whole usage text."""
+    raw = {
+        "script": TINY,
+        "args": {"exchange_mode": "fre", "max_steps": "many"},
+        "peers": [
+            {"id": "a", "args": {"kl_threshold": "abc", "learning_rate": 1e-3}},
+            {"id": "b", "args": {"use_peft": "maybe", "report_to": ["none"]}},
+        ],
+    }
+    assert _errors(raw) == [
+        (
+            "top level: `args.exchange_mode`: invalid choice: 'fre' (choose from 'sync', 'async', 'free') "
+            "(tiny_peer.py would refuse it at start)"
+        ),
+        "top level: `args.max_steps`: invalid int value: 'many' (tiny_peer.py would refuse it at start)",
+        "peers[0] (id 'a'): `args.kl_threshold`: invalid float value: 'abc' (tiny_peer.py would refuse it at start)",
+        (
+            "peers[1] (id 'b'): `args.use_peft`: Truthy value expected: got maybe but expected one of yes/no, "
+            "true/false, t/f, y/n, 1/0 (case insensitive). (tiny_peer.py would refuse it at start)"
+        ),
+    ]
+    path, run = tmp_path / "swarm.yaml", tmp_path / "run"
+    path.write_text(yaml.safe_dump({**raw, "run_dir": str(run)}))
+    assert cli.main(["swarm", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'fre'" in err and "usage:" not in err and len(err.splitlines()) == 5
+    assert not run.exists()
+    good = {**raw, "args": {"exchange_mode": "free", "max_steps": 3}, "peers": [{"id": "a"}, {"id": "b"}]}
+    assert load_swarm_config(good).peers[0].args == {"exchange_mode": "free", "max_steps": 3}  # values it takes
+
+
 def test_accepted_spellings_of_the_scripts_options():
     # Dashes for underscores (HfArgumentParser adds them), TrlParser's --config, the script's own dataclass fields.
     config = load_swarm_config(

@@ -41,6 +41,7 @@ from ..rules import (
     local_model_problem,
     redact_text,
 )
+from .preflight import render_args, render_value
 from .schema import SwarmConfig, SwarmConfigError
 
 __all__ = [
@@ -113,27 +114,6 @@ class PeerCommand:
 # --------------------------------------------------------------------------------------------------------------------
 # Commands
 # --------------------------------------------------------------------------------------------------------------------
-
-
-def _render_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"  # what HfArgumentParser's string_to_bool accepts
-    return str(value)
-
-
-def render_args(args: Mapping[str, Any]) -> list[str]:
-    """`{"lr": 0.1, "use_peft": True, "report_to": ["wandb", "none"], "x": None}` ->
-    `["--lr", "0.1", "--use_peft", "true", "--report_to", "wandb", "none"]` (None is omitted)."""
-    out: list[str] = []
-    for key, value in args.items():
-        if value is None:
-            continue
-        out.append(f"--{key}")
-        if isinstance(value, (list, tuple)):
-            out.extend(_render_value(v) for v in value)
-        else:
-            out.append(_render_value(value))
-    return out
 
 
 def free_port(taken: set[int] | None = None) -> int:
@@ -259,7 +239,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
             env["CUDA_VISIBLE_DEVICES"] = peer.gpus
         for name, variable in SECRET_ARGS.items():  # the argument wins over the same variable in `env`
             if peer.args.get(name) is not None:
-                env[variable] = _render_value(peer.args[name])
+                env[variable] = render_value(peer.args[name])
         commands.append(
             PeerCommand(
                 id=peer.id,

@@ -18,6 +18,7 @@ Pure functions apart from the file, network and import look-ups they are named a
 
 from __future__ import annotations
 
+import argparse
 import ast
 import dataclasses
 import functools
@@ -25,7 +26,7 @@ import importlib
 import os
 import socket
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ __all__ = [
     "before_start",
     "expected_peer_problems",
     "redis_problem",
+    "render_args",
+    "render_value",
     "script_options",
     "secret_warnings",
 ]
@@ -62,20 +65,91 @@ _REDIS_DEFAULT_PORT = 6379
 # --------------------------------------------------------------------------------------------------------------------
 
 
+def render_value(value: Any) -> str:
+    """One value as it goes on a command line or into an environment variable."""
+    if isinstance(value, bool):
+        return "true" if value else "false"  # what HfArgumentParser's string_to_bool accepts
+    return str(value)
+
+
+def render_args(args: Mapping[str, Any]) -> list[str]:
+    """`{"lr": 0.1, "use_peft": True, "report_to": ["wandb", "none"], "x": None}` ->
+    `["--lr", "0.1", "--use_peft", "true", "--report_to", "wandb", "none"]` (None is omitted)."""
+    out: list[str] = []
+    for key, value in args.items():
+        if value is None:
+            continue
+        out.append(f"--{key}")
+        if isinstance(value, (list, tuple)):
+            out.extend(render_value(v) for v in value)
+        else:
+            out.append(render_value(value))
+    return out
+
+
+class _ParseError(Exception):
+    """What argparse would print before exiting."""
+
+
+class _CheckingParser(argparse.ArgumentParser):
+    """Raises instead of printing the usage and exiting."""
+
+    def error(self, message: str):
+        raise _ParseError(message)
+
+
 @dataclass(frozen=True)
 class ScriptOptions:
     """The options of a peer script: `names` (every spelling argparse accepts), `fields` (the dataclass fields, for
-    did-you-mean) and `classes` (the dataclasses they come from, for messages)."""
+    did-you-mean), `classes` (the dataclasses they come from, for messages) and `types` (those of them that are
+    imported, not the script's own: their values are checked too)."""
 
     names: frozenset[str]
     fields: tuple[str, ...]
     classes: tuple[str, ...]
+    types: tuple[type, ...] = ()
 
     def accepts(self, key: str) -> bool:
         return key in self.names
 
     def suggestion(self, key: str) -> str | None:
         return did_you_mean(key, self.fields)
+
+    def value_problem(self, key: str, value: Any) -> str | None:
+        """Why the peer script would refuse `--key value` as it is rendered on its command line (an invalid choice,
+        a value of the wrong type: argparse's own words, without its usage text), or None. Only the fields of the
+        imported dataclasses are checked; the script's own fields are not."""
+        parser = _value_parser(self.types)
+        if parser is None or value is None or f"--{key}" not in parser._option_string_actions:
+            return None  # the script's own field (or not an option): not checked here
+        try:
+            parser.parse_known_args(render_args({key: value}))
+        except (_ParseError, argparse.ArgumentError) as error:
+            text = str(error)  # "argument --name/--name-dashed: invalid choice: ..." -> what follows the name
+            return text.split(": ", 1)[1] if text.startswith("argument ") and ": " in text else text
+        return None
+
+
+@functools.lru_cache(maxsize=16)
+def _value_parser(types: tuple[type, ...]) -> argparse.ArgumentParser | None:
+    """The parser the script builds (`HfArgumentParser(types)`), raising instead of exiting; no argument required
+    (only values are checked here). None when it cannot be built."""
+    if not types:
+        return None
+    try:
+        from transformers import HfArgumentParser
+
+        class Checking(_CheckingParser, HfArgumentParser):
+            pass
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parser = Checking(types, exit_on_error=False, allow_abbrev=False)
+    except Exception:  # noqa: BLE001 - a dataclass HfArgumentParser cannot take: values stay unchecked
+        return None
+    for action in parser._actions:
+        action.required = False
+    return parser
 
 
 class _Unknown(Exception):
@@ -252,8 +326,12 @@ def _options_of(path: str, mtime_ns: int, size: int) -> ScriptOptions | None:
         module = _Module(tree)
         parser, given = _parser_call(tree)
         fields: list[tuple[str, bool, list[str]]] = []
+        types: list[type] = []
         for node in given:
             fields += module.fields_of(node)
+            target = module.resolve(node)
+            if isinstance(target, type):
+                types.append(target)
     except _Unknown:
         return None
     names = set(ARGUMENT_PARSERS[parser])
@@ -262,7 +340,7 @@ def _options_of(path: str, mtime_ns: int, size: int) -> ScriptOptions | None:
         if maybe_bool:
             names.update({f"no_{name}", f"no-{name.replace('_', '-')}"})
     ordered = tuple(dict.fromkeys(name for name, _, _ in fields))
-    return ScriptOptions(frozenset(names), ordered, tuple(_annotation_text(node) for node in given))
+    return ScriptOptions(frozenset(names), ordered, tuple(_annotation_text(node) for node in given), tuple(types))
 
 
 def script_options(path: str | os.PathLike) -> ScriptOptions | None:

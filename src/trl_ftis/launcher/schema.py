@@ -509,12 +509,19 @@ def _argument_problems(entries: list, top_args: Mapping, top_script: Path | None
             continue
         where = _peer_where(index, entry.get("id") if isinstance(entry, Mapping) else None)
         for key in top_keys:
-            if not options.accepts(key) and (key, script) not in top_said:
+            if (key, script) in top_said:
+                continue
+            if not options.accepts(key):
                 top_said.add((key, script))  # once per script, not once per peer
                 found.append(("top level", _unknown_argument(key, script, options)))
-        for key in _raw_args(entry):
+            elif (problem := options.value_problem(key, top_args[key])) is not None:
+                top_said.add((key, script))
+                found.append(("top level", f"`args.{key}`: {problem} ({script.name} would refuse it at start)"))
+        for key, value in _raw_args(entry).items():
             if key not in RESERVED_ARGS and not options.accepts(key):
                 found.append((where, _unknown_argument(key, script, options)))
+            elif key not in RESERVED_ARGS and (problem := options.value_problem(key, value)) is not None:
+                found.append((where, f"`args.{key}`: {problem} ({script.name} would refuse it at start)"))
         for sugar, arg in SUGAR_ARGS.items():
             if isinstance(entry, Mapping) and entry.get(sugar) is not None and not options.accepts(arg):
                 found.append((where, f"`{sugar}` sets `args.{arg}`, which {script.name} does not take"))
