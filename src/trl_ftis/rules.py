@@ -21,6 +21,7 @@ from __future__ import annotations
 import numbers
 import os
 import re
+from collections.abc import Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -91,6 +92,44 @@ def local_model_problem(value: object) -> str | None:
     if os.path.exists(path):
         return f"{path} is not a folder (a model is a folder with its config.json)"
     return f"no such local model folder {path}"
+
+
+def hub_model_problem(value: object, *, elsewhere: Sequence[str | os.PathLike] = ()) -> str | None:
+    """What is wrong with a `model` written like a Hub id (`name` or `org/name`) that the peers could not load: no
+    folder of that name where they start (the working directory), and either a folder of that name in one of the
+    `elsewhere` folders (beside the config or the run folder: the user meant it, without `./`) or, when the model is
+    not in the local Hugging Face cache, no Hub to download it from (`HF_HUB_OFFLINE` is set). None when transformers
+    would find it, or may (the Hub is not probed: a model that is not there fails at start, in transformers' words)."""
+    if not isinstance(value, str) or not value or looks_like_local_path(value) or value.count("/") > 1:
+        return None
+    if os.path.isdir(value):
+        return None  # transformers reads a folder of that name before it asks the Hub
+    for folder in elsewhere:
+        candidate = os.path.join(os.fspath(folder), value)
+        if os.path.isdir(candidate):
+            return (
+                f"{value!r} is read as a Hugging Face Hub id: there is no folder of that name in the peers' working "
+                f"directory {os.getcwd()}, but there is one at {os.path.abspath(candidate)}; write that path (or "
+                f"`./{value}` relative to where you start the launcher)"
+            )
+    if _cached_on_this_machine(value):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return f"no local folder {value!r} and no Hub access (HF_HUB_OFFLINE is set; not in the Hugging Face cache)"
+    return None
+
+
+def _cached_on_this_machine(repo_id: str) -> bool:
+    """Whether the Hugging Face cache holds a snapshot of model `repo_id` (then it loads offline)."""
+    try:
+        from huggingface_hub import scan_cache_dir
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        if not os.path.isdir(HF_HUB_CACHE):
+            return False
+        return any(repo.repo_id == repo_id and repo.repo_type == "model" for repo in scan_cache_dir().repos)
+    except Exception:  # noqa: BLE001 - an unreadable cache: treated as empty
+        return False
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -162,7 +162,8 @@ def test_paper_directory_holds_the_six_pairings_and_the_shared_gpu_recipe():
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-def test_paper_swarm_passes_the_launcher_validation(name, staged):
+def test_paper_swarm_passes_the_launcher_validation(name, staged, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # as on the GPU machine, with the Hub (nothing is downloaded)
     config = staged(name)
     assert check_files(config) == []
     expected = PAIRINGS[name]["peers"]
@@ -188,6 +189,7 @@ def test_paper_swarm_passes_the_launcher_validation(name, staged):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_paper_swarm_dry_run(name, tmp_path, monkeypatch, capsys):
     """`trl-ftis swarm CONFIG --dry-run`: exit code 0, no warning (every file it names exists), nothing written."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # as on the GPU machine, with the Hub
     monkeypatch.chdir(_stage(tmp_path, name))
     code = cli.main(["swarm", f"examples/swarms/paper/{name}", "--dry-run", "--run-dir", str(tmp_path / "run")])
     out, err = capsys.readouterr()

@@ -67,6 +67,7 @@ def _closed_port() -> int:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT / "examples")))
 def test_every_example_config_loads_and_its_args_were_checked(path, monkeypatch):
     monkeypatch.chdir(ROOT)  # their paths are relative to the repository
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # as on a machine with the Hub (nothing is downloaded here)
     config = load_swarm_config(path)
     for peer in config.peers:
         # The check ran: the examples' scripts parse dataclasses whose fields the launcher reads.
@@ -245,7 +246,8 @@ def test_what_looks_like_a_local_model_path(value, local):
     assert looks_like_local_path(value) is local
 
 
-def test_a_missing_local_model_folder_is_refused_before_any_peer_starts(tmp_path, capsys):
+def test_a_missing_local_model_folder_is_refused_before_any_peer_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # the Hub ids are fine with the Hub (nothing is downloaded)
     missing = tmp_path / "models" / "Qwen2.5-1.5B"
     present = tmp_path / "present"
     present.mkdir()
@@ -274,6 +276,39 @@ def test_a_missing_local_model_folder_is_refused_before_any_peer_starts(tmp_path
     assert cli.main(["swarm", str(path), "--dry-run"]) == 0
     assert f"# warning: `peers[0] (id 'a').model`: no such local model folder {missing}" in capsys.readouterr().out
     assert not run.exists()
+
+
+def test_a_local_model_written_like_a_hub_id_is_named_in_one_line(tmp_path, monkeypatch):
+    """`model: models/tiny46` (no `./`) is a Hub id to transformers: with no folder of that name where the peers
+    start, a folder of that name beside the config is pointed at; with none anywhere and no Hub, one line says so
+    (instead of a minute of retries and a network error)."""
+    work, configs = tmp_path / "work", tmp_path / "configs"
+    (configs / "models" / "tiny46").mkdir(parents=True)
+    work.mkdir()
+    monkeypatch.chdir(work)
+    path = configs / "swarm.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "script": PEER,
+                "run_dir": str(tmp_path / "run"),
+                "peers": [{"id": "a", "model": "models/tiny46"}, {"id": "b", "model": "models/absent"}],
+            }
+        )
+    )
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    problems = check_files(load_swarm_config(path))
+    assert problems == [
+        f"`peers[0] (id 'a').model`: 'models/tiny46' is read as a Hugging Face Hub id: there is no folder of that "
+        f"name in the peers' working directory {work}, but there is one at {configs / 'models' / 'tiny46'}; write "
+        "that path (or `./models/tiny46` relative to where you start the launcher)",
+        "`peers[1] (id 'b').model`: no local folder 'models/absent' and no Hub access (HF_HUB_OFFLINE is set; not "
+        "in the Hugging Face cache)",
+    ]
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert len(check_files(load_swarm_config(path))) == 1  # with the Hub, models/absent may be a Hub id
+    monkeypatch.chdir(configs)
+    assert check_files(load_swarm_config(path)) == []  # started beside it: transformers reads the folder
 
 
 def test_a_file_is_no_model_folder(tmp_path):

@@ -38,6 +38,7 @@ from ..rules import (
     SWARM_RUN_ENV,
     SWARM_SECRET_ENV,
     binding_problem,
+    hub_model_problem,
     local_model_problem,
     redact_text,
 )
@@ -317,6 +318,9 @@ def check_files(config: SwarmConfig) -> list[str]:
         key = "model" if peer.model is not None else "args.model_name_or_path"
         model = peer.model if peer.model is not None else peer.args.get("model_name_or_path")
         problem = local_model_problem(model)
+        if problem is None:  # a Hub id: a folder of that name beside the config or run folder, or no Hub at all
+            beside = [Path(config.source).parent] if config.source else []
+            problem = hub_model_problem(model, elsewhere=[*beside, config.run_dir])
         if problem is not None:
             problems.append(f"`peers[{index}] (id {peer.id!r}).{key}`: {problem}")
     return problems
