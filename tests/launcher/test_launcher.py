@@ -481,6 +481,10 @@ def test_failing_peer_stops_the_others_quickly(tmp_path, pid_dir):
     assert time.monotonic() - start < 4
     assert not _alive(_pids(pid_dir)["sleeper"])
     assert "peer crash exited with code 3; stopping the other peers" in out.getvalue()
+    assert (
+        f"(resume the swarm from its checkpoints with `trl-ftis swarm CONFIG --run-dir {tmp_path / 'run'} --resume`)"
+        in (out.getvalue())
+    )  # a config given as a dict has no file to name
     rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
     assert (rows["crash"]["status"], rows["crash"]["exit_code"]) == ("failed", 3)
     assert (rows["sleeper"]["status"], rows["sleeper"]["exit_code"]) == ("stopped", -signal.SIGTERM)

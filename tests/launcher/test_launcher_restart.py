@@ -406,12 +406,15 @@ def test_on_failure_continue_lets_the_others_finish_and_the_run_still_fails(tmp_
 
     crashed = tmp_path / "crashed"
     peers = [{"id": "crash", "args": {"fail_once": str(crashed)}}, {"id": "steady", "args": {"hold": 1.0}}]
-    config = load_swarm_config(yaml.safe_load(_write_config(tmp_path, peers, on_failure="continue").read_text()))
+    config = load_swarm_config(_write_config(tmp_path, peers, on_failure="continue"))
     out = io.StringIO()
     assert run_swarm(config, grace=2, stream=out) == 1
     text = out.getvalue()
     assert "peer crash exited with code 3; the others go on (on_failure: continue)" in text
-    assert "--only crash --resume" in text and "stopping the other peers" not in text
+    assert "stopping the other peers" not in text
+    # The hint names this run's config file and run folder, not a placeholder: following it restarts this run.
+    config_file, run_dir = tmp_path / "swarm.yaml", tmp_path / "run"
+    assert f"restart it with `trl-ftis swarm {config_file} --run-dir {run_dir} --only crash --resume`" in text
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     rows = {row["id"]: row for row in summary["peers"]}
     assert (rows["crash"]["status"], rows["steady"]["status"]) == ("failed", "ok")

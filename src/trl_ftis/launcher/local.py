@@ -23,6 +23,7 @@ from ..rules import redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome
 from .commands import build_commands, check_files, describe_commands, keep_earlier, open_private, write_cmd_file
 from .processes import ProcessTracker, die_with_parent
+from .restart import restart_command
 from .schema import SwarmConfig
 from .summary import describe_code
 
@@ -179,12 +180,13 @@ class LocalBackend:
             if code != 0 and self.config.on_failure == "continue":
                 self.console.say(
                     f"peer {run.command.id} exited with code {describe_code(code)}; the others go on (on_failure: "
-                    f"continue): restart it with `trl-ftis swarm CONFIG --only {run.command.id} --resume`"
+                    f"continue): restart it with `{restart_command(self.config, [run.command.id])}`"
                 )
                 continue
             if code != 0:
                 self.console.say(
-                    f"peer {run.command.id} exited with code {describe_code(code)}; stopping the other peers"
+                    f"peer {run.command.id} exited with code {describe_code(code)}; stopping the other peers (resume "
+                    f"the swarm from its checkpoints with `{restart_command(self.config)}`)"
                 )
                 return Outcome(1, f"peer {run.command.id} exited with code {code}")
             self.console.say(f"peer {run.command.id} finished (exit code 0)")

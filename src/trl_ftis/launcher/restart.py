@@ -24,13 +24,21 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
 from .commands import peer_output_dir, recorded_run_id
 from .schema import SwarmConfig, SwarmConfigError
 
-__all__ = ["CHECKPOINT_PREFIX", "RESUME_ARG", "TRAINER_STATE_FILE", "latest_checkpoint", "restart_config"]
+__all__ = [
+    "CHECKPOINT_PREFIX",
+    "RESUME_ARG",
+    "TRAINER_STATE_FILE",
+    "latest_checkpoint",
+    "restart_command",
+    "restart_config",
+]
 
 CHECKPOINT_PREFIX = "checkpoint"  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR: checkpoint-<step>
 TRAINER_STATE_FILE = (
@@ -54,6 +62,18 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
         if (path / TRAINER_STATE_FILE).is_file():
             return path
     return None
+
+
+def restart_command(config: SwarmConfig, only: Sequence[str] = ()) -> str:
+    """The command that resumes this run: its config file and run folder, the peers `only` (all when empty), each
+    from its newest complete checkpoint (`--resume`). A config given as a dict, not a file, is named `CONFIG`."""
+    source = os.path.abspath(config.source) if config.source else "CONFIG"
+    argv = ["trl-ftis", "swarm", source, "--run-dir", str(config.run_dir)]
+    if config.scheduler == "slurm":
+        argv.append("--slurm")
+    for peer_id in only:
+        argv += ["--only", peer_id]
+    return shlex.join([*argv, "--resume"])
 
 
 def _select(config: SwarmConfig, only: Sequence[str]) -> SwarmConfig:

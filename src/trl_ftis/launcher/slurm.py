@@ -57,6 +57,7 @@ from .commands import (
     shell_quote,
     write_cmd_file,
 )
+from .restart import restart_command
 from .schema import SwarmConfig
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
@@ -752,13 +753,14 @@ class SlurmBackend:
                 if self.config.on_failure == "continue":
                     self.say(
                         f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); the "
-                        f"others go on (on_failure: continue): restart it with `trl-ftis swarm CONFIG --only "
-                        f"{run.command.id} --resume`"
+                        f"others go on (on_failure: continue): restart it with "
+                        f"`{restart_command(self.config, [run.command.id])}`"
                     )
                     continue
                 self.say(
                     f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); "
-                    "cancelling the other jobs"
+                    f"cancelling the other jobs (resume the swarm from its checkpoints with "
+                    f"`{restart_command(self.config)}`)"
                 )
                 return Outcome(1, f"peer {run.command.id} exited with code {code}{why}")
             self.say(f"peer {run.command.id} finished (exit code 0)")
