@@ -464,3 +464,75 @@ def test_a_failed_peer_restarts_with_only_while_the_others_keep_training(tmp_pat
     assert full.returncode == 1, output  # the full run saw its flaky peer fail
     assert "peer steady finished (exit code 0)" in output and "the others go on" in output
     assert "done steady" in (logs / "steady.log").read_text()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# controls: each peer's configuration run again without peers, next to the swarm
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def replace_run(config):
+    return dataclasses.replace(config, run_id="run-1")
+
+
+def test_controls_run_each_peers_configuration_alone_beside_the_swarm(tmp_path, capsys):
+    peers = [
+        {"id": "a", "args": {"summary": "good"}},
+        {"id": "b", "args": {"summary": "good"}, "controls": ["alone"]},  # its own list wins over the top level
+    ]
+    path = _write_config(
+        tmp_path,
+        peers,
+        controls=["alone", "alone-rows"],
+        args={"lines": 1, "expected_peers": ["a", "b"], "gradient_accumulation_steps": 3},
+    )
+    config = load_swarm_config(path)
+    assert [(p.id, p.control_of) for p in config.peers] == [
+        ("a", None),
+        ("b", None),
+        ("a-alone", "a"),
+        ("a-alone-rows", "a"),
+        ("b-alone", "b"),
+    ]
+    control = config.peer("a-alone-rows")
+    assert "expected_peers" not in control.args and control.args["gradient_accumulation_steps"] == 6  # 2 peers' rows
+    assert config.peer("a-alone").args["gradient_accumulation_steps"] == 3
+    bound = {command.id: SWARM_RUN_ENV in command.env for command in build_commands(replace_run(config))}
+    assert bound == {"a": True, "b": True, "a-alone": False, "a-alone-rows": False, "b-alone": False}
+    assert cli.main(["swarm", str(path)]) == 0
+    out = capsys.readouterr().out
+    logs = tmp_path / "run" / "logs"
+    for peer in ("a-alone", "a-alone-rows", "b-alone"):  # started for real, with no exchange and no run binding
+        assert "exchange=None" in (logs / f"{peer}.log").read_text()
+        assert "--exchange_url" not in _argv_in_cmd_file(logs / f"{peer}.cmd")
+    assert "--exchange_url" in _argv_in_cmd_file(logs / "a.cmd")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = {row["id"]: row for row in summary["peers"]}
+    assert {peer: row["control_of"] for peer, row in rows.items()} == {
+        "a": None,
+        "b": None,
+        "a-alone": "a",
+        "a-alone-rows": "a",
+        "b-alone": "b",
+    }
+    assert all(row["status"] == "ok" for row in rows.values())
+    assert "a-alone-rows (control)" in out
+
+
+@pytest.mark.parametrize(
+    ("controls", "problem"),
+    [
+        (["alone", "lonely"], "unknown control 'lonely': the controls are alone, alone-rows"),
+        (["alone", "alone"], "lists a control twice"),
+        ("alone", "must be a list of alone, alone-rows"),
+    ],
+)
+def test_a_wrong_controls_list_is_named_before_anything_starts(tmp_path, controls, problem):
+    with pytest.raises(SwarmConfigError) as info:
+        load_swarm_config(_write_config(tmp_path, [{"id": "a"}], controls=controls))
+    assert any("`controls`" in error and problem in error for error in info.value.errors), info.value.errors
+
+
+def test_a_control_id_that_clashes_with_a_peer_is_refused(tmp_path):
+    with pytest.raises(SwarmConfigError, match="the control 'a-alone' of peer 'a': its id is also the id of a peer"):
+        load_swarm_config(_write_config(tmp_path, [{"id": "a"}, {"id": "a-alone"}], controls=["alone"]))

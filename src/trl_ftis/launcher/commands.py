@@ -104,6 +104,7 @@ class PeerCommand:
     cwd: Path
     launcher: str
     main_process_port: int | None = None
+    control_of: str | None = None  # a control (`controls.py`): the swarm peer whose configuration it runs alone
 
     def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The caller's environment (secrets such as the swarm secret included) with this peer's additions."""
@@ -216,7 +217,10 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         else:
             argv = [sys.executable]
         argv.append(str(peer.script))
-        argv += ["--peer_id", peer.id, "--exchange_url", exchange_url, "--output_dir", str(output_dir)]
+        argv += ["--peer_id", peer.id]
+        if peer.control_of is None:  # a control trains alone (`controls.py`): no exchange
+            argv += ["--exchange_url", exchange_url]
+        argv += ["--output_dir", str(output_dir)]
         argv += render_args({k: v for k, v in peer.args.items() if k not in SECRET_ARGS})
         if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
             argv += ["--project", swarm_name]
@@ -228,10 +232,11 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         # One short line per logged step and no dependency deprecation notices (trl_ftis.console); a peer's `env`
         # may set FTIS_CONSOLE to "dict" for Trainer's full dicts.
         env.setdefault(CONSOLE_ENV, CONSOLE_LINES)
-        if config.run_id:  # messages of other swarms and runs (replays, leftovers in the exchange) are refused
+        in_swarm = peer.control_of is None  # a control has no exchange: nothing to bind it to
+        if in_swarm and config.run_id:  # messages of other swarms and runs (replays, leftovers) are refused
             env[SWARM_NAME_ENV] = swarm_name
             env[SWARM_RUN_ENV] = config.run_id
-        elif config.run_id == "":  # unbound on purpose (a restart of a run that recorded none): peers must be told
+        elif in_swarm and config.run_id == "":  # unbound on purpose (a restart of a run that recorded none)
             env[SWARM_RUN_ENV] = ""
         env.update(peer.env)
         if "WANDB_RUN_GROUP" not in os.environ and "WANDB_RUN_GROUP" not in env:
@@ -252,6 +257,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
                 cwd=cwd,
                 launcher=peer.launcher,
                 main_process_port=port,
+                control_of=peer.control_of,
             )
         )
     return commands

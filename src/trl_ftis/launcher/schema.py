@@ -31,6 +31,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, Va
 from pydantic_core import PydanticCustomError
 
 from .. import rules
+from .controls import control_peers, control_problem
 from .preflight import ScriptOptions, expected_peer_problems, script_options
 from .slurm_schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
 from .validation import Spec, bad, format_problems, problems, said, with_problems
@@ -293,6 +294,15 @@ def _on_failure(value: Any) -> str:
     return value
 
 
+def _controls(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    problem = control_problem(value)
+    if problem is not None:
+        raise bad(problem)
+    return list(value)
+
+
 def _peer_launcher(value: Any) -> str | None:
     if value == "slurm":
         raise said(
@@ -388,6 +398,9 @@ class PeerSpec(Spec):
         None, description="sugar for args.gpu_memory_fraction"
     )
     slurm: SlurmResources | None = Field(None, validate_default=True, description="this peer's job, on SLURM")
+    controls: Annotated[list[str] | None, BeforeValidator(_controls)] = Field(
+        None, description="overrides the top-level controls for this peer ([] for none)"
+    )
 
     def launcher_in(self, top: _TopLevel) -> str:
         return self.launcher or top.launcher
@@ -575,6 +588,9 @@ class SwarmSpec(Spec):
     on_failure: Annotated[str, BeforeValidator(_on_failure)] = Field(
         "stop", description="stop | continue: whether a peer that fails stops the others"
     )
+    controls: Annotated[list[str], BeforeValidator(_controls)] = Field(
+        default_factory=list, description="alone | alone-rows: each peer's configuration run again without peers"
+    )
     peers: Annotated[list[PeerSpec], BeforeValidator(_peers_list)]
 
     @field_validator("redis")
@@ -655,6 +671,7 @@ class PeerConfig:
     gpus: str | None = None
     gpu_share: float | None = None
     slurm: SlurmResources | None = None  # the peer's job (merged over the top-level `slurm`); None when local
+    control_of: str | None = None  # a control (`controls.py`): the swarm peer whose configuration it runs alone
 
 
 @dataclass
@@ -810,6 +827,20 @@ def _resolve(spec: SwarmSpec, top: _TopLevel, source: str | None, run_dir: Any, 
                 slurm=resources,
             )
         )
+    kinds_of = {peer.id: peer.controls if peer.controls is not None else spec.controls for peer in spec.peers}
+    controls = control_peers(peers, kinds_of)
+    taken = {peer.id for peer in peers}
+    for control in controls:
+        problem = rules.peer_id_problem(control.id)
+        if problem is None and control.id in taken:
+            problem = "is also the id of a peer of the config"
+        if problem is not None:
+            raise SwarmConfigError(
+                f"invalid swarm config{f' {source}' if source else ''}: the control {control.id!r} of peer "
+                f"{control.control_of!r}: its id {problem}; rename the peer or the other one"
+            )
+        taken.add(control.id)
+    peers += controls
     return SwarmConfig(
         peers=peers,
         run_dir=resolved_run_dir,

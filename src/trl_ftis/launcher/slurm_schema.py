@@ -260,7 +260,9 @@ class SlurmResources(Spec):
     `extra` holds sbatch options as `(name, value)`, value `True` for a flag (`--exclusive`); `setup` shell lines run
     in the batch script before the job's command."""
 
-    MAPPING_HINT: ClassVar[str] = " of SLURM resources (nodes, gpus, cpus, mem, time, partition, account, extra, setup)"
+    MAPPING_HINT: ClassVar[str] = (
+        " of SLURM resources (nodes, gpus, cpus, mem, time, partition, account, extra, setup)"
+    )
     # (sbatch's `gpus-per-node`, `cpus_per_task`, ... are found by the did-you-mean's own prefix rule.)
     ALIASES: ClassVar[dict[str, str]] = {
         "memory": "mem",
@@ -383,7 +385,9 @@ class RedisSpec(Spec):
 
     def job(self, top: SlurmResources | None) -> RedisJobConfig:
         """The job: its own resource keys over the inherited top-level ones, 1 CPU unless `cpus` says otherwise."""
-        inherited = {key: getattr(top, key) for key in self.INHERITED if top is not None and key in top.model_fields_set}
+        inherited = {
+            key: getattr(top, key) for key in self.INHERITED if top is not None and key in top.model_fields_set
+        }
         own = {key: getattr(self, key) for key in self.model_fields_set if key in SlurmResources.model_fields}
         resources = SlurmResources(cpus=1).model_copy(update={**inherited, **own})
         return RedisJobConfig(

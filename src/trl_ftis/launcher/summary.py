@@ -154,13 +154,16 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
             "wall_time_s": None if wall is None else round(wall, 3),
             "pid": state.pid,
             "log": str(state.command.log_path),
+            "control_of": state.command.control_of,
         }
         for key in SUMMARY_FIELDS:
             row[key] = fields.get(key) if fields else None
         if state.note:
             note = state.note if not note else f"{state.note}; {note}"
         row["note"] = note
-        row["warning"] = None if data is None else peer_warning(data, state.command.id)
+        # A control trains alone on purpose: no exchange warning ("accepted no peer rows") for it.
+        in_swarm = state.command.control_of is None
+        row["warning"] = None if data is None or not in_swarm else peer_warning(data, state.command.id)
         rows.append(row)
     return rows
 
@@ -190,9 +193,10 @@ def format_summary_table(rows: list[dict]) -> str:
     header = ["peer", "status", *(["job"] if jobs else []), "exit", "wall", *SUMMARY_FIELDS]
     table = [header]
     for row in rows:
+        control_of = row.get("control_of")
         table.append(
             [
-                row["id"],
+                row["id"] if control_of is None else f"{row['id']} (control)",
                 row["status"],
                 *([_format_field(row.get("job_id"))] if jobs else []),
                 describe_code(row["exit_code"]),

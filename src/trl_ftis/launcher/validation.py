@@ -82,7 +82,9 @@ def with_problems(error: ValidationError, extra: PydanticCustomError) -> Validat
     for item in error.errors(include_url=False):
         kind, ctx = item["type"], item.get("ctx")
         if kind in (_BAD, _SAID, _PROBLEMS):
-            items.append({"type": PydanticCustomError(kind, "{message}", ctx), "loc": item["loc"], "input": item["input"]})
+            items.append(
+                {"type": PydanticCustomError(kind, "{message}", ctx), "loc": item["loc"], "input": item["input"]}
+            )
         else:
             items.append({"type": kind, "loc": item["loc"], "input": item["input"], **({"ctx": ctx} if ctx else {})})
     return ValidationError.from_exception_data(error.title, items)
@@ -106,7 +108,7 @@ def did_you_mean(key: Any, allowed: Iterable[str], aliases: dict[str, str] | Non
 
 
 def unknown_key(key: Any, allowed: tuple[str, ...], prefix: str = "", aliases: dict[str, str] | None = None) -> str:
-    """"unknown key `slurm.gpu` (allowed: nodes, gpus, ...); did you mean `slurm.gpus`?"."""
+    """ "unknown key `slurm.gpu` (allowed: nodes, gpus, ...); did you mean `slurm.gpus`?"."""
     hint = did_you_mean(key, allowed, aliases)
     suggestion = f"; did you mean `{prefix}{hint}`?" if hint else ""
     return f"unknown key `{prefix}{key}` (allowed: {', '.join(allowed)}){suggestion}"
@@ -174,7 +176,9 @@ def _problem(root: type[BaseModel], loc: tuple, shown: int, error: dict) -> str:
     return f"`{name}`: {error['msg']}"  # pydantic's own words: a case the validators do not cover
 
 
-def format_problems(error: ValidationError, root: type[BaseModel], locate: Callable[[tuple], tuple[str, int]]) -> list[str]:
+def format_problems(
+    error: ValidationError, root: type[BaseModel], locate: Callable[[tuple], tuple[str, int]]
+) -> list[str]:
     """One `"<where>: <problem>"` line per problem of `error`, in the order pydantic found them.
 
     `locate(loc)` returns the text that says where pydantic's location `loc` is (`"top level"`, `"peers[1] (id
