@@ -172,8 +172,10 @@ def main() -> None:
             summary["accuracy_after"] = greedy_accuracy(trainer.model, tokenizer, held_out)
         summary_path.write_text(json.dumps(summary, indent=2))
         accuracy = f", accuracy {before:.2f} -> {summary['accuracy_after']:.2f}" if held_out else ""
+        # Under the launcher (FTIS_PEER_ID set) every line is already prefixed with the peer's id.
+        who = "" if os.environ.get("FTIS_PEER_ID") else f"[{training_args.peer_id}] "
         print(
-            f"[{training_args.peer_id}] done: {summary['steps']} steps, {summary['rows_accepted']} peer rows accepted"
+            f"{who}done: {summary['steps']} steps, {summary['rows_accepted']} peer rows accepted"
             f"{accuracy}; summary in {summary_path}",
             flush=True,
         )

@@ -63,9 +63,16 @@ def test_the_environment_switch(monkeypatch):
     trainer = FakeTrainer([PrinterCallback()])
     assert apply_console_env(trainer) is False and isinstance(trainer.callback_handler.callbacks[0], PrinterCallback)
     monkeypatch.setenv(rules.CONSOLE_ENV, rules.CONSOLE_LINES)
-    with warnings.catch_warnings():
-        assert apply_console_env(trainer) is True
-    assert [type(c) for c in trainer.callback_handler.callbacks] == [StepLineCallback]
+    from transformers.utils import logging as transformers_logging
+
+    assert transformers_logging.is_progress_bar_enabled()
+    try:
+        with warnings.catch_warnings():
+            assert apply_console_env(trainer) is True
+        assert [type(c) for c in trainer.callback_handler.callbacks] == [StepLineCallback]
+        assert not transformers_logging.is_progress_bar_enabled()  # no "Writing model shards" bars in peer logs
+    finally:
+        transformers_logging.enable_progress_bar()
 
 
 def test_the_example_scripts_print_step_lines_unless_asked_for_dicts(monkeypatch, tmp_path):

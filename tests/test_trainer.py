@@ -653,3 +653,44 @@ def test_a_step_tokenises_each_peer_prompt_once(tokenizer, dataset, make_args, m
     for index in peer:
         ids = batch["prompt_ids"][index][batch["prompt_mask"][index].bool()].tolist()
         assert ids == list(expected_ids)
+
+
+def test_the_model_card_of_a_local_model_names_it_and_holds_the_runs_results(tokenizer, dataset, make_args):
+    """A model built in code (or read from a local folder) has no Hub id: TRL's card linked it as
+    huggingface.co/None; the card names it instead, with its size, and holds the last reward and the dataset."""
+    trainer = make_trainer(tokenizer, make_args(max_steps=1, save_strategy="no"), dataset, hidden_size=32)
+    trainer.train()
+    trainer.create_model_card(model_name="tiny-ftis", dataset_name="addition")
+    card = (Path(trainer.args.output_dir) / "README.md").read_text()
+    assert "huggingface.co/None" not in card and "[None]" not in card
+    assert "a local model (a LlamaForCausalLM built locally (" in card and "M parameters))" in card
+    results = card[card.index("### Results") :]
+    assert "| dataset | addition |" in results and "| training reward (last logged) |" in results
+
+
+def test_the_collaboration_sentence_is_never_cut_mid_number():
+    from trl_ftis.model_card import card_results, ftis_model_card_section
+
+    sentence = "Peer rows were worth 1234.5678 own rows " * 5 + "and the final number is 98765.4321."
+    collaboration = {
+        "time_seconds": dict.fromkeys(("step", "generation", "scoring", "exchange", "training", "other"), 1.0),
+        "generation_share": 0.5,
+        "peer_value": {"rows_in_loss": 0, "peers": {}},
+        "collaboration": sentence,
+    }
+    args = FTISConfig(output_dir="o", use_cpu=True, report_to=[], peer_id="me")
+    section = ftis_model_card_section(
+        args=args,
+        temperature=1.0,
+        num_generations=8,
+        global_step=3,
+        paper={"title": "F-TIS", "id": "2605.22537"},
+        model_name="m",
+        peers=[],
+        accepted_by_peer={},
+        peer_models={},
+        collaboration=collaboration,
+        results=card_results([{"reward": 0.25}, {"eval_accuracy": 0.5, "epoch": 1}]),
+    )
+    assert "final number is 98765.4321." in section
+    assert "| training reward (last logged) | 0.25 |" in section and "| eval_accuracy | 0.5 |" in section

@@ -69,11 +69,15 @@ def use_step_lines(trainer, prefix: str = "") -> StepLineCallback:
 
 
 def apply_console_env(trainer) -> bool:
-    """With `CONSOLE_ENV=lines` (the launcher sets it for its peers): quiet dependency warnings and step lines."""
+    """With `CONSOLE_ENV=lines` (the launcher sets it for its peers): quiet dependency warnings, step lines, and no
+    transformers progress bars (loading and saving shards: a peer's log is a stream of lines, not a terminal)."""
     if os.environ.get(CONSOLE_ENV, "").strip().lower() != CONSOLE_LINES:
         return False
     quiet_dependency_warnings()
     use_step_lines(trainer)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
     return True
 
 

@@ -29,6 +29,7 @@ def ftis_model_card_section(
     accepted_by_peer: Mapping[str, int],
     peer_models: Mapping[str, str],
     collaboration: Mapping[str, Any] | None = None,
+    results: Mapping[str, Any] | None = None,
 ) -> str:
     """The Markdown section `FTISTrainer.create_model_card` adds to TRL's card (before its citations).
 
@@ -42,6 +43,8 @@ def ftis_model_card_section(
         peer_models (`Mapping[str, str]`): the models the peers reported (`Swarm.peer_models`).
         collaboration (`Mapping[str, Any]`, *optional*): `FTISTrainer.collaboration()`: the time split and the value
             of the peer rows, shown as a table of their own.
+        results (`Mapping[str, Any]`, *optional*): what the run measured (the last logged reward, evaluation metrics,
+            the dataset when known), shown as a table of their own.
     """
     rows = [
         ("variant", f"`{args.variant}`"),
@@ -88,9 +91,47 @@ def ftis_model_card_section(
             ],
             "",
         ]
+    if results:
+        lines += [
+            "### Results",
+            "",
+            "| measured | value |",
+            "|---|---|",
+            *[f"| {_card_cell(name)} | {_card_value(value)} |" for name, value in results.items()],
+            "",
+        ]
     if collaboration is not None:
         lines += _collaboration_lines(collaboration)
     return "\n".join(lines) + "\n"
+
+
+def _card_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return _card_cell(value)
+
+
+def card_results(log_history: Sequence[Mapping[str, Any]], dataset_name: str | None = None) -> dict[str, Any]:
+    """What a run measured, for the card: the dataset (when known), the last logged training reward, and every
+    evaluation metric as last logged (`eval_*`: TRL's, or a script's own evaluation)."""
+    found: dict[str, Any] = {}
+    if dataset_name:
+        found["dataset"] = dataset_name
+    rewards = [entry["reward"] for entry in log_history if isinstance(entry.get("reward"), (int, float))]
+    if rewards:
+        found["training reward (last logged)"] = float(rewards[-1])
+    for entry in log_history:
+        for key, value in entry.items():
+            if key.startswith("eval_") and isinstance(value, (int, float)) and not isinstance(value, bool):
+                found[key] = float(value)
+    return found
+
+
+def without_base_model_link(text: str, model_name: str) -> str:
+    """TRL's card with its base-model sentence fixed for a model that is no Hub id (a local folder, a model built in
+    code): TRL writes `[None](https://huggingface.co/None)` then; the card names the model instead."""
+    broken = "[None](https://huggingface.co/None)"
+    return text.replace(broken, f"a local model ({_card_cell(model_name)}), not on the Hugging Face Hub")
 
 
 def _seconds(value: Any) -> str:
@@ -132,7 +173,7 @@ def _collaboration_lines(collaboration: Mapping[str, Any]) -> list[str]:
             ],
             "",
         ]
-    lines += [_card_cell(collaboration["collaboration"]), ""]
+    lines += [_card_text(collaboration["collaboration"]), ""]
     return lines
 
 
@@ -156,6 +197,15 @@ def _card_cell(value: Any) -> str:
     text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
     if len(text) > _CARD_CELL_CHARS:
         text = text[: _CARD_CELL_CHARS - 1] + "…"
+    return "".join(_CARD_ESCAPES.get(ch, ch) for ch in text) or "-"
+
+
+def _card_text(value: Any) -> str:
+    """`value` as a paragraph of the card: escaped like a cell, but never cut (a sentence the trainer wrote, whose
+    numbers must stay whole; bounded all the same, at 2000 characters, at a word boundary)."""
+    text = " ".join("".join(ch if ch.isprintable() else " " for ch in str(value)).split())
+    if len(text) > 2000:
+        text = text[:2000].rsplit(" ", 1)[0] + " …"
     return "".join(_CARD_ESCAPES.get(ch, ch) for ch in text) or "-"
 
 

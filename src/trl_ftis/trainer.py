@@ -51,7 +51,7 @@ from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
-from .model_card import ModelCardAtEndCallback, ftis_model_card_section
+from .model_card import ModelCardAtEndCallback, card_results, ftis_model_card_section, without_base_model_link
 from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
     UNMERGEABLE_FIELDS,
@@ -298,7 +298,9 @@ class FTISTrainer(GRPOTrainer):
     def _model_name(self) -> str:
         """This peer's model as other peers and the model card name it (the base model's id or path)."""
         model = self.accelerator.unwrap_model(self.model)
-        name = get_config_model_id(model.config) or type(model).__name__
+        # A model built in code has no id: say what it is rather than only its class.
+        built = f"a {type(model).__name__} built locally ({model.num_parameters() / 1e6:.2f}M parameters)"
+        name = get_config_model_id(model.config) or built
         return f"{name} (LoRA)" if hasattr(model, "peft_config") else name
 
     # ------------------------------------------------------------------------------------------------------------
@@ -920,7 +922,7 @@ class FTISTrainer(GRPOTrainer):
         if not self.is_world_process_zero():
             return
         path = Path(self.args.output_dir) / "README.md"
-        text = path.read_text(encoding="utf-8")
+        text = without_base_model_link(path.read_text(encoding="utf-8"), self._model_name())
         section = ftis_model_card_section(
             args=self.args,
             temperature=self.temperature,
@@ -932,6 +934,7 @@ class FTISTrainer(GRPOTrainer):
             accepted_by_peer=self._ledger.accepted_by_peer,
             peer_models=self.swarm.peer_models if self.swarm is not None else {},
             collaboration=self.collaboration(),
+            results=card_results(self.state.log_history, dataset_name),
         )
         marker = "## Citations"
         text = text.replace(marker, section + marker, 1) if marker in text else text + "\n" + section
