@@ -107,8 +107,9 @@ def test_collaboration_report_by_hand():
     assert report["generation_share"] == pytest.approx(0.4)
     assert report["own_generation"] == {"rows": 100, "tokens": 400, "seconds": 8.0}
     assert report["collaboration"] == (
-        "peers supplied 50 rows (200 tokens), worth about 36 rows of mine (effective sample size); they stood in "
-        "for about 4 s of my generation; the exchange took 1.5 s; 100 own rows; generation share f = 0.40"
+        "peers supplied 50 rows (200 tokens), as close to my own sampling as about 36 rows of mine (effective sample "
+        "size: not what they taught, which only a control trained alone measures); they stood in for about 4 s of my "
+        "generation; the exchange took 1.5 s; 100 own rows; generation share f = 0.40"
     )
 
 
@@ -234,7 +235,7 @@ def test_peer_rows_are_valued_in_the_summary_the_checkpoint_and_the_card(tokeniz
     own = summary["own_generation"]
     assert other["generation_seconds_stood_in"] == pytest.approx(tokens * own["seconds"] / own["tokens"], rel=1e-4)
     assert (
-        f"peers supplied 32 rows ({tokens} tokens), worth about {other['rows_worth']:.0f} rows of mine"
+        f"peers supplied 32 rows ({tokens} tokens), as close to my own sampling as about {other['rows_worth']:.0f} rows"
         in (summary["collaboration"])
     )
     logged = [entry["ftis/peers/other/ess_frac"] for entry in trainer.state.log_history if "ftis/peer_rows" in entry]
@@ -287,4 +288,4 @@ def test_a_swarm_peer_sees_what_its_partner_supplied_and_what_the_exchange_took(
     assert summary["time_seconds"]["exchange"] == pytest.approx(sum(e["ftis/time/exchange"] for e in steps), rel=1e-4)
     # The wait is part of the exchange's time, which the step's split accounts for.
     assert summary["time_seconds"]["exchange"] >= summary["exchange_blocking_seconds"]
-    assert summary["collaboration"].startswith("peers supplied 24 rows (72 tokens), worth about")
+    assert summary["collaboration"].startswith("peers supplied 24 rows (72 tokens), as close to my own sampling as")

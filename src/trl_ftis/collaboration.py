@@ -11,8 +11,8 @@ Two owners, both pure bookkeeping (no trainer, no collectives), composed into `F
   `(Σw)² / Σw²` and the rows a peer's rows are "worth" (`ESS fraction × rows in the loss`) follow.
 
 [`collaboration_report`] turns both into the summary's numbers and the sentence a user reads at the end of a run:
-"peers supplied N rows, worth about M rows of mine; they stood in for about S s of my generation; the exchange took
-B s". The pure formulas ([`effective_fraction`], [`generation_share`], [`stand_in_seconds`]) are checked against
+"peers supplied N rows, as close to my own sampling as about M rows of mine; they stood in for about S s of my
+generation; the exchange took B s". The pure formulas ([`effective_fraction`], [`generation_share`], [`stand_in_seconds`]) are checked against
 hand-computed values in `tests/test_collaboration.py`.
 """
 
@@ -320,9 +320,10 @@ def collaboration_sentence(total: Mapping[str, Any], own_rows: int, share: float
     saved = total["generation_seconds_stood_in"]
     saved = "-" if saved is None else f"{saved:.3g}"
     return (
-        f"peers supplied {total['rows_in_loss']} rows ({total['tokens']} tokens), worth about "
-        f"{total['rows_worth']:.0f} rows of mine (effective sample size); they stood in for about {saved} s of my "
-        f"generation; the exchange took {exchange:.3g} s; {own_rows} own rows; generation share f = {f}"
+        f"peers supplied {total['rows_in_loss']} rows ({total['tokens']} tokens), as close to my own sampling as about "
+        f"{total['rows_worth']:.0f} rows of mine (effective sample size: not what they taught, which only a control "
+        f"trained alone measures); they stood in for about {saved} s of my generation; the exchange took "
+        f"{exchange:.3g} s; {own_rows} own rows; generation share f = {f}"
     )
 
 

@@ -31,7 +31,7 @@ from trl_ftis.launcher.restart import (
     latest_checkpoint,
     restart_config,
 )
-from trl_ftis.launcher.summary import SUMMARY_FIELDS, peer_warning, read_peer_summary
+from trl_ftis.launcher.summary import TABLE_COLUMNS, peer_warning, read_peer_summary
 from trl_ftis.rules import SWARM_NAME_ENV, SWARM_RUN_ENV
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
@@ -309,11 +309,9 @@ def test_refused_and_dropped_columns_sum_the_reasons(tmp_path):
     row = {"id": "a", "status": "ok", "exit_code": 0, "wall_time_s": 1.0, "note": None, **fields}
     table = format_summary_table([row])
     header, _, line = table.splitlines()
-    assert header.split()[4:] == list(SUMMARY_FIELDS)
+    assert header.split()[4:] == [name for name, _ in TABLE_COLUMNS]
     cells = line.split()[4:]
-    assert (
-        cells[SUMMARY_FIELDS.index("rows_dropped")] == "-" and cells[SUMMARY_FIELDS.index("messages_refused")] == "-"
-    )
+    assert cells[[field for _, field in TABLE_COLUMNS].index("rows_dropped")] == "-"
 
 
 def test_exchange_problem_says_what_exchange_warning_says_and_more():
@@ -497,8 +495,13 @@ def test_controls_run_each_peers_configuration_alone_beside_the_swarm(tmp_path, 
     control = config.peer("a-alone-rows")
     assert "expected_peers" not in control.args and control.args["gradient_accumulation_steps"] == 6  # 2 peers' rows
     assert config.peer("a-alone").args["gradient_accumulation_steps"] == 3
-    bound = {command.id: SWARM_RUN_ENV in command.env for command in build_commands(replace_run(config))}
+    commands = build_commands(replace_run(config))
+    bound = {command.id: SWARM_RUN_ENV in command.env for command in commands}
     assert bound == {"a": True, "b": True, "a-alone": False, "a-alone-rows": False, "b-alone": False}
+    # A control runs as its peer (same --peer_id: the same data and seeds), in its own folder and log.
+    as_peer = {command.id: command.argv[command.argv.index("--peer_id") + 1] for command in commands}
+    assert as_peer == {"a": "a", "b": "b", "a-alone": "a", "a-alone-rows": "a", "b-alone": "b"}
+    assert {command.id: command.output_dir.name for command in commands}["a-alone"] == "a-alone"
     assert cli.main(["swarm", str(path)]) == 0
     out = capsys.readouterr().out
     logs = tmp_path / "run" / "logs"
@@ -516,7 +519,9 @@ def test_controls_run_each_peers_configuration_alone_beside_the_swarm(tmp_path, 
         "b-alone": "b",
     }
     assert all(row["status"] == "ok" for row in rows.values())
-    assert "a-alone-rows (control)" in out
+    assert (
+        "a-alone-rows*" in out and "* control: the configuration of a (a-alone), a (a-alone-rows), b (b-alone)" in out
+    )
 
 
 @pytest.mark.parametrize(
@@ -536,3 +541,36 @@ def test_a_wrong_controls_list_is_named_before_anything_starts(tmp_path, control
 def test_a_control_id_that_clashes_with_a_peer_is_refused(tmp_path):
     with pytest.raises(SwarmConfigError, match="the control 'a-alone' of peer 'a': its id is also the id of a peer"):
         load_swarm_config(_write_config(tmp_path, [{"id": "a"}, {"id": "a-alone"}], controls=["alone"]))
+
+
+def test_the_table_shows_waiting_and_accuracy_and_hints_at_free_running_when_speeds_differ():
+    from trl_ftis.launcher.summary import wait_hint
+
+    def row(peer, wait_share, train_s, steps, **fields):
+        return {
+            "id": peer,
+            "status": "ok",
+            "exit_code": 0,
+            "wall_time_s": train_s,
+            "note": None,
+            "wait_share": wait_share,
+            "train_s": train_s,
+            "steps": steps,
+            **fields,
+        }
+
+    fast = row("fast", 0.36, 12.0, 10, accuracy_before=0.46, accuracy_after=0.52)
+    slow = row("slow", 0.02, 30.0, 10)
+    table = format_summary_table([fast, slow])
+    fast_line = next(line for line in table.splitlines() if line.startswith("fast"))
+    assert fast_line.split()[-3:] == ["36%", "-", "0.46->0.52"]
+    assert wait_hint([fast, slow]) == (
+        "hint: peers waited on each other much of their training time (fast 36%) because their speeds differ (1.2 to "
+        "3 s a step): `exchange_mode: free` lets each peer train at its own speed on the rows that have arrived "
+        "(docs/swarm.md)"
+    )
+    assert table.splitlines()[-1] == wait_hint([fast, slow])
+    assert wait_hint([fast, row("slow", 0.02, 13.0, 10)]) is None  # about as fast: waiting is not about speed
+    assert wait_hint([row("a", 0.05, 12.0, 10), slow]) is None  # little waiting
+    control = {**row("slow-alone", 0.0, 10.0, 10), "control_of": "slow"}
+    assert wait_hint([fast, control]) is None  # a control never waits: not a swarm peer

@@ -217,7 +217,10 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         else:
             argv = [sys.executable]
         argv.append(str(peer.script))
-        argv += ["--peer_id", peer.id]
+        # A control runs as its peer (the same --peer_id: a script that derives its data or seeds from the id draws
+        # the same), with its own output directory and log.
+        as_peer = peer.control_of or peer.id
+        argv += ["--peer_id", as_peer]
         if peer.control_of is None:  # a control trains alone (`controls.py`): no exchange
             argv += ["--exchange_url", exchange_url]
         argv += ["--output_dir", str(output_dir)]
@@ -225,7 +228,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
         if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
             argv += ["--project", swarm_name]
 
-        env = {PEER_ID_ENV: peer.id}
+        env = {PEER_ID_ENV: as_peer}
         # Peers write to a pipe; unbuffered output reaches the console and the log as it is printed, and a crash
         # cannot swallow the last lines.
         env.setdefault("PYTHONUNBUFFERED", "1")

@@ -4,7 +4,8 @@
 `controls: [alone, alone-rows]` at the top level of a swarm config (a peer's own `controls:` overrides it; `[]` runs
 none for that peer) adds, for each swarm peer `P` and each kind `K`, a peer `P-K` with `P`'s script, model, args and
 environment, which the launcher starts with no exchange (`control_of` set: `commands.build_commands` gives it no
-`--exchange_url`, and drops the arguments that only mean something in a swarm):
+`--exchange_url`, and drops the arguments that only mean something in a swarm). It runs as `P` (`--peer_id P`, so a
+script that derives its data or seeds from the id draws the same), in its own output directory and log:
 
 * `alone`: `P`'s own generation, alone: the rows `P` generates itself a step, nothing received;
 * `alone-rows`: alone, generating as many rows a step as a swarm peer can train on: `P`'s own rows times the number of

@@ -9,6 +9,7 @@ Reading a peer's file never raises: a missing, unreadable, malformed or stale fi
 from __future__ import annotations
 
 import json
+import math
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from .commands import keep_earlier
 
 __all__ = [
     "SUMMARY_FIELDS",
+    "TABLE_COLUMNS",
     "describe_code",
     "exchange_warnings",
     "format_summary_table",
@@ -29,6 +31,7 @@ __all__ = [
     "read_peer_summary",
     "report_summary",
     "summary_rows",
+    "wait_hint",
 ]
 
 SUMMARY_FIELDS = (
@@ -44,13 +47,38 @@ SUMMARY_FIELDS = (
     "peer_rows_worth",
     "generation_saved_s",
     "exchange_s",
+    "train_s",
+    "wait_s",
+    "accuracy_before",
+    "accuracy_after",
 )
-"""The columns of the table (and fields of `summary.json`), from each peer's own summary file: see
-[`SUMMARY_SOURCES`]."""
+"""The fields of `summary.json`'s rows from each peer's own summary file (see [`SUMMARY_SOURCES`]); the table shows
+[`TABLE_COLUMNS`] of them."""
+TABLE_COLUMNS = (
+    ("steps", "steps"),
+    ("sent", "rows_sent"),
+    ("recv", "rows_received"),
+    ("used", "rows_accepted"),
+    ("drop", "rows_dropped"),
+    ("reward", "reward"),
+    ("gen", "generation_share"),
+    ("wait", "wait_share"),
+    ("worth", "peer_rows_worth"),
+    ("accuracy", "accuracy"),
+)
+"""The table's columns after peer, status, exit and wall: (header, row field), short so that a table fits 120
+columns. `wait` is the share of the peer's training time spent waiting on the exchange; `accuracy` is before -> after
+when the peer's script evaluates (as `examples/tiny_peer.py` does)."""
+WAIT_HINT_SHARE = 0.2  # a lock-step peer waiting this much of its time, ...
+WAIT_HINT_SPEEDS = (
+    1.5  # ... in a swarm whose peers' seconds a step differ this much, is told about `exchange_mode: free`
+)
 SUMMARY_SOURCES = {
     "peer_rows_worth": ("peer_value", "rows_worth"),
     "generation_saved_s": ("peer_value", "generation_seconds_stood_in"),
     "exchange_s": ("time_seconds", "exchange"),
+    "train_s": ("train_seconds",),
+    "wait_s": ("exchange_blocking_seconds",),
 }
 """Where a column that is not a top-level key of the peer's summary file is read (a path of keys)."""
 SUMMARY_TOTALS = {"rows_dropped": "dropped", "messages_refused": "refused"}
@@ -90,10 +118,32 @@ def _format_field(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return str(value).lower()
+    if isinstance(value, int) and abs(value) >= 100_000:
+        return f"{value / 1e6:.1f}M" if abs(value) >= 1_000_000 else f"{value / 1e3:.0f}k"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return f"{value:.4g}" if abs(value) < 10_000 else _format_field(round(value))
     text = str(value)
     return text if len(text) <= 24 else text[:21] + "..."
+
+
+def _number(value: Any) -> float | None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)  # an int too large for a float (another process's file) is no number here
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _table_cell(row: dict, field: str) -> str:
+    if field == "accuracy":
+        before, after = _number(row.get("accuracy_before")), _number(row.get("accuracy_after"))
+        return "-" if before is None or after is None else f"{before:.2f}->{after:.2f}"
+    if field in ("generation_share", "wait_share"):
+        share = _number(row.get(field))
+        return "-" if share is None else f"{share:.0%}"
+    return _format_field(row.get(field))
 
 
 def read_peer_summary(path: Path, not_before: float | None) -> tuple[dict | None, str | None]:
@@ -158,6 +208,8 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         }
         for key in SUMMARY_FIELDS:
             row[key] = fields.get(key) if fields else None
+        wait, train = _number(row.get("wait_s")), _number(row.get("train_s"))
+        row["wait_share"] = min(wait / train, 1.0) if wait is not None and train else None
         if state.note:
             note = state.note if not note else f"{state.note}; {note}"
         row["note"] = note
@@ -187,21 +239,21 @@ def exchange_warnings(rows: list[dict]) -> list[str]:
 
 
 def format_summary_table(rows: list[dict]) -> str:
-    """The end-of-run table: one line per peer, `-` for anything unknown, notes below. Rows with a `job_id` (the
-    SLURM launcher's) get a `job` column."""
+    """The end-of-run table: one line per peer ([`TABLE_COLUMNS`]), `-` for anything unknown; controls marked `*`;
+    then the notes, and a hint when lock-step peers of different speeds waited much ([`wait_hint`]). Rows with a
+    `job_id` (the SLURM launcher's) get a `job` column."""
     jobs = any("job_id" in row for row in rows)
-    header = ["peer", "status", *(["job"] if jobs else []), "exit", "wall", *SUMMARY_FIELDS]
+    header = ["peer", "status", *(["job"] if jobs else []), "exit", "wall", *(name for name, _ in TABLE_COLUMNS)]
     table = [header]
     for row in rows:
-        control_of = row.get("control_of")
         table.append(
             [
-                row["id"] if control_of is None else f"{row['id']} (control)",
+                row["id"] if row.get("control_of") is None else f"{row['id']}*",
                 row["status"],
                 *([_format_field(row.get("job_id"))] if jobs else []),
                 describe_code(row["exit_code"]),
                 _format_seconds(row["wall_time_s"]),
-                *(_format_field(row[key]) for key in SUMMARY_FIELDS),
+                *(_table_cell(row, field) for _, field in TABLE_COLUMNS),
             ]
         )
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
@@ -211,8 +263,36 @@ def format_summary_table(rows: list[dict]) -> str:
         lines.append("  ".join(cells).rstrip())
         if n == 0:
             lines.append("  ".join("-" * w for w in widths))
+    controls = [row for row in rows if row.get("control_of") is not None]
+    if controls:
+        lines.append(
+            "* control: the configuration of "
+            + ", ".join(f"{row['control_of']} ({row['id']})" for row in controls)
+            + ", trained alone (no peers)"
+        )
     notes = [f"note: {row['id']}: {row['note']}" for row in rows if row.get("note")]
-    return "\n".join(lines + notes)
+    hint = wait_hint(rows)
+    return "\n".join(lines + notes + ([hint] if hint else []))
+
+
+def wait_hint(rows: list[dict]) -> str | None:
+    """A line for a swarm whose peers waited much of their time on each other because their speeds differ: then
+    `exchange_mode: free` lets each train at its own speed. None otherwise (or when the times are unknown)."""
+    peers = [row for row in rows if row.get("control_of") is None]
+    waited = [row for row in peers if (_number(row.get("wait_share")) or 0.0) >= WAIT_HINT_SHARE]
+    per_step = [
+        train / steps
+        for row in peers
+        if (train := _number(row.get("train_s"))) and (steps := _number(row.get("steps")))
+    ]
+    if not waited or len(per_step) < 2 or max(per_step) < WAIT_HINT_SPEEDS * min(per_step):
+        return None
+    who = ", ".join(f"{row['id']} {row['wait_share']:.0%}" for row in waited)
+    return (
+        f"hint: peers waited on each other much of their training time ({who}) because their speeds differ "
+        f"({min(per_step):.2g} to {max(per_step):.2g} s a step): `exchange_mode: free` lets each peer train at its "
+        "own speed on the rows that have arrived (docs/swarm.md)"
+    )
 
 
 def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
