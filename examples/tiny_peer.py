@@ -47,6 +47,7 @@ from trl_ftis.tasks.addition import (  # noqa: E402
     digit_match_reward,
     exact_answer_reward,
     greedy_accuracy,
+    greedy_correct,
 )
 
 REWARDS = {"exact": exact_answer_reward, "digit_match": digit_match_reward}
@@ -168,8 +169,11 @@ def main() -> None:
         summary_path = Path(training_args.output_dir) / SUMMARY_FILE
         summary = json.loads(summary_path.read_text())
         if held_out:
+            after = greedy_correct(trainer.model, tokenizer, held_out)
             summary["accuracy_before"] = before
-            summary["accuracy_after"] = greedy_accuracy(trainer.model, tokenizer, held_out)
+            summary["accuracy_after"] = sum(after) / len(after)
+            # Per problem (the same held-out problems for every peer): the launcher pairs a peer with its control.
+            summary["accuracy_items_after"] = [int(ok) for ok in after]
         summary_path.write_text(json.dumps(summary, indent=2))
         accuracy = f", accuracy {before:.2f} -> {summary['accuracy_after']:.2f}" if held_out else ""
         # Under the launcher (FTIS_PEER_ID set) every line is already prefixed with the peer's id.

@@ -574,3 +574,30 @@ def test_the_table_shows_waiting_and_accuracy_and_hints_at_free_running_when_spe
     assert wait_hint([row("a", 0.05, 12.0, 10), slow]) is None  # little waiting
     control = {**row("slow-alone", 0.0, 10.0, 10), "control_of": "slow"}
     assert wait_hint([fast, control]) is None  # a control never waits: not a swarm peer
+
+
+def test_a_peer_and_its_control_are_compared_pair_by_pair_on_the_same_problems():
+    from trl_ftis.launcher.summary import control_lines, paired_difference
+
+    peer = [1] * 60 + [0] * 40  # 0.60
+    control = [1] * 45 + [0] * 55  # 0.45, the same problems: 15 more right, none fewer
+    compared = paired_difference(peer, control)
+    assert compared["n"] == 100 and compared["difference"] == pytest.approx(0.15)
+    # Differences are 15 ones and 85 zeros: sd = sqrt(0.15 * 0.85 * 100 / 99), SE = sd / 10.
+    assert compared["se"] == pytest.approx((0.15 * 0.85 * 100 / 99) ** 0.5 / 10)
+    assert compared["beyond_2se"]
+    assert paired_difference(peer, control[:50]) is None  # not the same problems
+    close = paired_difference([1, 0] * 50, [0, 1] * 50)  # the same accuracy, every problem different
+    assert close["difference"] == 0 and not close["beyond_2se"]
+    rows = [
+        {"id": "big", "accuracy_after": 0.60},
+        {"id": "big-alone", "control_of": "big", "accuracy_after": 0.45, "vs_peer": compared},
+        {"id": "small-alone", "control_of": "small", "accuracy_after": 0.5, "vs_peer": close},
+        {"id": "small", "accuracy_after": 0.5},
+    ]
+    assert control_lines(rows) == [
+        f"big vs big-alone: accuracy after 0.600 vs 0.450, difference +0.150 (SE {compared['se']:.3f}, paired over 100 "
+        "problems): the swarm peer ahead beyond 2 standard errors (one run: a hint, not a verdict)",
+        f"small vs small-alone: accuracy after 0.500 vs 0.500, difference +0.000 (SE {close['se']:.3f}, paired over "
+        "100 problems): not distinguishable (within 2 standard errors)",
+    ]

@@ -22,9 +22,11 @@ from .commands import keep_earlier
 __all__ = [
     "SUMMARY_FIELDS",
     "TABLE_COLUMNS",
+    "control_lines",
     "describe_code",
     "exchange_warnings",
     "format_summary_table",
+    "paired_difference",
     "peer_fields",
     "peer_warning",
     "read_peer_file",
@@ -69,6 +71,10 @@ TABLE_COLUMNS = (
 """The table's columns after peer, status, exit and wall: (header, row field), short so that a table fits 120
 columns. `wait` is the share of the peer's training time spent waiting on the exchange; `accuracy` is before -> after
 when the peer's script evaluates (as `examples/tiny_peer.py` does)."""
+ACCURACY_ITEMS = "accuracy_items_after"
+"""A peer summary's per-problem correctness after training (0/1, the same problems for every peer, as
+`examples/tiny_peer.py` writes it): a peer and its control are compared pair by pair ([`paired_difference`])."""
+MAX_ACCURACY_ITEMS = 100_000  # read no longer list from another process's file
 WAIT_HINT_SHARE = 0.2  # a lock-step peer waiting this much of its time, ...
 WAIT_HINT_SPEEDS = (
     1.5  # ... in a swarm whose peers' seconds a step differ this much, is told about `exchange_mode: free`
@@ -193,6 +199,7 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
     a note (why that file is not shown, or the backend's own note before it) and its exchange `warning` (see
     `peer_warning`; `None` when there is nothing to say)."""
     rows = []
+    items: dict[str, list[int]] = {}  # id -> per-problem correctness after training (`accuracy_items_after`)
     for state in states:
         wall = (state.ended - state.started) if state.ended is not None and state.started else None
         data, note = read_peer_file(state.command.output_dir / rules.SUMMARY_FILE, state.started_at or None)
@@ -208,6 +215,8 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         }
         for key in SUMMARY_FIELDS:
             row[key] = fields.get(key) if fields else None
+        if data is not None and _is_items(data.get(ACCURACY_ITEMS)):
+            items[state.command.id] = [int(item) for item in data[ACCURACY_ITEMS]]
         wait, train = _number(row.get("wait_s")), _number(row.get("train_s"))
         row["wait_share"] = min(wait / train, 1.0) if wait is not None and train else None
         if state.note:
@@ -217,7 +226,58 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         in_swarm = state.command.control_of is None
         row["warning"] = None if data is None or not in_swarm else peer_warning(data, state.command.id)
         rows.append(row)
+    peers = {row["id"]: row for row in rows}
+    for row in rows:
+        control_of = row.get("control_of")
+        if control_of in items and row["id"] in items and control_of in peers:
+            row["vs_peer"] = paired_difference(items[control_of], items[row["id"]])
     return rows
+
+
+def _is_items(value: Any) -> bool:
+    ok = isinstance(value, list) and 0 < len(value) <= MAX_ACCURACY_ITEMS
+    return ok and all(item in (0, 1) and not isinstance(item, float) for item in value)
+
+
+def paired_difference(peer: list[int], control: list[int]) -> dict | None:
+    """A swarm peer's accuracy after training minus its control's, over the same problems: the mean of the per-problem
+    differences, its standard error (their standard deviation over sqrt(n)), n, and whether it is beyond 2 standard
+    errors. None when the lists are not of one length."""
+    n = len(peer)
+    if n != len(control) or n < 2:
+        return None
+    differences = [a - b for a, b in zip(peer, control)]
+    mean = sum(differences) / n
+    variance = sum((d - mean) ** 2 for d in differences) / (n - 1)
+    se = math.sqrt(variance / n)
+    return {"difference": mean, "se": se, "n": n, "beyond_2se": abs(mean) > 2 * se}
+
+
+def control_lines(rows: list[dict]) -> list[str]:
+    """One line per control that can be compared with its peer (`vs_peer`): the peer's accuracy after training
+    against the control's, the paired difference with its standard error, and what it says."""
+    by_id = {row["id"]: row for row in rows}
+
+    def accuracy(row: dict) -> str:
+        value = _number(row.get("accuracy_after"))
+        return "-" if value is None else f"{value:.3f}"
+
+    lines = []
+    for row in rows:
+        compared = row.get("vs_peer")
+        if not compared:
+            continue
+        d, se, n = compared["difference"], compared["se"], compared["n"]
+        if not compared["beyond_2se"]:
+            verdict = "not distinguishable (within 2 standard errors)"
+        else:
+            verdict = "the swarm peer ahead" if d > 0 else "the swarm peer behind"
+            verdict += " beyond 2 standard errors (one run: a hint, not a verdict)"
+        lines.append(
+            f"{row['control_of']} vs {row['id']}: accuracy after {accuracy(by_id.get(row['control_of'], {}))} vs "
+            f"{accuracy(row)}, difference {d:+.3f} (SE {se:.3f}, paired over {n} problems): {verdict}"
+        )
+    return lines
 
 
 def peer_warning(data: dict, peer_id: str) -> str | None:
@@ -272,7 +332,7 @@ def format_summary_table(rows: list[dict]) -> str:
         )
     notes = [f"note: {row['id']}: {row['note']}" for row in rows if row.get("note")]
     hint = wait_hint(rows)
-    return "\n".join(lines + notes + ([hint] if hint else []))
+    return "\n".join(lines + control_lines(rows) + notes + ([hint] if hint else []))
 
 
 def wait_hint(rows: list[dict]) -> str | None:

@@ -110,7 +110,20 @@ def greedy_accuracy(
     batch_size: int = 256,
 ) -> float:
     """Fraction of `problems` whose greedy completion equals the answer exactly (then EOS)."""
+    correct = greedy_correct(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size)
+    return sum(correct) / max(len(problems), 1)
+
+
+def greedy_correct(
+    model,
+    tokenizer: PreTrainedTokenizerFast,
+    problems: Sequence[dict],
+    *,
+    max_new_tokens: int = 6,
+    batch_size: int = 256,
+) -> list[bool]:
+    """Whether each of `problems` is answered exactly (then EOS) by a greedy completion: per problem, so that two
+    models evaluated on the same problems can be compared pair by pair."""
     texts = greedy_texts(model, tokenizer, [p["prompt"] for p in problems], max_new_tokens=max_new_tokens,
                          batch_size=batch_size)  # fmt: skip
-    correct = sum(text.strip() == p["answer"] for text, p in zip(texts, problems, strict=True))
-    return correct / max(len(problems), 1)
+    return [text.strip() == p["answer"] for text, p in zip(texts, problems, strict=True)]
