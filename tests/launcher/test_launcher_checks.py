@@ -520,3 +520,44 @@ def test_the_launchers_own_exchange_is_not_probed(tmp_path, monkeypatch):
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("probed"))
     assert run_swarm(config, grace=1, stream=io.StringIO()) == 0
     assert os.path.isdir(tmp_path / "run")
+
+
+def test_a_secret_or_keys_given_to_some_peers_only_stop_the_swarm_before_it_starts(tmp_path, capsys, monkeypatch):
+    """One-sided credentials would make the peers refuse each other's messages for a whole run (each round waiting
+    `peer_timeout`): said before anything starts, naming the peers, never the values."""
+    from trl_ftis.launcher.preflight import credential_problems
+
+    monkeypatch.delenv("FTIS_SWARM_SECRET", raising=False)
+    run = tmp_path / "run"
+    raw = {
+        "script": PEER,
+        "run_dir": str(run),
+        "peers": [{"id": "a", "env": {"FTIS_SWARM_SECRET": "s3cret-value"}}, {"id": "b"}, {"id": "c"}],
+    }
+    assert credential_problems(load_swarm_config(raw)) == [
+        "a swarm secret is given to a but not to b, c: the peers with one refuse every message of the others "
+        "(unsigned) and the others cannot check theirs; give every peer the same secret (export FTIS_SWARM_SECRET in "
+        "the shell that runs the launcher)"
+    ]
+    path = tmp_path / "swarm.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert cli.main(["swarm", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot start the swarm" in err and "given to a but not to b, c" in err and "s3cret-value" not in err
+    assert not run.exists()
+    # From the launcher's environment every peer has it; two different ones are refused too, values unshown.
+    monkeypatch.setenv("FTIS_SWARM_SECRET", "shared")
+    assert credential_problems(load_swarm_config(raw)) == [
+        "the peers are given different swarm secrets (values not shown): each refuses the others' messages "
+        "(signature); give every peer the same one"
+    ]
+    raw["peers"][0]["env"] = {}
+    assert credential_problems(load_swarm_config(raw)) == []
+    keys = {
+        **raw,
+        "peers": [{"id": "a", "args": {"private_key_file": "a.key", "peer_keys_file": "p.yaml"}}, {"id": "b"}],
+    }
+    problems = credential_problems(load_swarm_config(keys))
+    assert len(problems) == 2 and all("set for a but not for b" in problem for problem in problems)
+    controls = {**raw, "controls": ["alone"]}  # a control trains alone: it needs no secret
+    assert credential_problems(load_swarm_config(controls)) == []

@@ -37,6 +37,7 @@ from .validation import did_you_mean
 
 __all__ = [
     "ARGUMENT_PARSERS",
+    "credential_problems",
     "REDIS_TIMEOUT",
     "ScriptOptions",
     "before_start",
@@ -447,6 +448,54 @@ def _secret_hint(name: str, where: str, passed_as: dict[str, str]) -> str:
     return "export it in your shell instead (every peer inherits the launcher's environment)"
 
 
+def credential_problems(config: Any, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The swarm peers (controls aside) that would refuse each other's messages, said before anything starts: a swarm
+    secret (`args.swarm_secret`, `env.FTIS_SWARM_SECRET`, else the launcher's own environment, which every peer
+    inherits) given to some peers and not others, or different secrets; per-peer keys (`private_key_file`,
+    `peer_keys_file`) set on some peers only, or different public-key files. Values are never shown."""
+    environ = os.environ if environ is None else environ
+    peers = [peer for peer in config.peers if getattr(peer, "control_of", None) is None]
+    if len(peers) < 2:
+        return []
+    found = []
+
+    def secret(peer) -> str | None:
+        value = peer.args.get("swarm_secret")
+        if value is None:
+            value = peer.env.get(rules.SWARM_SECRET_ENV, environ.get(rules.SWARM_SECRET_ENV))
+        return str(value) if value else None
+
+    secrets_of = {peer.id: secret(peer) for peer in peers}
+    with_secret = [peer for peer, value in secrets_of.items() if value is not None]
+    if with_secret and len(with_secret) < len(peers):
+        without = [peer for peer in secrets_of if secrets_of[peer] is None]
+        found.append(
+            f"a swarm secret is given to {', '.join(with_secret)} but not to {', '.join(without)}: the peers with one "
+            "refuse every message of the others (unsigned) and the others cannot check theirs; give every peer the "
+            f"same secret (export {rules.SWARM_SECRET_ENV} in the shell that runs the launcher)"
+        )
+    elif len(set(value for value in secrets_of.values() if value is not None)) > 1:
+        found.append(
+            "the peers are given different swarm secrets (values not shown): each refuses the others' messages "
+            "(signature); give every peer the same one"
+        )
+    for key in ("private_key_file", "peer_keys_file"):
+        given = {peer.id: peer.args.get(key) for peer in peers}
+        having = [peer for peer, value in given.items() if value]
+        if having and len(having) < len(peers):
+            missing = [peer for peer, value in given.items() if not value]
+            found.append(
+                f"`args.{key}` is set for {', '.join(having)} but not for {', '.join(missing)}: with per-peer keys "
+                "every peer needs its own key and the same public-key file, or the others refuse its messages"
+            )
+    files = {os.path.abspath(str(peer.args["peer_keys_file"])) for peer in peers if peer.args.get("peer_keys_file")}
+    if len(files) > 1:
+        found.append(
+            f"the peers are given different public-key files ({', '.join(sorted(files))}): give them all one file"
+        )
+    return found
+
+
 def secret_warnings(
     config: Any, is_secret: Callable[[str], bool], passed_as: dict[str, str] | None = None
 ) -> list[str]:
@@ -500,7 +549,7 @@ def before_start(
     `exchange_url`); for scripts whose options are not known it is a warning. Warnings: the secrets written in the
     config (`secret_warnings`), and `expected_peers` names that no peer of the config has (refused by the schema
     when the exchange is the launcher's own; with an external exchange a peer started elsewhere may join)."""
-    problems: list[str] = []
+    problems: list[str] = credential_problems(config)
     found = secret_warnings(config, is_secret, passed_as)
     if getattr(config, "redis", None) is None and rules.exchange_scheme(config.exchange_url) in ("redis", "rediss"):
         problem = redis_problem(config.exchange_url)
