@@ -54,6 +54,7 @@ from .rules import (
     check_expected_peers,
     check_round_window,
     check_temperature,
+    redact_url,
 )
 from .sender_order import SenderOrder
 
@@ -80,6 +81,8 @@ EVIDENCE_CLOCK_SLACK = 60.0
 # Seconds `leave` retries its message at most (a Redis server that is down): the run is ending, and a peer that never
 # hears of it stops waiting after one peer_timeout anyway.
 LEAVE_PATIENCE = 1.0
+# Collects with nothing accepted from anyone, after which a peer says it may be alone on its exchange.
+LONELY_COLLECTS = 5
 
 
 def _whole_groups(message: Message, most: int) -> Message:
@@ -238,6 +241,7 @@ class Swarm:
         self._started_at = time.time()  # wall clock, compared with messages' `created` (catch-up evidence only)
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
+        self._collects = 0  # collects so far ([`_say_if_alone`])
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
 
     @property
@@ -497,6 +501,7 @@ class Swarm:
                 time.sleep(min(remaining, 0.5))
         result.waited = time.monotonic() - start
         result.round = round
+        self._say_if_alone()
         result.bytes_read, result.messages_read = state.bytes, state.messages
         if self.free_running:
             self.order.window(result, state)
@@ -617,6 +622,20 @@ class Swarm:
             if sender is not None:
                 fresh.add(sender)
         return round
+
+    def _say_if_alone(self) -> None:
+        """After `LONELY_COLLECTS` collects that accepted nothing from anyone, say so once, naming the exchange: the
+        others may be on another exchange (a different folder or Redis URL or `?swarm=`), or not started."""
+        self._collects += 1
+        if self._collects == LONELY_COLLECTS and not self.known_peers:
+            logger.warning(
+                "Peer %r has accepted no message from any other peer in %d rounds on the exchange %s: are the others "
+                "using the same exchange_url (folder, Redis URL and ?swarm=) and started? (`ftis/exchange/refused/...` "
+                "counts messages that arrived and were refused.)",
+                self.peer_id,
+                LONELY_COLLECTS,
+                redact_url(self.url),
+            )
 
     def _outside_window(self, message_round: int, round: int) -> str | None:
         if round - message_round > self.max_staleness:

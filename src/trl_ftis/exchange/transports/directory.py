@@ -160,10 +160,19 @@ class DirTransport(Transport):
         self.fsync = bool(fsync)
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
             raise TransportError(f"the exchange path of {url} exists but is not a directory")
+        self.created = not os.path.lexists(self.path)
+        """Whether this transport created the exchange directory (it did not exist): said once, since peers that name
+        different folders never meet."""
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
             raise TransportError(f"cannot create the exchange directory of {url}: {exc}") from exc
+        if self.created:
+            logger.info(
+                "Created the exchange directory %s (it did not exist): every peer of the swarm must name this same "
+                "folder.",
+                self.path,
+            )
         # Message names already returned (or deliberately skipped). Forgotten once gone from the directory, so the
         # set never outgrows the directory's message files.
         self._seen: set[str] = set()

@@ -1,0 +1,45 @@
+"""Peers that never meet because they name different exchanges: the exchange folder a peer creates is said, and a
+peer that has accepted nothing from anyone after a few rounds says so, naming its exchange (password redacted)."""
+
+import logging
+
+from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
+
+from trl_ftis.exchange.transports import open_transport
+from trl_ftis.swarm import LONELY_COLLECTS
+
+
+def test_a_peer_alone_on_its_exchange_says_so_once_naming_it(tokenizer, tmp_path, caplog):
+    url = f"dir://{tmp_path / 'mine'}"
+    alone = make_swarm(url, "a", tokenizer, peer_timeout=0.0)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        for round in range(LONELY_COLLECTS + 3):
+            alone.collect(round)
+    said = [
+        record.getMessage()
+        for record in caplog.records
+        if "accepted no message from any other peer" in record.getMessage()
+    ]
+    assert len(said) == 1 and str(tmp_path / "mine") in said[0] and "same exchange_url" in said[0]
+
+
+def test_a_peer_that_met_another_says_nothing(tokenizer, tmp_path, caplog):
+    url = f"dir://{tmp_path / 'shared'}"
+    a, b = make_swarm(url, "a", tokenizer, peer_timeout=0.0), make_swarm(url, "b", tokenizer, peer_timeout=0.0)
+    b.publish(rows("b"), 0)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        for round in range(LONELY_COLLECTS + 1):
+            a.collect(round)
+    assert "accepted no message from any other peer" not in caplog.text
+
+
+def test_an_exchange_folder_that_did_not_exist_is_said_to_be_created(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="trl_ftis.exchange.transports.directory"):
+        with open_transport(f"dir://{tmp_path / 'new'}") as created:
+            assert created.created
+        with open_transport(f"dir://{tmp_path / 'new'}") as existing:
+            assert not existing.created
+    said = [
+        record.getMessage() for record in caplog.records if "Created the exchange directory" in record.getMessage()
+    ]
+    assert len(said) == 1 and str(tmp_path / "new") in said[0]
