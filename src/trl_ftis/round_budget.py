@@ -4,12 +4,14 @@ receiver reads senders it cannot all read). Used by [`trl_ftis.swarm.Swarm`], wh
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from .exchange import Message
 from .peer_rows import PeerRow
 
 ROW_MISSES = (
@@ -244,6 +246,19 @@ class RoundSpending:
         else:
             self.regular_rows[sender] += rows
         return None
+
+
+def whole_groups(message: Message, most: int) -> Message:
+    """`message` with only its first groups (in the order of their first completion) whose completions number at
+    most `most` together: a group is kept whole or not at all, since receivers normalise advantages within it."""
+    sizes = Counter(completion.group for completion in message.completions)
+    keep, total = set(), 0
+    for group in dict.fromkeys(completion.group for completion in message.completions):
+        if total + sizes[group] > most:
+            break
+        keep.add(group)
+        total += sizes[group]
+    return dataclasses.replace(message, completions=[c for c in message.completions if c.group in keep])
 
 
 def sender_rank(receiver: str, round: int, hint: str | None) -> bytes:

@@ -26,7 +26,6 @@ The round protocol (`docs/swarm.md`, "The round protocol"):
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import math
@@ -44,7 +43,7 @@ from .exchange.transports import Transport, open_transport
 from .peer_messages import message_to_rows, rows_to_message
 from .peer_rows import PeerRow
 from .reading_order import reading_order
-from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending
+from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
 from .rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
@@ -83,19 +82,6 @@ EVIDENCE_CLOCK_SLACK = 60.0
 LEAVE_PATIENCE = 1.0
 # Collects with nothing accepted from anyone, after which a peer says it may be alone on its exchange.
 LONELY_COLLECTS = 5
-
-
-def _whole_groups(message: Message, most: int) -> Message:
-    """`message` with only its first groups (in the order of their first completion) whose completions number at
-    most `most` together: a group is kept whole or not at all, since receivers normalise advantages within it."""
-    sizes = Counter(completion.group for completion in message.completions)
-    keep, total = set(), 0
-    for group in dict.fromkeys(completion.group for completion in message.completions):
-        if total + sizes[group] > most:
-            break
-        keep.add(group)
-        total += sizes[group]
-    return dataclasses.replace(message, completions=[c for c in message.completions if c.group in keep])
 
 
 class Swarm:
@@ -803,7 +789,7 @@ class Swarm:
                 )
             return None
         spent, room = state.room(sender)
-        kept = message if spent is not None or rows <= room else _whole_groups(message, room)
+        kept = message if spent is not None or rows <= room else whole_groups(message, room)
         if spent is None:
             spent = state.take(sender, len(kept.completions), cut=kept is not message)
         if spent is not None:
