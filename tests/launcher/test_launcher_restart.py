@@ -122,15 +122,20 @@ def test_only_starts_that_peer_with_the_full_runs_command(tmp_path, capsys):
     assert _argv_in_cmd_file(logs / "b.cmd") == full_argv  # the same command, exchange and output dir
     assert (logs / "b.log.1").exists() and (logs / "b.cmd.1").exists()  # the full run's, kept
     assert (logs / "a.log").read_text() == a_log and not (logs / "a.log.1").exists()  # the others untouched
+    # One file covers the swarm: b's new row, then a's and c's rows of the full run, said so.
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert [row["id"] for row in summary["peers"]] == ["b"]
+    assert [row["id"] for row in summary["peers"]] == ["b", "a", "c"]
+    rows = {row["id"]: row for row in summary["peers"]}
+    assert "earlier" not in rows["b"] and rows["a"]["earlier"] and rows["c"]["earlier"]
+    assert rows["a"]["note"].startswith("not restarted here: its row of the earlier launcher's summary")
+    assert "note: a: not restarted here" in out
     earlier = json.loads((tmp_path / "run" / "summary.json.1").read_text())
     assert [row["id"] for row in earlier["peers"]] == ["a", "b", "c"]
 
-    # Several --only: those peers, in the config's order.
+    # Several --only: those peers, in the config's order, then the rest from the latest summary.
     assert cli.main(["swarm", str(path), "--only", "c", "--only", "a"]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert [row["id"] for row in summary["peers"]] == ["a", "c"]
+    assert [row["id"] for row in summary["peers"]] == ["a", "c", "b"]
 
 
 def test_only_builds_the_same_commands_as_the_full_run(tmp_path):

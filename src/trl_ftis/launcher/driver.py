@@ -29,7 +29,7 @@ from .local import LocalBackend
 from .preflight import before_start, secret_warnings
 from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
 from .slurm import SlurmBackend
-from .summary import report_summary, summary_rows
+from .summary import earlier_rows, report_summary, summary_rows
 
 __all__ = ["BACKENDS", "backend_for", "drive", "dry_run", "run_swarm"]
 
@@ -129,6 +129,8 @@ def drive(backend: Backend, config: SwarmConfig, *, grace: float = 10.0, stream:
             signal.signal(sig, handler)
 
     rows = [backend.summary_row(state, row) for state, row in zip(backend.states(), summary_rows(backend.states()))]
+    # After `--only`, the peers not restarted here keep their rows of the earlier summary: one file covers the swarm.
+    rows += earlier_rows(config.run_dir, list(getattr(config, "not_started", ())))
     summary = {
         "exit_code": outcome.code,
         "reason": outcome.reason,

@@ -24,6 +24,7 @@ __all__ = [
     "TABLE_COLUMNS",
     "control_lines",
     "describe_code",
+    "earlier_rows",
     "exchange_warnings",
     "format_summary_table",
     "paired_difference",
@@ -353,6 +354,35 @@ def wait_hint(rows: list[dict]) -> str | None:
         f"({min(per_step):.2g} to {max(per_step):.2g} s a step): `exchange_mode: free` lets each peer train at its "
         "own speed on the rows that have arrived (docs/swarm.md)"
     )
+
+
+MAX_SUMMARY_BYTES = 16 * 2**20  # an earlier summary.json larger than this is not read
+
+
+def earlier_rows(run_dir: Path, ids: list[str]) -> list[dict]:
+    """The rows of the peers `ids` from `run_dir`'s existing `summary.json` (the run that `--only` restarts some peers
+    of), each with a note saying so, in the order of `ids`; none for a peer it does not hold. Never raises."""
+    path = Path(run_dir) / "summary.json"
+    try:
+        if not ids or not path.is_file() or path.stat().st_size > MAX_SUMMARY_BYTES:
+            return []
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return []
+    found = {}
+    for row in data.get("peers", []) if isinstance(data, dict) and isinstance(data.get("peers"), list) else []:
+        if isinstance(row, dict) and row.get("id") in ids and isinstance(row.get("status"), str):
+            found.setdefault(row["id"], row)
+    rows = []
+    for peer_id in ids:
+        if peer_id in found:
+            row = dict(found[peer_id])
+            note = "not restarted here: its row of the earlier launcher's summary"
+            if not row.get("earlier"):  # carried over once already: said once
+                row["note"] = f"{note}; {row['note']}" if row.get("note") else note
+            row["earlier"] = True
+            rows.append(row)
+    return rows
 
 
 def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
