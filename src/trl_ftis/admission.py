@@ -81,8 +81,8 @@ DROP_REASONS: dict[str, str] = {
     "text_budget": "a completion text beyond this round's text budget (cross_tokenizer): texts this receiver can use in "
     "one round, derived from its own settings, were tokenised first",
     "special_tokens": "completion ids holding a special or added token of this trainer's tokenizer (a chat-template "
-    "marker such as <|im_start|>, padding, <file_sep>...) anywhere but as the final end of sequence: reward functions "
-    "would see the text without it while the loss trains on it",
+    "marker, padding, an added token...) anywhere but as the final end of sequence: reward functions would see the "
+    "text without it while the loss trains on it",
     "stale": "exchange_mode='free': queued rows more than max_staleness of their sender's steps old before a step "
     "took them (or from after the sender's newest round: it restarted from an older checkpoint)",
     "queue_full": "exchange_mode='free': more rows arrived than the queue holds (4 x the peer-row cap); the oldest "

@@ -37,6 +37,7 @@ from .peer_rows import (
     select_rows,
     with_group_statistics,
 )
+from .rules import exchange_scheme
 from .swarm import RoundBudget, RoundResult, Swarm
 
 if TYPE_CHECKING:
@@ -126,7 +127,11 @@ def connect_swarm(
 ) -> Swarm:
     """The [`Swarm`] client of a trainer with `config` (its `exchange_url`, peer id, bounds) signing and verifying
     with `credentials` ([`FTISConfig.swarm_credentials`]: the secret and key objects, read once by the trainer)."""
-    logger.warning("Peer %r: message authentication: %s.", config.peer_id, credentials.describe())
+    described = credentials.describe()
+    if described.startswith("none") and exchange_scheme(config.exchange_url) == "dir":
+        # A folder on this machine or a shared filesystem: its permissions decide who can write, as for any file.
+        described += " (a folder exchange: fine where only you can write the folder; set swarm_secret otherwise)"
+    logger.warning("Peer %r: message authentication: %s.", config.peer_id, described)
     return Swarm(
         config.exchange_url,
         peer_id=config.peer_id,
