@@ -40,13 +40,13 @@ from trl_ftis.demo.tiny import (  # noqa: E402
     supervised_warmup,
     warmup_dev_problems,
 )
+from trl_ftis.evaluation import add_held_out_evaluation  # noqa: E402
 from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.addition import (  # noqa: E402
     addition_dataset,
     addition_problems,
     digit_match_reward,
     exact_answer_reward,
-    greedy_accuracy,
     greedy_correct,
 )
 
@@ -148,7 +148,6 @@ def main() -> None:
             seed=peer_args.model_seed,
             eval_every=25,
         )
-    before = greedy_accuracy(model, tokenizer, held_out) if held_out else None
 
     trainer = FTISTrainer(
         model,
@@ -160,6 +159,8 @@ def main() -> None:
         callbacks=[StepDelay(peer_args.step_delay)] if peer_args.step_delay > 0 else None,
     )
     use_script_console(trainer)  # one line per logged step; FTIS_CONSOLE=dict keeps Trainer's dicts
+    if held_out:  # before training, at every checkpoint and at the end: eval_accuracy, and ftis_summary.json's
+        held_out_eval = add_held_out_evaluation(trainer, lambda m: greedy_correct(m, tokenizer, held_out))
     if peer_args.start_at > time.time():
         time.sleep(peer_args.start_at - time.time())
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
@@ -167,15 +168,9 @@ def main() -> None:
 
     if trainer.accelerator.is_main_process:
         summary_path = Path(training_args.output_dir) / SUMMARY_FILE
-        summary = json.loads(summary_path.read_text())
-        if held_out:
-            after = greedy_correct(trainer.model, tokenizer, held_out)
-            summary["accuracy_before"] = before
-            summary["accuracy_after"] = sum(after) / len(after)
-            # Per problem (the same held-out problems for every peer): the launcher pairs a peer with its control.
-            summary["accuracy_items_after"] = [int(ok) for ok in after]
-        summary_path.write_text(json.dumps(summary, indent=2))
-        accuracy = f", accuracy {before:.2f} -> {summary['accuracy_after']:.2f}" if held_out else ""
+        summary = json.loads(summary_path.read_text())  # held-out results included (accuracy_before, ...)
+        results = held_out_eval.results() if held_out else {}
+        accuracy = f", accuracy {results['accuracy_before']:.2f} -> {results['accuracy_after']:.2f}" if results else ""
         # Under the launcher (FTIS_PEER_ID set) every line is already prefixed with the peer's id.
         who = "" if os.environ.get("FTIS_PEER_ID") else f"[{training_args.peer_id}] "
         print(

@@ -1,0 +1,103 @@
+"""A held-out evaluation in the run: before training, at every checkpoint and at the end, for swarm peers and their
+controls alike, so that a run answers "did joining help?" in its own setting.
+
+[`HeldOutEvaluation`] is a `TrainerCallback` around a function the user gives: `evaluate(model)` returns, for each
+held-out problem, whether the model solved it (for the tasks with a verifier: `trl_ftis.tasks.addition.greedy_correct`,
+say). Each result is logged (`eval_<name>`, at its step) and the first and last are kept for `FTISTrainer.summary()`
+(`<name>_before`, `<name>_after`, and the per-problem `<name>_items_after`, which the launcher pairs with a control's
+on the same problems).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from transformers import TrainerCallback
+
+__all__ = ["HeldOutEvaluation", "add_held_out_evaluation", "held_out_results"]
+
+
+class HeldOutEvaluation(TrainerCallback):
+    """Evaluate `evaluate(model)` (one bool per held-out problem, the same problems every time) before training, at
+    every checkpoint and when training ends; log `eval_<name>` and keep what [`results`] returns.
+
+    Args:
+        evaluate: the model -> per-problem correctness. It is called with the model in eval mode (training mode is
+            restored after) and under `torch.no_grad()`.
+        name: the metric's name (`accuracy`).
+    """
+
+    def __init__(self, evaluate: Callable[[Any], Sequence[bool]], *, name: str = "accuracy"):
+        self.evaluate, self.name = evaluate, name
+        self.history: list[tuple[int, float]] = []  # (step, score) of every evaluation
+        self.items_after: list[int] | None = None
+        self.before: float | None = None
+        self._log: Callable[[dict], None] | None = None
+
+    def attach(self, log: Callable[[dict], None]) -> HeldOutEvaluation:
+        """Log each result through `log` (a trainer's `log`, so that it reaches every reporting integration)."""
+        self._log = log
+        return self
+
+    def _run(self, model, step: int) -> list[int]:
+        import torch
+
+        training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                items = [int(bool(ok)) for ok in self.evaluate(model)]
+        finally:
+            model.train(training)
+        score = sum(items) / len(items) if items else 0.0
+        self.history.append((step, score))
+        if self._log is not None:
+            self._log({f"eval_{self.name}": score})
+        return items
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if model is not None and self.before is None:
+            self._run(model, state.global_step)
+            self.before = self.history[-1][1]
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            self._run(model, state.global_step)
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            self.items_after = self._run(model, state.global_step)
+
+    def results(self) -> dict[str, Any]:
+        """`<name>_before`, `<name>_after`, `<name>_items_after` (0/1 per problem) and `<name>_history` ([step,
+        score] pairs); empty before any evaluation ran."""
+        if not self.history:
+            return {}
+        found: dict[str, Any] = {f"{self.name}_history": [[step, score] for step, score in self.history]}
+        if self.before is not None:
+            found[f"{self.name}_before"] = self.history[0][1]
+        if self.items_after is not None:
+            found[f"{self.name}_after"] = self.history[-1][1]
+            found[f"{self.name}_items_after"] = list(self.items_after)
+        return found
+
+
+def held_out_results(callbacks: Sequence[Any]) -> dict[str, Any]:
+    """The [`HeldOutEvaluation.results`] of every such callback among `callbacks` (a trainer's), merged."""
+    found: dict[str, Any] = {}
+    for callback in callbacks:
+        if isinstance(callback, HeldOutEvaluation):
+            found.update(callback.results())
+    return found
+
+
+def add_held_out_evaluation(trainer, evaluate: Callable[[Any], Sequence[bool]], *, name: str = "accuracy"):
+    """Evaluate `trainer`'s model with `evaluate` before training, at every checkpoint and at the end
+    ([`HeldOutEvaluation`], logging through `trainer.log`), early enough in the trainer's callbacks that the end
+    result reaches its `ftis_summary.json`. Returns the callback."""
+    callback = HeldOutEvaluation(evaluate, name=name).attach(trainer.log)
+    callbacks = trainer.callback_handler.callbacks
+    writers = [index for index, existing in enumerate(callbacks) if type(existing).__name__ == "SummaryCallback"]
+    callbacks.insert(writers[0] if writers else len(callbacks), callback)
+    return callback
