@@ -43,3 +43,25 @@ def test_an_exchange_folder_that_did_not_exist_is_said_to_be_created(tmp_path, c
         record.getMessage() for record in caplog.records if "Created the exchange directory" in record.getMessage()
     ]
     assert len(said) == 1 and str(tmp_path / "new") in said[0]
+
+
+def test_a_peer_without_credentials_says_it_receives_signed_messages_it_cannot_check(tokenizer, tmp_path, caplog):
+    from swarm_helpers import wire_message
+
+    from trl_ftis.exchange import encode_message, is_signed
+
+    url = f"dir://{tmp_path / 'x'}"
+    signed = make_swarm(url, "locked", tokenizer, secret="only-mine")
+    receiver = make_swarm(url, "open", tokenizer, peer_timeout=0.0)
+    signed.publish(rows("locked"), 0)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        for round in range(3):
+            receiver.collect(round)
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if "signed messages from 'locked' that this peer cannot check" in r.getMessage()
+    ]
+    assert len(said) == 1 and "same credentials" in said[0]
+    assert is_signed(encode_message(wire_message(tokenizer, "a"), secret="s"))
+    assert not is_signed(encode_message(wire_message(tokenizer, "a"))) and not is_signed(b"FTIS")

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .exchange import ExchangeError, Limits, Message, decode_message, encode_message
+from .exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
 from .exchange.transports import Transport, open_transport
 from .peer_messages import message_to_rows, rows_to_message
 from .peer_rows import PeerRow
@@ -699,6 +699,13 @@ class Swarm:
         sender = message.sender
         if sender == self.peer_id:
             return None
+        if self.secret is None and self.public_keys is None and is_signed(envelope.data):
+            self._warn_once(
+                sender,
+                "unchecked",
+                f"Receiving signed messages from {sender!r} that this peer cannot check "
+                "(it has no swarm_secret or peer_keys_file): give every peer the same credentials.",
+            )
         if hint is not None and sender != hint:
             result.refused["sender_hint"] += 1
             self._warn_once(

@@ -39,6 +39,7 @@ from .wire import (
     WireGroup,
     decode_message,
     encode_message,
+    is_signed,
     peek_header,
     tokenizer_fingerprint,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "decode_message",
     "encode_message",
     "generate_keypair",
+    "is_signed",
     "load_private_key",
     "load_public_keys",
     "open_transport",

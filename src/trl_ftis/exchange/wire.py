@@ -59,6 +59,7 @@ from .layout import (
     LOGP_DTYPES,
     MAGIC,
     MAX_JSON_DEPTH,
+    PREAMBLE,
     PREAMBLE_SIZE,
     SCHEMA_VERSION,
     SIGNATURE_SIZE,
@@ -89,6 +90,7 @@ __all__ = [
     "WireGroup",
     "decode_message",
     "encode_message",
+    "is_signed",
     "peek_header",
     "tokenizer_fingerprint",
 ]
@@ -497,6 +499,15 @@ def decode_message(
         run=header.run,
         epoch=header.epoch,
     )
+
+
+def is_signed(data: bytes) -> bool:
+    """Whether a message's preamble says it carries a signature (HMAC or Ed25519), without checking anything else:
+    for a receiver with no key, to say that it is receiving signed messages it cannot check."""
+    if len(data) < PREAMBLE_SIZE:
+        return False
+    flags = PREAMBLE.unpack(bytes(data[:PREAMBLE_SIZE]))[2]
+    return bool(flags & (FLAG_SIGNED | FLAG_ED25519))
 
 
 def peek_header(
