@@ -11,7 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from peer_processes import COMMON, PEER_SCRIPT, ROOT, peer_env, rows_taken, start_peer, summary  # tests/ is on sys.path
+from peer_processes import (
+    COMMON,
+    PEER_SCRIPT,
+    ROOT,
+    peer_env,
+    rows_taken,
+    start_peer,
+    summary,
+)  # tests/ is on sys.path
 
 
 def run_launcher(tmp_path, config):
@@ -368,3 +376,30 @@ def _free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@pytest.mark.slow  # four tiny trainers with their evaluations: about half a minute on 2 cores
+def test_tiny_trainers_beside_their_controls_are_compared_on_the_same_problems(tmp_path):
+    """`controls: [alone]` with real tiny trainers (examples/tiny_peer.py): each control trains as its peer, without
+    peers, and the launcher compares the two on the same held-out problems from their own evaluations."""
+    config = {
+        "script": PEER_SCRIPT,
+        "controls": ["alone"],
+        "args": {**COMMON, "max_steps": 2, "eval_size": 40, "expected_peers": ["big", "small"], "peer_timeout": 60},
+        "env": {"OMP_NUM_THREADS": "1"},
+        "peers": [{"id": "big", "args": {"hidden_size": 64}}, {"id": "small", "args": {"hidden_size": 32}}],
+    }
+    result = run_launcher(tmp_path, config)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
+    assert set(rows) == {"big", "small", "big-alone", "small-alone"}
+    for peer in ("big", "small"):
+        control = rows[f"{peer}-alone"]
+        assert control["control_of"] == peer and control["rows_accepted"] == 0 and control["warning"] is None
+        assert rows[peer]["rows_accepted"] > 0
+        # The same start: the control trains as its peer (same id, data and seeds) from the same model.
+        assert control["accuracy_before"] == rows[peer]["accuracy_before"]
+        compared = control["vs_peer"]
+        assert compared["n"] == 40 and compared["se"] >= 0
+        assert f"{peer} vs {peer}-alone: accuracy after" in output
