@@ -32,3 +32,38 @@ def test_the_held_out_evaluation_runs_before_at_checkpoints_and_at_the_end(token
     assert summary["accuracy_history"][0] == [0, 0.25] and held_out.results() == {
         key: summary[key] for key in held_out.results()
     }
+
+
+def test_a_runs_curve_puts_reward_and_accuracy_on_time_and_token_axes():
+    from trl_ftis.evaluation import run_curve
+
+    history = [
+        {"eval_accuracy": 0.25, "step": 0},
+        {"reward": 0.1, "ftis/time/step": 2.0, "num_tokens": 100, "step": 5},  # 5 steps of 2 s
+        {"reward": 0.3, "ftis/time/step": 1.0, "num_tokens": 220, "step": 10},  # 5 more of 1 s
+        {"eval_accuracy": 0.5, "step": 10},
+        {"train_runtime": 20.0, "step": 10},  # neither reward nor accuracy: no point
+    ]
+    assert run_curve(history) == [
+        {"step": 0, "seconds": 0.0, "tokens": 0.0, "accuracy": 0.25},
+        {"step": 5, "seconds": 10.0, "tokens": 100.0, "reward": 0.1},
+        {"step": 10, "seconds": 15.0, "tokens": 220.0, "reward": 0.3},
+        {"step": 10, "seconds": 15.0, "tokens": 220.0, "accuracy": 0.5},
+    ]
+    long = [{"reward": 0.0, "step": k} for k in range(1, 2001)]
+    thinned = run_curve(long)
+    assert len(thinned) == 500 and thinned[0]["step"] == 1 and thinned[-1]["step"] == 2000
+
+
+def test_the_launcher_draws_the_curves_or_says_why_not(tmp_path):
+    from trl_ftis.launcher.curves import plot_curves
+
+    curve = [
+        {"step": 0, "seconds": 0.0, "tokens": 0.0, "accuracy": 0.2},
+        {"step": 5, "seconds": 1.0, "tokens": 9.0, "reward": 0.1, "accuracy": 0.3},
+    ]
+    rows = [{"id": "a", "curve": curve}, {"id": "a-alone", "control_of": "a", "curve": curve}, {"id": "b"}]
+    assert plot_curves(tmp_path / "curves.png", rows) is None
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_curves(tmp_path / "none.png", [{"id": "b"}]) == "no peer logged a curve"
+    assert not (tmp_path / "none.png").exists()

@@ -15,7 +15,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-__all__ = ["HeldOutEvaluation", "add_held_out_evaluation", "held_out_results"]
+__all__ = ["HeldOutEvaluation", "add_held_out_evaluation", "held_out_results", "run_curve"]
 
 
 class HeldOutEvaluation(TrainerCallback):
@@ -101,3 +101,34 @@ def add_held_out_evaluation(trainer, evaluate: Callable[[Any], Sequence[bool]], 
     writers = [index for index, existing in enumerate(callbacks) if type(existing).__name__ == "SummaryCallback"]
     callbacks.insert(writers[0] if writers else len(callbacks), callback)
     return callback
+
+
+MAX_CURVE_POINTS = 500  # a run's curve is thinned to at most this many points (its summary stays small)
+
+
+def run_curve(log_history: Sequence[dict]) -> list[dict[str, float]]:
+    """A trainer's log history as points for plotting against wall time and tokens: `step`, `seconds` (the training
+    steps' time so far, from `ftis/time/step`, the mean step time of each logging window), `tokens` (TRL's
+    `num_tokens`, the tokens processed so far), and `reward` and/or `accuracy` (`eval_accuracy`) where logged.
+    Thinned evenly to at most `MAX_CURVE_POINTS`."""
+    points, seconds, last_step, tokens = [], 0.0, 0, 0.0  # nothing processed before the first step
+    for entry in log_history:
+        step = entry.get("step")
+        if not isinstance(step, int):
+            continue
+        step_seconds = entry.get("ftis/time/step")
+        if isinstance(step_seconds, (int, float)) and step > last_step:
+            seconds += float(step_seconds) * (step - last_step)
+            last_step = step
+        if isinstance(entry.get("num_tokens"), (int, float)):
+            tokens = float(entry["num_tokens"])
+        point = {"step": step, "seconds": round(seconds, 3), "tokens": tokens}
+        for key, name in (("reward", "reward"), ("eval_accuracy", "accuracy")):
+            if isinstance(entry.get(key), (int, float)) and not isinstance(entry.get(key), bool):
+                point[name] = float(entry[key])
+        if "reward" in point or "accuracy" in point:
+            points.append(point)
+    if len(points) > MAX_CURVE_POINTS:
+        stride = len(points) / MAX_CURVE_POINTS
+        points = [points[int(k * stride)] for k in range(MAX_CURVE_POINTS - 1)] + [points[-1]]
+    return points

@@ -51,7 +51,7 @@ from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
-from .evaluation import held_out_results
+from .evaluation import held_out_results, run_curve
 from .model_card import ModelCardAtEndCallback, card_results, ftis_model_card_section, without_base_model_link
 from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .peer_rows import (
@@ -976,6 +976,7 @@ class FTISTrainer(GRPOTrainer):
             "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
             **self.collaboration(),
             **held_out_results(self.callback_handler.callbacks),
+            "curve": run_curve(self.state.log_history),
         }
 
     def collaboration(self) -> dict[str, Any]:

@@ -223,8 +223,12 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         if state.note:
             note = state.note if not note else f"{state.note}; {note}"
         row["note"] = note
-        # A control trains alone on purpose: no exchange warning ("accepted no peer rows") for it.
-        in_swarm = state.command.control_of is None
+        curve = data.get("curve") if data is not None else None
+        if isinstance(curve, list) and len(curve) <= 1000:  # bounded: another process's file
+            row["curve"] = curve
+        # A control, or a peer that trained without an exchange (its own summary says so), is alone on purpose: no
+        # exchange warning ("accepted no peer rows") for it.
+        in_swarm = state.command.control_of is None and (data or {}).get("exchange_url", "") is not None
         row["warning"] = None if data is None or not in_swarm else peer_warning(data, state.command.id)
         rows.append(row)
     peers = {row["id"]: row for row in rows}
@@ -400,6 +404,14 @@ def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
         say(f"could not write {path}: {exc}")
     emit("")
     emit(format_summary_table(summary["peers"]))
+    if any(row.get("curve") for row in summary["peers"]):
+        from .curves import plot_curves
+
+        try:
+            why = plot_curves(Path(run_dir) / "curves.png", summary["peers"])
+        except Exception as exc:  # noqa: BLE001 - a picture must never cost the summary
+            why = f"{type(exc).__name__}: {exc}"
+        say(f"curves in {Path(run_dir) / 'curves.png'}" if why is None else f"no curves.png: {why}")
     warnings = exchange_warnings(summary["peers"])
     for line in warnings:
         say(line)
