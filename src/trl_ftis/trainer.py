@@ -955,7 +955,8 @@ class FTISTrainer(GRPOTrainer):
             sender's steps: `"0"`, `"1"`, ...), `refused`
             (counts by reason), `dropped` (received or added rows dropped, by reason: [`DROP_REASONS`]), `peers`
             (every peer whose rows were merged or whose messages were accepted), `peer_models` and `exchange_url`
-            (password redacted); then the entries of [`collaboration`] (`time_seconds`, `generation_share`, ...).
+            (password redacted); then the entries of [`collaboration`] (`time_seconds`, `generation_share`, ...),
+            held-out results (`trl_ftis.evaluation`) and `curve`.
         """
         rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
         runtimes = [entry["train_runtime"] for entry in self.state.log_history if "train_runtime" in entry]
