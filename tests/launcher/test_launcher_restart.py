@@ -606,3 +606,16 @@ def test_a_peer_and_its_control_are_compared_pair_by_pair_on_the_same_problems()
         f"small vs small-alone: accuracy after 0.500 vs 0.500, difference +0.000 (SE {close['se']:.3f}, paired over "
         "100 problems): not distinguishable (within 2 standard errors)",
     ]
+
+
+def test_a_peer_that_trained_without_an_exchange_gets_no_exchange_warning(tmp_path, capsys):
+    """`make demo`'s own alone baselines are peers that drop their exchange (`exchange_url` None in their summary): no
+    "accepted no peer rows" warning for them, while a swarm peer that accepted nothing still gets one."""
+    lonely = {"peer_id": "x", "steps": 2, "rows_received": 0, "rows_accepted": 0, "refused": {}, "dropped": {}}
+    alone = json.dumps({**lonely, "exchange_url": None})
+    starved = json.dumps({**lonely, "exchange_url": "dir:///somewhere"})
+    peers = [{"id": "alone", "args": {"summary_json": alone}}, {"id": "starved", "args": {"summary_json": starved}}]
+    assert cli.main(["swarm", str(_write_config(tmp_path, peers))]) == 0
+    rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
+    assert rows["alone"]["warning"] is None and "accepted no peer rows" in rows["starved"]["warning"]
+    assert "warning: alone" not in capsys.readouterr().out
