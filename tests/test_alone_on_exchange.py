@@ -65,3 +65,14 @@ def test_a_peer_without_credentials_says_it_receives_signed_messages_it_cannot_c
     assert len(said) == 1 and "same credentials" in said[0]
     assert is_signed(encode_message(wire_message(tokenizer, "a"), secret="s"))
     assert not is_signed(encode_message(wire_message(tokenizer, "a"))) and not is_signed(b"FTIS")
+
+
+def test_a_peer_that_refuses_another_for_its_credentials_says_what_to_change(tokenizer, tmp_path, caplog):
+    url = f"dir://{tmp_path / 'x'}"
+    make_swarm(url, "open", tokenizer).publish(rows("open"), 0)
+    locked = make_swarm(url, "locked", tokenizer, secret="only-mine", peer_timeout=0.0)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        result = locked.collect(0)
+    assert result.refused["unsigned"] == 1
+    said = [r.getMessage() for r in caplog.records if "Refused a message sent as 'open'" in r.getMessage()]
+    assert len(said) == 1 and "give every peer the same swarm_secret" in said[0]

@@ -238,6 +238,13 @@ def redact_text(text: str) -> str:
 # Names shared between processes
 
 SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
+CREDENTIAL_REASONS = ("unsigned", "signature", "unknown_peer", "identity")
+"""Refusal reasons that mean the sender and the receiver are set up with different credentials."""
+CREDENTIAL_HINT = (
+    " (this peer and that one are set up with different credentials: give every peer the same swarm_secret and the "
+    "same peer_keys_file, each its own private_key_file)"
+)
+"""What a receiver adds when it refuses a message for one of `CREDENTIAL_REASONS`."""
 """The swarm secret, read when `FTISConfig.swarm_secret` is not set."""
 SWARM_NAME_ENV = "FTIS_SWARM_NAME"
 """The swarm's name, read when `FTISConfig.swarm_name` is not set (the launcher sets it to the swarm's `name`)."""

@@ -47,6 +47,8 @@ from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult,
 from .rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
+    CREDENTIAL_HINT,
+    CREDENTIAL_REASONS,
     DEFAULT_PEER_TIMEOUT,
     MAX_LOGP,
     binding_problem,
@@ -694,7 +696,8 @@ class Swarm:
         except ExchangeError as error:
             result.refused[error.reason] += 1
             who = hint if hint is not None else envelope.source
-            self._warn_once(str(who), error.reason, f"Refused a message sent as {who!r}: {error}")
+            why = CREDENTIAL_HINT if error.reason in CREDENTIAL_REASONS else ""
+            self._warn_once(str(who), error.reason, f"Refused a message sent as {who!r}: {error}{why}")
             return None
         sender = message.sender
         if sender == self.peer_id:
