@@ -45,10 +45,10 @@ from .peer_rows import PeerRow
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
 from .rules import (
-    DEFAULT_MAX_ROUNDS_AHEAD,
-    DEFAULT_MAX_STALENESS,
     CREDENTIAL_HINT,
     CREDENTIAL_REASONS,
+    DEFAULT_MAX_ROUNDS_AHEAD,
+    DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
     MAX_LOGP,
     binding_problem,
