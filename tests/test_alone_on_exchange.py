@@ -76,3 +76,16 @@ def test_a_peer_that_refuses_another_for_its_credentials_says_what_to_change(tok
     assert result.refused["unsigned"] == 1
     said = [r.getMessage() for r in caplog.records if "Refused a message sent as 'open'" in r.getMessage()]
     assert len(said) == 1 and "give every peer the same swarm_secret" in said[0]
+
+
+def test_a_peer_far_ahead_is_said_in_plain_words(tokenizer, tmp_path, caplog):
+    url = f"dir://{tmp_path / 'x'}"
+    make_swarm(url, "b", tokenizer, keep_rounds=100).publish(rows("b"), 40)
+    me = make_swarm(url, "me", tokenizer, peer_timeout=0.0, expected_peers=["b"])
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        result = me.collect(0)
+    assert result.refused["ahead"] == 1
+    assert (
+        "'b' is ahead of this peer (its round 40, ours 0; max_rounds_ahead=4): its rows are not used until one "
+        in (caplog.text)
+    )

@@ -9,6 +9,7 @@ collect took is kept in its [`trl_ftis.round_budget.RoundSpending`] (`free_taken
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Mapping
 
@@ -16,6 +17,8 @@ from .exchange import Message
 from .round_budget import RoundResult, RoundSpending
 
 __all__ = ["SenderOrder"]
+
+logger = logging.getLogger(__name__)
 
 
 class SenderOrder:
@@ -96,6 +99,14 @@ class SenderOrder:
             del result.refused["stale"]
         now = time.monotonic()
         for sender, (epoch, round) in state.free_newest.items():
+            if epoch > self.epochs.get(sender, epoch):
+                logger.warning(
+                    "Peer %r restarted (its messages now come from a new start, at its step %d, after step %d): "
+                    "taking its rows from there.",
+                    sender,
+                    round,
+                    self.rounds[sender],
+                )
             self.epochs[sender], self.rounds[sender] = epoch, round
             if sender in self.last_heard or len(self.last_heard) < self.max_senders:
                 self.last_heard[sender] = now

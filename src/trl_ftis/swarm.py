@@ -669,8 +669,8 @@ class Swarm:
             self._warn_once(
                 str(hint),
                 "ahead",
-                f"Refused a message the exchange files under round {envelope.round_hint} from {hint!r}: more than "
-                f"max_rounds_ahead={self.max_rounds_ahead} rounds ahead of ours ({round}).",
+                f"{hint!r} is ahead of this peer (a message filed under its round {envelope.round_hint}, ours is "
+                f"{round}; max_rounds_ahead={self.max_rounds_ahead}): its rows are not used until one catches up.",
             )
             return None
         spent = state.examine(hint, envelope.size or len(envelope.data))
@@ -794,8 +794,8 @@ class Swarm:
                 self._warn_once(
                     sender,
                     "ahead",
-                    f"Refused a message of round {message.round} from {sender!r}: more than max_rounds_ahead="
-                    f"{self.max_rounds_ahead} rounds ahead of ours ({round}).",
+                    f"{sender!r} is ahead of this peer (its round {message.round}, ours {round}; max_rounds_ahead="
+                    f"{self.max_rounds_ahead}): its rows are not used until one catches up.",
                 )
             return None
         spent, room = state.room(sender)

@@ -2,6 +2,7 @@
 order (a newer round of its newest start, or a newer start), whatever bounded memory holds, and only such messages
 count as signs of life. The attacker needs no secret and no key: it copies bytes the exchange already held."""
 
+import logging
 import time
 import uuid
 
@@ -135,7 +136,7 @@ def test_replays_of_a_dead_expected_peer_do_not_keep_it_alive(tokenizer, url):
     assert receiver.collect(round + 1).missing == ["a"]
 
 
-def test_a_restart_from_an_older_checkpoint_is_a_newer_epoch_and_its_old_start_stays_refused(tokenizer, url):
+def test_a_restart_from_an_older_checkpoint_is_a_newer_epoch_and_its_old_start_stays_refused(tokenizer, url, caplog):
     sender, recorder = keeping(url, tokenizer), Recorder(url)
     receiver = free_receiver(url, tokenizer)
     checkpoint = sender.state_dict()
@@ -147,7 +148,9 @@ def test_a_restart_from_an_older_checkpoint_is_a_newer_epoch_and_its_old_start_s
     restarted.load_state_dict(checkpoint)  # resumed at step 41, from an older checkpoint
     assert restarted.epoch > sender.epoch
     publish(restarted, 41)
-    result = receiver.collect(1)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.sender_order"):
+        result = receiver.collect(1)
+    assert "Peer 'a' restarted (its messages now come from a new start, at its step 41, after step 50)" in caplog.text
     assert {row.round for row in result.rows} == {41} and receiver.sender_rounds == {"a": 41}
     assert receiver.sender_epochs == {"a": restarted.epoch}
     for round in (48, 50):  # the first start's messages: an older epoch now
