@@ -16,7 +16,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["BINDING_REASONS", "SECRET_REASONS", "exchange_problem", "exchange_warning", "reason_counts", "total_count"]
+__all__ = [
+    "BINDING_REASONS",
+    "SECRET_REASONS",
+    "exchange_problem",
+    "exchange_warning",
+    "finite_number",
+    "reason_counts",
+    "total_count",
+]
 
 SECRET_REASONS = frozenset({"signature", "unsigned"})
 """Refusal reasons that mean the peers do not share one swarm secret or key set (`trl_ftis.exchange.errors`)."""
@@ -44,11 +52,22 @@ def reason_counts(value: Any) -> dict[str, int]:
     return counts
 
 
-def _number(value: Any) -> int | None:
-    """`value` as a count, or `None` for anything else (a bool, NaN, infinity, text)."""
+def finite_number(value: Any) -> float | None:
+    """`value` as a finite float, or `None` for anything else (a bool, NaN, infinity, text, an int too large for a
+    float: summary files are another process's, read as they are)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return int(value) if math.isfinite(value) else None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _number(value: Any) -> int | None:
+    """`value` as a count, or `None` for anything else (see [`finite_number`])."""
+    number = finite_number(value)
+    return None if number is None else int(number)
 
 
 def total_count(value: Any) -> int | None:

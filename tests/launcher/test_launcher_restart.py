@@ -308,6 +308,9 @@ def test_refused_and_dropped_columns_sum_the_reasons(tmp_path):
     path.write_text(json.dumps({"steps": 3, "refused": "lots", "dropped": {"a": "b", "c": 2, "d": float("inf")}}))
     fields, _ = read_peer_summary(path, None)
     assert (fields["messages_refused"], fields["rows_dropped"]) == (None, 2)  # junk is not a count
+    path.write_text('{"steps": 3, "refused": {"stale": 1' + "0" * 400 + '}, "dropped": 1' + "0" * 400 + "}")
+    fields, _ = read_peer_summary(path, None)  # counts too large for a float are no counts, never a crash
+    assert (fields["messages_refused"], fields["rows_dropped"]) == (0, None)
     path.write_text(json.dumps({"steps": 3}))
     fields, _ = read_peer_summary(path, None)
     assert fields["messages_refused"] is None and fields["rows_dropped"] is None

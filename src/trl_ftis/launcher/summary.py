@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from ..exchange_report import SECRET_REASONS, exchange_problem, reason_counts, total_count
+from ..exchange_report import SECRET_REASONS, exchange_problem, finite_number, reason_counts, total_count
 from .backend import PeerState
 from .commands import keep_earlier
 
@@ -133,22 +133,12 @@ def _format_field(value: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def _number(value: Any) -> float | None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return None
-    try:
-        number = float(value)  # an int too large for a float (another process's file) is no number here
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
 def _table_cell(row: dict, field: str) -> str:
     if field == "accuracy":
-        before, after = _number(row.get("accuracy_before")), _number(row.get("accuracy_after"))
+        before, after = finite_number(row.get("accuracy_before")), finite_number(row.get("accuracy_after"))
         return "-" if before is None or after is None else f"{before:.2f}->{after:.2f}"
     if field in ("generation_share", "wait_share"):
-        share = _number(row.get(field))
+        share = finite_number(row.get(field))
         return "-" if share is None else f"{share:.0%}"
     return _format_field(row.get(field))
 
@@ -218,7 +208,7 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
             row[key] = fields.get(key) if fields else None
         if data is not None and _is_items(data.get(ACCURACY_ITEMS)):
             items[state.command.id] = [int(item) for item in data[ACCURACY_ITEMS]]
-        wait, train = _number(row.get("wait_s")), _number(row.get("train_s"))
+        wait, train = finite_number(row.get("wait_s")), finite_number(row.get("train_s"))
         row["wait_share"] = min(wait / train, 1.0) if wait is not None and train else None
         if state.note:
             note = state.note if not note else f"{state.note}; {note}"
@@ -264,7 +254,7 @@ def control_lines(rows: list[dict]) -> list[str]:
     by_id = {row["id"]: row for row in rows}
 
     def accuracy(row: dict) -> str:
-        value = _number(row.get("accuracy_after"))
+        value = finite_number(row.get("accuracy_after"))
         return "-" if value is None else f"{value:.3f}"
 
     lines = []
@@ -344,11 +334,11 @@ def wait_hint(rows: list[dict]) -> str | None:
     """A line for a swarm whose peers waited much of their time on each other because their speeds differ: then
     `exchange_mode: free` lets each train at its own speed. None otherwise (or when the times are unknown)."""
     peers = [row for row in rows if row.get("control_of") is None]
-    waited = [row for row in peers if (_number(row.get("wait_share")) or 0.0) >= WAIT_HINT_SHARE]
+    waited = [row for row in peers if (finite_number(row.get("wait_share")) or 0.0) >= WAIT_HINT_SHARE]
     per_step = [
         train / steps
         for row in peers
-        if (train := _number(row.get("train_s"))) and (steps := _number(row.get("steps")))
+        if (train := finite_number(row.get("train_s"))) and (steps := finite_number(row.get("steps")))
     ]
     if not waited or len(per_step) < 2 or max(per_step) < WAIT_HINT_SPEEDS * min(per_step):
         return None
