@@ -15,6 +15,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from .collaboration import SummaryCallback
+
 __all__ = ["HeldOutEvaluation", "add_held_out_evaluation", "held_out_results", "run_curve"]
 
 
@@ -98,7 +100,7 @@ def add_held_out_evaluation(trainer, evaluate: Callable[[Any], Sequence[bool]], 
     result reaches its `ftis_summary.json`. Returns the callback."""
     callback = HeldOutEvaluation(evaluate, name=name).attach(trainer.log)
     callbacks = trainer.callback_handler.callbacks
-    writers = [index for index, existing in enumerate(callbacks) if type(existing).__name__ == "SummaryCallback"]
+    writers = [index for index, existing in enumerate(callbacks) if isinstance(existing, SummaryCallback)]
     callbacks.insert(writers[0] if writers else len(callbacks), callback)
     return callback
 

@@ -120,15 +120,12 @@ def hub_model_problem(value: object, *, elsewhere: Sequence[str | os.PathLike] =
 
 
 def _cached_on_this_machine(repo_id: str) -> bool:
-    """Whether the Hugging Face cache holds a snapshot of model `repo_id` (then it loads offline)."""
+    """Whether the Hugging Face cache holds model `repo_id`'s `config.json` (then it loads offline)."""
     try:
-        from huggingface_hub import scan_cache_dir
-        from huggingface_hub.constants import HF_HUB_CACHE
+        from huggingface_hub import try_to_load_from_cache
 
-        if not os.path.isdir(HF_HUB_CACHE):
-            return False
-        return any(repo.repo_id == repo_id and repo.repo_type == "model" for repo in scan_cache_dir().repos)
-    except Exception:  # noqa: BLE001 - an unreadable cache: treated as empty
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # noqa: BLE001 - an id the hub refuses, an unreadable cache: treated as not cached
         return False
 
 

@@ -561,3 +561,20 @@ def test_a_secret_or_keys_given_to_some_peers_only_stop_the_swarm_before_it_star
     assert len(problems) == 2 and all("set for a but not for b" in problem for problem in problems)
     controls = {**raw, "controls": ["alone"]}  # a control trains alone: it needs no secret
     assert credential_problems(load_swarm_config(controls)) == []
+
+
+def test_a_hub_id_in_the_local_cache_loads_offline_and_is_no_problem(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    from trl_ftis.rules import hub_model_problem
+
+    snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--cached" / "refs").mkdir()
+    (tmp_path / "models--org--cached" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert hub_model_problem("org/cached") is None
+    assert "no Hub access" in hub_model_problem("org/absent")
