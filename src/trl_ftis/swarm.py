@@ -734,12 +734,6 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
-        if not self.free_running and message.epoch < self._newest_epoch.get(sender, 0):
-            stats = result.peers[sender]
-            stats.rows_received += len(message.completions)
-            stats.rows_stale += len(message.completions)
-            result.refused["stale"] += 1  # an older start of a sender that has restarted since: superseded
-            return None
         if (
             not self.free_running
             and self._note_round(sender, message, round, state)
@@ -783,6 +777,8 @@ class Swarm:
                 result.refused["round_budget"] += 1
                 dropped["senders"] += 1
                 return None
+        elif message.epoch < self._newest_epoch.get(sender, 0):
+            outside = "stale"  # an older start of a sender that has restarted since: superseded
         else:
             outside = self._outside_window(message.round, round)
         if outside is not None:
