@@ -153,7 +153,6 @@ class RoundSpending:
         self.newcomer_bytes_cap = budget.max_bytes // shares
         self.row_share = max(max_rows // shares, 0 if share is None else int(share))
         self.max_rows = max(max_rows, self.row_share * shares)
-        self.newcomer_rows_cap = self.row_share
         self.bytes = self.messages = self.rows = 0
         self.newcomer_bytes = self.newcomer_messages = self.newcomer_rows = 0
         self.by_hint: Counter = Counter()  # regulars' envelopes examined, by sender hint
@@ -178,7 +177,7 @@ class RoundSpending:
     def newcomer_rows_spent(self) -> bool:
         """Whether newcomers can get no more rows: their share is taken, or the messages of `ROW_MISSES` newcomers
         did not fit in what is left of it (which ends the newcomers' reading only)."""
-        return self.newcomer_rows >= self.newcomer_rows_cap or len(self.newcomer_misses) >= ROW_MISSES
+        return self.newcomer_rows >= self.row_share or len(self.newcomer_misses) >= ROW_MISSES
 
     def _unreserved(self) -> int:
         return max(self.max_rows - self.rows - self.reserved, 0)
