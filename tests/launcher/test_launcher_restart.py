@@ -546,6 +546,14 @@ def test_a_wrong_controls_list_is_named_before_anything_starts(tmp_path, control
     assert any("`controls`" in error and problem in error for error in info.value.errors), info.value.errors
 
 
+def test_a_controls_files_are_its_peers_checked_once(tmp_path):
+    from trl_ftis.launcher import check_files
+
+    peers = [{"id": "a", "model": str(tmp_path / "no" / "model")}, {"id": "b"}]
+    problems = check_files(load_swarm_config(_write_config(tmp_path, peers, controls=["alone", "alone-rows"])))
+    assert problems == [f"`peers[0] (id 'a').model`: no such local model folder {tmp_path / 'no' / 'model'}"]
+
+
 def test_a_control_id_that_clashes_with_a_peer_is_refused(tmp_path):
     with pytest.raises(SwarmConfigError, match="the control 'a-alone' of peer 'a': its id is also the id of a peer"):
         load_swarm_config(_write_config(tmp_path, [{"id": "a"}, {"id": "a-alone"}], controls=["alone"]))

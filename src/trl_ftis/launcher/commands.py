@@ -317,6 +317,8 @@ def check_files(config: SwarmConfig) -> list[str]:
 
     problems = []
     for index, peer in enumerate(config.peers):
+        if peer.control_of is not None:
+            continue  # a control runs its peer's script and model: checked (and said) once, for the peer
         if not peer.script.is_file():
             problems.append(f"peer {peer.id!r}: script {peer.script} does not exist")
         if peer.accelerate_config is not None and not peer.accelerate_config.is_file():
