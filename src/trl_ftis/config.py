@@ -9,10 +9,11 @@ import functools
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from trl import GRPOConfig
 
+from .credentials import SwarmCredentials, read_swarm_credentials
 from .objective import (
     FILTER_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -66,41 +67,6 @@ START_UP_LINES_LOGGED: set[str] = (
 )  # the config's once-per-process lines (a preset's, the fp32 head's) already logged
 TRL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
 """`GRPOConfig`'s field defaults, as TRL sets them (an option a preset may set resolves to these without one)."""
-
-
-class SwarmCredentials(NamedTuple):
-    """What a peer signs and verifies messages with ([`FTISConfig.swarm_credentials`])."""
-
-    secret: str | None
-    """The swarm secret (HMAC: membership), or `None`."""
-    private_key: Any
-    """This peer's Ed25519 private key, or `None`."""
-    public_keys: dict[str, Any] | None
-    """Peer id -> Ed25519 public key, or `None`."""
-    swarm_name: str | None = None
-    """The swarm every message is bound to (sent and required), or `None`."""
-    run_id: str | None = None
-    """The run of that swarm every message is bound to (sent and required), or `None`."""
-
-    def describe(self) -> str:
-        """How this peer's messages are authenticated, in one line (logged when a trainer joins its swarm)."""
-        parts = []
-        if self.public_keys is not None:
-            parts.append(
-                f"per-peer keys (Ed25519; {len(self.public_keys)} registered, only their signatures accepted)"
-            )
-        elif self.private_key is not None:
-            parts.append("this peer's key (Ed25519) signs its messages; no peer keys registered, so none are required")
-        if self.secret is not None:
-            parts.append("a shared swarm secret (HMAC)")
-        bound = [f"{what} {value!r}" for what, value in (("swarm", self.swarm_name), ("run", self.run_id)) if value]
-        binding = f"; messages bound to {' and '.join(bound)}" if bound else ""
-        if not parts:
-            return (
-                "none: messages are neither signed nor checked; anyone who can write to the exchange can send rows"
-                + binding
-            )
-        return " and ".join(parts) + binding
 
 
 @dataclass
@@ -755,57 +721,7 @@ class FTISConfig(GRPOConfig):
         `exchange_url` and no run id, neither given nor empty on purpose); warns when only
         one of the two key files is set, or when the public keys have no entry for this peer.
         """
-        secret = self.swarm_secret or os.environ.get(SWARM_SECRET_ENV) or None
-        binding = {}
-        for name, env, key in (("swarm_name", SWARM_NAME_ENV, "swarm_name"), ("swarm_run", SWARM_RUN_ENV, "run_id")):
-            value = getattr(self, name)
-            if value is None:
-                value = os.environ.get(env)
-            problem = None if not value else binding_problem(value)
-            if problem is not None:
-                raise ValueError(f"{name} (from ${env}) {problem}.")
-            if name == "swarm_run" and value is None and self.exchange_url is not None:
-                raise ValueError(
-                    f"This peer joins a swarm (exchange_url) but names no run: set swarm_run (--swarm_run) or "
-                    f"${env} to one id that every peer of this run is given and that is new for each run (for "
-                    "example --swarm_run pair-1 on every command, pair-2 the next time; `trl-ftis swarm` draws one for "
-                    "the peers it starts), so that messages of earlier runs (leftovers in a reused exchange, "
-                    "replays) are refused. To take messages of any run instead, set it to an empty string "
-                    f"(--swarm_run '' or {env}=''): docs/security.md says what that leaves open."
-                )
-            binding[key] = value or None
-        if self.private_key_file is None and self.peer_keys_file is None:
-            return SwarmCredentials(secret, None, None, **binding)
-        for name in ("private_key_file", "peer_keys_file"):
-            path = getattr(self, name)
-            if path is not None and not os.path.isfile(path):
-                raise ValueError(f"{name}: {path!r} does not exist or is not a file (`trl-ftis keygen` writes one).")
-        from .exchange.keys import KeyFileError, check_key_pair, load_private_key, load_public_keys
-
-        try:
-            private = load_private_key(self.private_key_file) if self.private_key_file else None
-            public = load_public_keys(self.peer_keys_file) if self.peer_keys_file else None
-        except KeyFileError as error:
-            raise ValueError(str(error)) from None
-        check_key_pair(
-            private,
-            public,
-            self.peer_id,
-            where=f"of peer_keys_file {self.peer_keys_file!r} (private_key_file {self.private_key_file!r})",
-        )
-        if public is not None and private is None:
-            logger.warning(
-                "peer_keys_file is set but private_key_file is not: this peer verifies the others' signatures, but "
-                "its own messages carry none, and peers that require keys refuse them (unsigned)."
-            )
-        elif public is not None and self.peer_id not in public:
-            logger.warning(
-                "peer_keys_file %r has no key for this peer (%r): peers using the same file refuse its messages "
-                "(unknown_peer). Add the line `trl-ftis keygen` printed for it.",
-                self.peer_keys_file,
-                self.peer_id,
-            )
-        return SwarmCredentials(secret, private, public, **binding)
+        return read_swarm_credentials(self)
 
     # Secrets. Only what is shown or saved is redacted: `to_dict()` / `to_json_string()` (logs, trackers, the model
     # card), `str()` / `repr()`, and the trainer's `training_args.bin` (written from `redacted_copy()`). Copies and
