@@ -101,7 +101,9 @@ def test_async_peers_train_on_each_others_rows_one_round_late(tmp_path):
 
 
 def test_free_running_peers_never_make_a_fast_peer_wait_for_a_slow_one(tmp_path):
-    """exchange_mode="free": a small peer (hidden 32) and one about 10x slower (hidden 384), both expected. The fast one
+    """exchange_mode="free": a small peer (hidden 32) and a slow one (hidden 384, and a 1 s sleep after each step, so
+    that it is the slow one on any machine however busy: without the sleep, a loaded machine once ran its 8 steps in
+    1.7 s, before the fast one had published anything), both expected. The fast one
     runs its 150 steps at its own pace (in lock-step it would wait for the slow one every round: issue 20 measured
     57.7% of its step time) and still trains on the slow one's rows; the slow one trains on the fast one's newest.
     Both start training at the same moment (`--start_at`), so that their runs overlap whatever their start-up."""
@@ -112,7 +114,7 @@ def test_free_running_peers_never_make_a_fast_peer_wait_for_a_slow_one(tmp_path)
         "peer_timeout": 120,
         "start_at": round(time.time() + 8, 3),
     }
-    slow = start_peer(tmp_path, "slow", exchange, hidden_size=384, steps=8, **settings)
+    slow = start_peer(tmp_path, "slow", exchange, hidden_size=384, steps=8, step_delay=1.0, **settings)
     fast = start_peer(tmp_path, "fast", exchange, hidden_size=32, steps=150, **settings)
     for process in (slow, fast):
         assert process.wait(timeout=400) == 0, (tmp_path / "fast.log").read_text()[-3000:] + (
