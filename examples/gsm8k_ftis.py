@@ -26,11 +26,13 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 
 from trl_ftis import FTISConfig, FTISTrainer
 from trl_ftis.console import use_script_console
+from trl_ftis.evaluation import add_held_out_evaluation
 from trl_ftis.rules import local_model_problem, peer_id_from
 from trl_ftis.tasks.math_problems import (
     R1_ZERO_SYSTEM_PROMPT,
     answer_reward,
     load_math_dataset,
+    math_correct,
     stop_token_ids,
     strict_reward,
 )
@@ -53,6 +55,15 @@ class GSM8KScriptArguments(ScriptArguments):
         eval_dataset_path (`str`, *optional*):
             Local JSONL evaluation file in GSM8K format, used when `eval_strategy` is not `"no"`; without it the
             `dataset_test_split` of `dataset_name` is used.
+        held_out_split (`str`, *optional*):
+            A split of `dataset_name` (e.g. `"test"`) for the greedy held-out evaluation before training, at each
+            checkpoint and at the end (logged as `eval_accuracy`, kept in `ftis_summary.json`).
+        held_out_path (`str`, *optional*):
+            Local JSONL file in GSM8K format for that evaluation; replaces `held_out_split` (no download).
+        held_out_samples (`int`, *optional*, defaults to `100`):
+            Evaluate on the first questions of the held-out set only.
+        held_out_max_new_tokens (`int`, *optional*):
+            Greedy completion length of the held-out evaluation (default: `max_completion_length`).
         max_train_samples (`int`, *optional*):
             Keep only the first questions of the training set.
         max_eval_samples (`int`, *optional*):
@@ -79,6 +90,24 @@ class GSM8KScriptArguments(ScriptArguments):
             "help": "Local JSONL evaluation file in GSM8K format, used when eval_strategy is not 'no' (default: the "
             "dataset_test_split of dataset_name)."
         },
+    )
+    held_out_split: str | None = field(
+        default=None,
+        metadata={
+            "help": "A split of dataset_name (e.g. 'test') for the greedy held-out evaluation before training, at "
+            "each checkpoint and at the end (eval_accuracy; kept in ftis_summary.json). Default: none."
+        },
+    )
+    held_out_path: str | None = field(
+        default=None,
+        metadata={"help": "Local JSONL file in GSM8K format for the held-out evaluation; replaces held_out_split."},
+    )
+    held_out_samples: int = field(
+        default=100, metadata={"help": "Evaluate on the first questions of the held-out set only."}
+    )
+    held_out_max_new_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Greedy completion length of the held-out evaluation (default: max_completion_length)."},
     )
     max_train_samples: int | None = field(
         default=None, metadata={"help": "Keep only the first questions of the training set."}
@@ -195,6 +224,21 @@ def main(script_args: GSM8KScriptArguments, training_args: FTISConfig, model_arg
         peft_config=get_peft_config(model_args),
     )
     use_script_console(trainer)  # one line per logged step; FTIS_CONSOLE=dict keeps Trainer's dicts
+    if script_args.held_out_path or script_args.held_out_split:
+        held_out = load_math_dataset(
+            "gsm8k",
+            split=script_args.held_out_split or "test",
+            path=script_args.held_out_path,
+            limit=script_args.held_out_samples,
+            **dataset_kwargs,
+        )
+        max_new_tokens = script_args.held_out_max_new_tokens or training_args.max_completion_length
+        strict = script_args.reward == "strict"  # the accuracy the reward asks for
+
+        def held_out_correct(model):
+            return math_correct(model, tokenizer, held_out, strict=strict, max_new_tokens=max_new_tokens)
+
+        add_held_out_evaluation(trainer, held_out_correct)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.accelerator.print(f"✅ Training of peer {training_args.peer_id!r} completed.")
 

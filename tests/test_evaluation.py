@@ -32,6 +32,12 @@ def test_the_held_out_evaluation_runs_before_at_checkpoints_and_at_the_end(token
     assert summary["accuracy_history"][0] == [0, 0.25] and held_out.results() == {
         key: summary[key] for key in held_out.results()
     }
+    # The curve's token axis: the completion tokens this trainer generated so far, growing each step to the total
+    # its summary reports (TRL's num_tokens counts prompts too).
+    own = [entry["ftis/own_tokens_total"] for entry in trainer.state.log_history if "ftis/own_tokens_total" in entry]
+    assert len(own) == 2 and 0 < own[0] < own[1]
+    assert own[1] == summary["own_generation"]["tokens"] < trainer.state.num_input_tokens_seen
+    assert [point["tokens"] for point in summary["curve"] if "reward" in point] == own
 
 
 def test_a_runs_curve_puts_reward_and_accuracy_on_time_and_token_axes():
@@ -50,6 +56,9 @@ def test_a_runs_curve_puts_reward_and_accuracy_on_time_and_token_axes():
         {"step": 10, "seconds": 15.0, "tokens": 220.0, "reward": 0.3},
         {"step": 10, "seconds": 15.0, "tokens": 220.0, "accuracy": 0.5},
     ]
+    # A trainer's own generated tokens, where logged, are the token axis; TRL's num_tokens only for older logs.
+    own = [{"reward": 0.2, "num_tokens": 500, "ftis/own_tokens_total": 40.0, "step": 1}]
+    assert run_curve(own)[0]["tokens"] == 40.0
     long = [{"reward": 0.0, "step": k} for k in range(1, 2001)]
     thinned = run_curve(long)
     assert len(thinned) == 500 and thinned[0]["step"] == 1 and thinned[-1]["step"] == 2000

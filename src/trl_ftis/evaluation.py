@@ -110,8 +110,9 @@ MAX_CURVE_POINTS = 500  # a run's curve is thinned to at most this many points (
 
 def run_curve(log_history: Sequence[dict]) -> list[dict[str, float]]:
     """A trainer's log history as points for plotting against wall time and tokens: `step`, `seconds` (the training
-    steps' time so far, from `ftis/time/step`, the mean step time of each logging window), `tokens` (TRL's
-    `num_tokens`, the tokens processed so far), and `reward` and/or `accuracy` (`eval_accuracy`) where logged.
+    steps' time so far, from `ftis/time/step`, the mean step time of each logging window), `tokens` (the completion
+    tokens this trainer generated so far, from `ftis/own_tokens_total`; TRL's `num_tokens`, prompts included, for
+    a log without it), and `reward` and/or `accuracy` (`eval_accuracy`) where logged.
     Thinned evenly to at most `MAX_CURVE_POINTS`."""
     points, seconds, last_step, tokens = [], 0.0, 0, 0.0  # nothing processed before the first step
     for entry in log_history:
@@ -122,8 +123,10 @@ def run_curve(log_history: Sequence[dict]) -> list[dict[str, float]]:
         if isinstance(step_seconds, (int, float)) and step > last_step:
             seconds += float(step_seconds) * (step - last_step)
             last_step = step
-        if isinstance(entry.get("num_tokens"), (int, float)):
-            tokens = float(entry["num_tokens"])
+        for key in ("ftis/own_tokens_total", "num_tokens"):  # own generated tokens where logged
+            if isinstance(entry.get(key), (int, float)):
+                tokens = float(entry[key])
+                break
         point = {"step": step, "seconds": round(seconds, 3), "tokens": tokens}
         for key, name in (("reward", "reward"), ("eval_accuracy", "accuracy")):
             if isinstance(entry.get(key), (int, float)) and not isinstance(entry.get(key), bool):

@@ -605,6 +605,7 @@ class FTISTrainer(GRPOTrainer):
         counts = self.accelerator.reduce(counts, reduction="sum").cpu()
         names = [None, *self._ledger.sources]  # None: own rows (PeerValue's OWN)
         self._value.record_merge({name: tuple(counts[k].tolist()) for k, name in enumerate(names)})
+        self._metrics["train"]["ftis/own_tokens_total"].append(self._value.own["tokens"])  # the curves' x axis
         total_rows = counts[1:, 0].sum().item()
         self._metrics["train"]["ftis/peer_rows"].append(total_rows)
         for name, value in self._ledger.step_row_counts().items():

@@ -197,7 +197,9 @@ def test_training_script_runs_two_steps_end_to_end(tmp_path, tiny_model_dir):
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
 
-    _run([TRAIN_SCRIPT, "--config", config_path, "--peer_id", "tiny-peer", "--max_train_samples", 3])
+    held_out = _write_jsonl(tmp_path / "gsm8k_held_out.jsonl", GSM8K_ROWS)
+    _run([TRAIN_SCRIPT, "--config", config_path, "--peer_id", "tiny-peer", "--max_train_samples", 3,
+          "--held_out_path", held_out, "--held_out_samples", 3])  # fmt: skip
 
     assert (output_dir / "config.json").is_file()
     assert (output_dir / "model.safetensors").is_file()
@@ -209,6 +211,11 @@ def test_training_script_runs_two_steps_end_to_end(tmp_path, tiny_model_dir):
     assert all(0.0 <= entry["rewards/strict_reward/mean"] <= 1.0 for entry in step_logs)
     summary = json.loads((output_dir / "ftis_summary.json").read_text())
     assert (summary["peer_id"], summary["steps"], summary["exchange_url"]) == ("tiny-peer", 2, None)
+    # The held-out evaluation ran before training and at the end, on the first 3 questions, and was logged.
+    assert len(summary["accuracy_items_after"]) == 3 and set(summary["accuracy_items_after"]) <= {0, 1}
+    assert summary["accuracy_after"] == sum(summary["accuracy_items_after"]) / 3
+    assert [step for step, _ in summary["accuracy_history"]] == [0, 2]
+    assert sum("eval_accuracy" in entry for entry in state["log_history"]) == 2
     assert json.loads((output_dir / "config.json").read_text())["model_type"] == "llama"
 
 

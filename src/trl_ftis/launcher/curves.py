@@ -1,7 +1,7 @@
-"""`<run_dir>/curves.png`: each peer's reward and held-out accuracy against training time and against tokens
-processed, swarm peers and their controls on the same axes (controls dashed), from the `curve` of each peer's own
-summary file (`trl_ftis.evaluation.run_curve`). Needs matplotlib (the `demo` extra); without it nothing is drawn and
-the caller says so."""
+"""`<run_dir>/curves.png`: each peer's reward and held-out accuracy against training time and against the completion
+tokens it generated, swarm peers and their controls on the same axes (controls dashed), from the `curve` of each
+peer's own summary file (`trl_ftis.evaluation.run_curve`). Needs matplotlib (the `demo` extra); without it nothing is
+drawn and the caller says so."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def plot_curves(path: Path, rows: list[dict]) -> str | None:
     figure, axes = plt.subplots(2, 2, figsize=(11, 7), squeeze=False)
     panels = [
         (axes[0][0], "seconds", "reward", "training time (s)"),
-        (axes[0][1], "tokens", "reward", "tokens processed (TRL's num_tokens)"),
+        (axes[0][1], "tokens", "reward", "own generated tokens"),
         (axes[1][0], "seconds", "accuracy", "training time (s)"),
-        (axes[1][1], "tokens", "accuracy", "tokens processed (TRL's num_tokens)"),
+        (axes[1][1], "tokens", "accuracy", "own generated tokens"),
     ]
     for axis, x_key, y_key, x_label in panels:
         for row in drawn:

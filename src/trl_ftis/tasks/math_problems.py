@@ -457,3 +457,12 @@ def evaluate_math(
         "mean_completion_tokens": rate(r["completion_tokens"] for r in records),
         "records": records,
     }
+
+
+def math_correct(model, tokenizer, dataset, *, strict: bool = False, max_new_tokens: int = 1024,
+                 batch_size: int = 16) -> list[bool]:  # fmt: skip
+    """Per question of `dataset`, whether the greedy completion of [`evaluate_math`] is right: in the strict
+    think/answer format (`strict=True`, as [`strict_reward`] scores) or in any format (as [`answer_reward`]). The
+    per-question form that `trl_ftis.evaluation.add_held_out_evaluation` pairs between a peer and its control."""
+    records = evaluate_math(model, tokenizer, dataset, batch_size=batch_size, max_new_tokens=max_new_tokens)["records"]
+    return [bool(record["strict_correct" if strict else "answer_correct"]) for record in records]
