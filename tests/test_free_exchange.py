@@ -257,11 +257,16 @@ def test_free_running_rows_go_through_the_same_admission_and_budgets(tokenizer, 
     assert trained and all(isinstance(row.prompt, str) for row in trained)
 
 
-def test_joining_a_swarm_logs_one_line_saying_how_messages_are_authenticated(tokenizer, make_args, caplog):
+@pytest.mark.parametrize("mode", ["sync", "async", "free"])
+def test_joining_a_swarm_logs_one_line_saying_how_messages_are_authenticated(tokenizer, make_args, caplog, mode):
     import logging
 
     with caplog.at_level(logging.WARNING, logger="trl_ftis.rounds"):
-        exchange_trainer(tokenizer, make_args, f"memory://auth-{uuid.uuid4().hex}", "sync", swarm_secret="s3cret")
+        trainer = exchange_trainer(
+            tokenizer, make_args, f"memory://auth-{uuid.uuid4().hex}", mode, swarm_secret="s3cret", max_steps=1
+        )
+        trainer.train()
+        trainer.train()  # a second training run of the same trainer (and its background worker) says nothing new
     lines = [r.getMessage() for r in caplog.records if "message authentication" in r.getMessage()]
     assert lines == ["Peer 'me': message authentication: a shared swarm secret (HMAC)."]
     assert all("s3cret" not in r.getMessage() for r in caplog.records)  # the secret itself is never logged

@@ -235,6 +235,7 @@ def redact_text(text: str) -> str:
 # Names shared between processes
 
 SWARM_SECRET_ENV = "FTIS_SWARM_SECRET"
+"""The swarm secret, read when `FTISConfig.swarm_secret` is not set."""
 CREDENTIAL_REASONS = ("unsigned", "signature", "unknown_peer", "identity")
 """Refusal reasons that mean the sender and the receiver are set up with different credentials."""
 CREDENTIAL_HINT = (
@@ -242,7 +243,6 @@ CREDENTIAL_HINT = (
     "same peer_keys_file, each its own private_key_file)"
 )
 """What a receiver adds when it refuses a message for one of `CREDENTIAL_REASONS`."""
-"""The swarm secret, read when `FTISConfig.swarm_secret` is not set."""
 SWARM_NAME_ENV = "FTIS_SWARM_NAME"
 """The swarm's name, read when `FTISConfig.swarm_name` is not set (the launcher sets it to the swarm's `name`)."""
 SWARM_RUN_ENV = "FTIS_SWARM_RUN"
