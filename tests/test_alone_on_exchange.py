@@ -78,6 +78,29 @@ def test_a_peer_that_refuses_another_for_its_credentials_says_what_to_change(tok
     assert len(said) == 1 and "give every peer the same swarm_secret" in said[0]
 
 
+def test_a_refusal_for_credentials_is_said_while_the_round_still_waits_for_that_peer(tokenizer, tmp_path, caplog):
+    # The expected peer's messages are refused, so the round waits its full peer_timeout for it: the reason is said
+    # when the first message is refused, not when the wait ends.
+    import threading
+    import time
+
+    url = f"dir://{tmp_path / 'x'}"
+    make_swarm(url, "open", tokenizer).publish(rows("open"), 0)
+    locked = make_swarm(url, "locked", tokenizer, secret="only-mine", peer_timeout=600.0, expected_peers=["open"])
+    results = []
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+        waiting = threading.Thread(target=lambda: results.append(locked.collect(0)), daemon=True)
+        waiting.start()
+        deadline = time.monotonic() + 120
+        while "Refused a message sent as 'open'" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        said_while_waiting = waiting.is_alive() and "give every peer the same swarm_secret" in caplog.text
+        locked.interrupt()  # stop the wait (as a stopping trainer does)
+        waiting.join(timeout=60)
+    assert said_while_waiting
+    assert not waiting.is_alive() and results[0].refused["unsigned"] == 1
+
+
 def test_a_peer_far_ahead_is_said_in_plain_words(tokenizer, tmp_path, caplog):
     url = f"dir://{tmp_path / 'x'}"
     make_swarm(url, "b", tokenizer, keep_rounds=100).publish(rows("b"), 40)
