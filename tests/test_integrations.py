@@ -56,31 +56,28 @@ def test_a_gpu_share_on_a_cpu_run_trains_normally(tokenizer, make_args):
     assert trainer.state.global_step == 1
 
 
-def test_vllm_processed_logprobs_never_travel(tokenizer, make_args):
-    """With vLLM, TRL's batch carries vLLM's `processed_logprobs` (after top-k/top-p) as `sampling_per_token_logps`
-    and, for its own importance correction, `old_per_token_logps` (teacher-forced, full softmax at the sampling
-    temperature, fp32 head). Peers get the latter: the convention every generator's log-probs follow."""
-    trainer = FTISTrainer(
-        build_tiny_llama(tokenizer), digit_match_reward, args=make_args(max_steps=1),
-        train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
-    )  # fmt: skip
-    mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    old = -torch.rand(2, 3)
-    output = {"completion_mask": mask, "old_per_token_logps": old, "sampling_per_token_logps": old - 0.7}
-    logps = trainer._own_generator_logps(output)
-    assert logps == [old[0].tolist(), old[1, :2].tolist()]
+def test_own_rows_carry_the_log_probs_that_sampled_them():
+    """Recorded while generating (transformers) first; else the sampler's own (vLLM's processed log-probs, TRL's
+    `sampling_per_token_logps`: the distribution after top-k / top-p); else, and for a batch where vLLM left a
+    token unscored (NaN), the trainer's forward, computed only then."""
+    from trl_ftis.own_rows import generator_logps
 
-    # vLLM without its importance correction: TRL makes no old log-probs, so one teacher-forced forward does.
-    prompt = tokenizer(["12+34=", "50+7="], padding=True, return_tensors="pt", add_special_tokens=False)
-    completion = torch.tensor([[8, 9, 2], [10, 4, 0]])
-    output = {
-        "prompt_ids": prompt["input_ids"], "prompt_mask": prompt["attention_mask"],
-        "completion_ids": completion, "completion_mask": mask, "sampling_per_token_logps": old - 0.7,
-    }  # fmt: skip
-    logps = trainer._own_generator_logps(output)
-    expected = trainer._completion_logps(trainer.model, output)
-    assert logps[0] == pytest.approx(expected[0].tolist()) and logps[1] == pytest.approx(expected[1, :2].tolist())
-    assert len(logps[1]) == 2
+    old = -torch.rand(2, 3)
+    sampler = old - 0.7
+    calls = []
+
+    def scored():
+        calls.append(1)
+        return old
+
+    recorded = [[-0.1, -0.2, -0.3], [-0.4, -0.5]]
+    assert generator_logps([3, 2], recorded=recorded, sampler=sampler, scored=scored) == (recorded, "generation")
+    logps, source = generator_logps([3, 2], recorded=None, sampler=sampler, scored=scored)
+    assert source == "sampler" and logps == [sampler[0].tolist(), sampler[1, :2].tolist()] and not calls
+    sampler[1, 0] = float("nan")
+    logps, source = generator_logps([3, 2], recorded=[[-0.1]], sampler=sampler, scored=scored)
+    assert source == "trainer" and logps == [old[0].tolist(), old[1, :2].tolist()] and calls == [1]
+    sampler[1, 2] = float("nan")  # padding: beyond the row's length, never read
 
 
 REPORTING_SCRIPT = textwrap.dedent(
@@ -189,25 +186,54 @@ class FakeVLLM:
         return prompts, completions, logprobs, [[[t] for t in ids] for ids in completions]
 
 
-@pytest.mark.parametrize("mode", ["sequence_mask", "token_truncate"])  # TRL's ratio: (B, 1) or (B, T)
-def test_vllm_generation_joins_the_swarm_with_teacher_forced_logps(tokenizer, make_args, mode):
-    """TRL's vLLM branch end to end on the CPU (generation faked): own rows are published with the learner's
-    teacher-forced log-probs, peer rows train with them, and TRL's vLLM correction stays on its own rows only."""
+class StandInVLLMGeneration(FakeVLLM):
+    """Takes the place of TRL's `VLLMGeneration` class: built by `GRPOTrainer.__init__` with the arguments TRL gives
+    it (recorded in `built`), then generating as [`FakeVLLM`]."""
+
+    built: list[dict] = []
+
+    def __init__(self, **kwargs):
+        from types import SimpleNamespace
+
+        StandInVLLMGeneration.built.append(kwargs)
+        super().__init__(kwargs["processing_class"].eos_token_id)
+        # Server mode: TRL asks the server which log-probs it returns (the processed ones, as TRL requires).
+        info = {"model_config": {"logprobs_mode": "processed_logprobs"}}
+        self.vllm_client = SimpleNamespace(get_server_info=lambda: info)
+
+
+@pytest.mark.parametrize(
+    "vllm_mode, is_mode", [("server", "sequence_mask"), ("colocate", "token_truncate")]
+)  # TRL's ratio: (B, 1) or (B, T)
+def test_vllm_generation_joins_the_swarm_with_the_samplers_logps(
+    tokenizer, make_args, monkeypatch, vllm_mode, is_mode
+):
+    """`FTISTrainer(use_vllm=True)` built as TRL builds it (the vLLM engine or server client stood in for), trained
+    on the CPU: own rows are published with the log-probs vLLM sampled them with (its processed log-probs, which
+    TRL requests for its own correction), the message says so, peer rows train against them, and TRL's vLLM
+    correction stays on its own rows only."""
     import uuid
 
     from trl_ftis.exchange import tokenizer_fingerprint
     from trl_ftis.swarm import Swarm
 
+    monkeypatch.setattr("trl.trainer.grpo_trainer.VLLMGeneration", StandInVLLMGeneration)
+    StandInVLLMGeneration.built = []
     url = f"memory://vllm-{uuid.uuid4().hex}"
     observer = Swarm(
         url, peer_id="observer", tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), tokenizer_name="char",
         vocab_limit=len(tokenizer), temperature=1.0, reward_names=["digit_match_reward"], peer_timeout=5.0,
     )  # fmt: skip
+    args = make_args(
+        max_steps=1, exchange_url=url, peer_id="vllm-peer", use_vllm=True, vllm_mode=vllm_mode,
+        vllm_importance_sampling_mode=is_mode, top_k=50,
+    )  # fmt: skip
     trainer = FTISTrainer(
-        build_tiny_llama(tokenizer, seed=4), digit_match_reward,
-        args=make_args(max_steps=1, exchange_url=url, peer_id="vllm-peer"),
+        build_tiny_llama(tokenizer, seed=4), digit_match_reward, args=args,
         train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
     )  # fmt: skip
+    (built,) = StandInVLLMGeneration.built
+    assert built["mode"] == vllm_mode and built["top_k"] == 50
     sender = Swarm(
         url, peer_id="other", tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), tokenizer_name="char",
         vocab_limit=len(tokenizer), temperature=1.0, reward_names=["digit_match_reward"],
@@ -228,26 +254,18 @@ def test_vllm_generation_joins_the_swarm_with_teacher_forced_logps(tokenizer, ma
         ],  # fmt: skip
         0,
     )
-    start = build_tiny_llama(tokenizer, seed=4)
-    fake = FakeVLLM(tokenizer.eos_token_id)
-    trainer.use_vllm, trainer.vllm_generation, trainer.vllm_importance_sampling_correction = True, fake, True
-    trainer._last_loaded_step = -1  # set by GRPOTrainer.__init__ only when use_vllm
-    trainer.vllm_importance_sampling_mode = mode
+    fake = trainer.vllm_generation
     trainer.train()
     assert fake.calls == 1 and trainer.state.global_step == 1
     (entry,) = [e for e in trainer.state.log_history if "loss" in e]
     assert entry["ftis/peer_rows"] == 8 and math.isfinite(entry["grad_norm"]) and entry["grad_norm"] > 0
     assert 0 < entry["ftis/peers/other/is_weight_mean"] <= trainer.args.is_cap
-    rows = [row for row in observer.collect(0).rows if row.sender == "vllm-peer"]
-    assert len(rows) == 16 and {row.sender for row in rows} == {"vllm-peer"}
-    for row in rows[:5]:
-        prompt = tokenizer(row.prompt, add_special_tokens=False)["input_ids"]
-        ids = torch.tensor([prompt + list(row.completion_ids)])
-        with torch.no_grad():
-            logits = start(input_ids=ids).logits[0, len(prompt) - 1 : -1]
-        expected = logits.log_softmax(-1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
-        torch.testing.assert_close(torch.as_tensor(row.generator_logps), expected, atol=1e-5, rtol=0)
-        assert not torch.allclose(torch.as_tensor(row.generator_logps), torch.full_like(expected, -0.05))
+    result = observer.collect(0)
+    rows = [row for row in result.rows if row.sender == "vllm-peer"]
+    assert len(rows) == 16 and trainer.logps_source == "sampler"
+    assert trainer.swarm.sampling == {"logps": "sampler", "top_k": 50, "top_p": 1.0, "min_p": 0.0}  # its messages say
+    for row in rows:  # what vLLM sampled with, not the trainer's teacher-forced log-probs
+        assert list(row.generator_logps) == pytest.approx([fake.processed_logp] * len(row.completion_ids))
 
 
 def test_push_to_hub_uploads_the_ftis_card_and_no_secret(tokenizer, make_args, monkeypatch):

@@ -83,6 +83,8 @@ DROP_REASONS: dict[str, str] = {
     "special_tokens": "completion ids holding a special or added token of this trainer's tokenizer (a chat-template "
     "marker, padding, an added token...) anywhere but as the final end of sequence: reward functions would see the "
     "text without it while the loss trains on it",
+    "truncated": "a completion without an end of sequence (cut at its sender's max_completion_length) while this "
+    "trainer has mask_truncated_completions on: TRL leaves such completions out of the loss, as for its own",
     "stale": "exchange_mode='free': queued rows more than max_staleness of their sender's steps old before a step "
     "took them (or from after the sender's newest round: it restarted from an older checkpoint)",
     "queue_full": "exchange_mode='free': more rows arrived than the queue holds (4 x the peer-row cap); the oldest "
@@ -220,8 +222,13 @@ class Admission:
         re-tokenised, and a re-tokenised row keeps its `text_level`."""
         rows = list(rows)
         candidates = [
-            _Candidate(row, row.completion_ids, row.generator_logps, {} if row.extra is None else row.extra,
-                       bool(row.text_level))
+            _Candidate(
+                row,
+                row.completion_ids,
+                row.generator_logps,
+                {} if row.extra is None else row.extra,
+                bool(row.text_level),
+            )
             for row in rows
         ]
         problems = row_problems(candidates, self.vocab_limit)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,23 @@ def rows_to_message(
         groups=groups,
         completions=completions,
         model=model,
+    )
+
+
+def biased_logps(sampling: Mapping[str, Any]) -> str | None:
+    """What is wrong with a message's generator log-probs, from its `sampling` (`Message.sampling`): `None` unless
+    they are the trainer's full-softmax log-probs of tokens sampled with top-k, top-p or min-p, so that every
+    receiver's importance weight is taken against a distribution that did not sample them."""
+    if not sampling or sampling.get("logps") != "trainer":
+        return None
+    settings = [f"{name}={sampling[name]}" for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0))
+                if sampling.get(name, off) != off]  # fmt: skip
+    if not settings:
+        return None
+    return (
+        f"its generator log-probs are the trainer's full softmax, but it samples with {', '.join(settings)}, so "
+        "their truncated weights are biased low (the sender records the sampled distribution with transformers' "
+        "generate or vLLM's own log-probs; docs/objective.md, 'Which log-probs a row carries')"
     )
 
 

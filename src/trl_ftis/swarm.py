@@ -40,7 +40,7 @@ import numpy as np
 
 from .exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
 from .exchange.transports import Transport, open_transport
-from .peer_messages import message_to_rows, rows_to_message
+from .peer_messages import biased_logps, message_to_rows, rows_to_message
 from .peer_rows import PeerRow
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
@@ -193,6 +193,7 @@ class Swarm:
         self.known_peers: set[str] = set()
         self.model_name = model_name
         self.peer_models: dict[str, str] = {}  # sender -> the model it reported (accepted messages only)
+        self.sampling: dict[str, Any] = {}  # `Message.sampling` of what this peer publishes (its trainer sets it)
         self.unpublished: Counter = Counter()
         """Own rows not published, by reason (`out_of_range`, an encoding reason such as `too_large`, or the
         transport error's type)."""
@@ -296,6 +297,7 @@ class Swarm:
                 model=self.model_name,
             )
             message.swarm, message.run, message.epoch = self.swarm_name or "", self.run_id or "", self.epoch
+            message.sampling = dict(self.sampling)
             data = encode_message(
                 message, secret=self.secret, private_key=self.private_key, compact=self.compact, limits=self.limits
             )
@@ -815,6 +817,8 @@ class Swarm:
         result.created[(sender, message.round)] = message.created
         if message.model and len(self.peer_models) < 1000:  # bounded like the warnings
             self.peer_models[sender] = message.model
+        if biased_logps(message.sampling):
+            self._warn_once(sender, "sampling", f"Rows from {sender!r}: {biased_logps(message.sampling)}.")
         if sender not in self.known_peers and len(self.known_peers) < _MAX_KNOWN_PEERS:
             self.known_peers.add(sender)
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)

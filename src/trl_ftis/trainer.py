@@ -47,13 +47,22 @@ from .checkpoint import (
 from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report, merge_counts
 from .config import FTISConfig, SwarmCredentials
 from .console import apply_console_env
-from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_logits
+from .evaluation import held_out_results, run_curve
+from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_logits, sampling_warpers
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
-from .evaluation import held_out_results, run_curve
 from .model_card import ModelCardAtEndCallback, card_results, ftis_model_card_section, without_base_model_link
 from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
+from .own_rows import (
+    build_own_rows,
+    completion_lengths,
+    completion_texts,
+    generator_logps,
+    is_truncated,
+    sampling_settings,
+    unmasked_completions,
+)
 from .peer_rows import (
     UNMERGEABLE_FIELDS,
     AdmittedRow,
@@ -70,6 +79,10 @@ from .rules import redact_url
 from .scoring import RewardScorer
 from .swarm import Swarm
 
+MULTI_TURN_REFUSAL = (
+    "{} with tools or environment_factory: F-TIS peers exchange single-turn text completions, and a multi-turn one "
+    "holds tool results that no model sampled. Train with tools alone, or exchange without them."
+)
 logger = logging.getLogger(__name__)
 
 RowListener = Callable[[list[PeerRow]], None]
@@ -134,6 +147,7 @@ class FTISTrainer(GRPOTrainer):
     """
 
     _tag_names: ClassVar[list[str]] = ["trl", "grpo", "ftis"]
+    _clock: StepClock = StepClock()  # replaced in __init__; TRL's own tests call methods of trainers built without it
     _name = "F-TIS"
     _paper: ClassVar[dict[str, str]] = {
         "title": "F-TIS: Harnessing Diverse Models in Collaborative GRPO",
@@ -186,6 +200,7 @@ class FTISTrainer(GRPOTrainer):
         self._loss_inputs: dict[str, Any] | None = None
         self._recorder: GeneratorLogpsRecorder | None = None
         self._recorded_logps: list[list[float]] | None = None
+        self.logps_source = "trainer"  # what the last own rows' generator log-probs are (`own_rows.LOGPS_SOURCES`)
         self._last_rewards_per_func: torch.Tensor | None = None
         self._filtered_in_step: dict[str, float] = {}
         self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
@@ -201,6 +216,8 @@ class FTISTrainer(GRPOTrainer):
                 "Keep log-probs comparable by training this peer in fp32."
             )
             args.cast_lm_head_to_fp32 = False
+        if args.exchange_url is not None and (tools or environment_factory):
+            raise ValueError(MULTI_TURN_REFUSAL.format("exchange_url"))
         if args.gpu_memory_fraction is not None:
             cap_gpu_memory(args.gpu_memory_fraction, args)
         super().__init__(
@@ -317,25 +334,16 @@ class FTISTrainer(GRPOTrainer):
         """
         Queue completions sampled by other models; they join the next generation batch of this trainer.
 
-        Programming errors raise before anything is queued: a row that is not a [`PeerRow`], or whose `sender` is not
-        a string, `group` not hashable, `prompt` neither a string nor a list, or `extra` not a dict (or `None`) with
-        string keys (`TypeError`); completion ids outside the local vocabulary and embedding, or generator log-probs
-        that are not finite and <= 0 (`ValueError`). Rows that are well-formed but cannot be trained on go through the
-        same admission as rows received from a swarm and are dropped, counted (`ftis/peer_rows_dropped/<reason>`) and
-        warned about once per sender and reason: longer than `max_completion_length` (`too_long`), an empty prompt, a
-        chat prompt whose messages lack a string `role` or `content` or have another role than
-        `system`/`developer`/`user`/`assistant`/`tool`, a chat prompt without a chat template, ... (see
-        `docs/swarm.md`, "Hostile and mismatched rows"). `extra` columns named like a reward function argument
-        (`prompts`, `completions`, `trainer_state`, ...) are removed.
+        Programming errors raise before anything is queued: a row that is not a [`PeerRow`] or has fields of the
+        wrong types (`TypeError`); completion ids outside the local vocabulary and embedding, or generator log-probs
+        that are not finite and <= 0 (`ValueError`). Well-formed rows that cannot be trained on go through the same
+        admission as rows received from a swarm: dropped, counted (`ftis/peer_rows_dropped/<reason>`) and warned
+        about once per sender and reason (`docs/swarm.md`, "Hostile and mismatched rows"). Rows in another
+        tokenizer's tokens (`foreign_tokenizer=True`) need `cross_tokenizer=True` (else `ValueError`) and are
+        re-tokenised from their `completion_text`.
 
-        Rows in another tokenizer's tokens (`foreign_tokenizer=True`, with their `completion_text`) need
-        `cross_tokenizer=True` (else `ValueError`); their text is re-tokenised with this trainer's tokenizer, or the
-        row dropped and counted (`no_text`, `text_round_trip`, `text_special_tokens`).
-
-        The rows' rewards are used as given (not recomputed), and their advantages are normalised within each
-        `(sender, group)` of the rows merged together (any `advantage` or `text_level` set on them is ignored, and
-        the rows themselves are never changed: the trainer queues admitted copies); a row whose
-        advantage would not be finite, or above `1e7` in magnitude, is dropped when merged. In a multi-process job
+        Rewards are used as given; advantages are normalised within each `(sender, group)` of the rows merged
+        together (the rows themselves are never changed: the trainer queues admitted copies). In a multi-process job
         every process merges the rows added to it; the swarm exchange shares received rows out evenly.
 
         Args:
@@ -345,6 +353,8 @@ class FTISTrainer(GRPOTrainer):
         Returns:
             `int`: the number of rows queued.
         """
+        if self.tools or self.environment_factories:
+            raise ValueError(MULTI_TURN_REFUSAL.format("add_peer_rows"))
         rows = list(rows)
         for row in rows:
             problem = row_type_problem(row)
@@ -397,6 +407,8 @@ class FTISTrainer(GRPOTrainer):
             listener (`Callable[[list[PeerRow]], None]`):
                 Called with a list of [`PeerRow`]s.
         """
+        if self.tools or self.environment_factories:
+            raise ValueError(MULTI_TURN_REFUSAL.format("add_row_listener"))
         self._row_listeners.append(listener)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -440,7 +452,8 @@ class FTISTrainer(GRPOTrainer):
             and not self.use_transformers_continuous_batching
             and records_raw_logits(self.generation_config)
         )
-        self._recorder = GeneratorLogpsRecorder(self.temperature) if can_record else None
+        warpers = sampling_warpers(self.generation_config) if can_record else None  # what `generate` samples from
+        self._recorder = GeneratorLogpsRecorder(self.temperature, warpers) if can_record else None
         self._recorded_logps = None
         try:
             with self._rounds.turn():  # TRL's tokenizer and reward functions, which an async worker also uses
@@ -496,60 +509,38 @@ class FTISTrainer(GRPOTrainer):
             )
         return logps.float()
 
-    def _own_generator_logps(self, output: dict[str, Any]) -> list[list[float]]:
-        lengths = output["completion_mask"].sum(-1).tolist()
-        if self._recorded_logps is not None and [len(x) for x in self._recorded_logps] == lengths:
-            return self._recorded_logps
-        # The batch-time log-probs of the current model are exactly the generator's: reuse them when TRL made them.
-        logps = output.get("old_per_token_logps")
-        if logps is None:
-            logps = self._completion_logps(self.model, output)
-        return [row[:n].tolist() for row, n in zip(logps.float().cpu(), lengths, strict=True)]
-
     def _own_rows(self, inputs: list[dict[str, Any]], output: dict[str, Any], num_generations: int) -> list[PeerRow]:
         """This process's freshly scored rows as `PeerRow`s, with generator log-probs and rewards."""
-        batch = output["completion_ids"].shape[0]
-        generator_logps = self._own_generator_logps(output)
+        batch, pad = output["completion_ids"].shape[0], self._tokenizer.pad_token_id
+        lengths = completion_lengths(output["completion_ids"], output["completion_mask"], pad)
+        # TRL's batch-time log-probs of the current model are the generator's, unless it masked a truncated
+        # completion out (its attention too): then the tokens are scored again.
+        old = output.get("old_per_token_logps")
+        logps, self.logps_source = generator_logps(
+            lengths,
+            recorded=self._recorded_logps,
+            sampler=output.get("sampling_per_token_logps"),
+            scored=lambda: (
+                old
+                if old is not None and lengths == output["completion_mask"].sum(-1).tolist()
+                else self._completion_logps(self.model, unmasked_completions(output, lengths))
+            ),
+        )
+        ids = [row[:n] for row, n in zip(output["completion_ids"].tolist(), lengths, strict=True)]
         start = self.accelerator.process_index * batch
-        rewards_per_func = self._last_rewards_per_func[start : start + batch].float().cpu()
-        weights = self.reward_weights.float().cpu()
-        totals = torch.nansum(rewards_per_func * weights, dim=1)
-        texts = self._completion_texts(output) if self.args.cross_tokenizer else None
-        rows = []
-        for i, example in enumerate(inputs):
-            n = int(output["completion_mask"][i].sum())
-            rows.append(
-                PeerRow(
-                    prompt=example["prompt"],
-                    completion_ids=output["completion_ids"][i, :n].tolist(),
-                    generator_logps=generator_logps[i],
-                    reward=float(totals[i]),
-                    group=(self.state.global_step, (start + i) // num_generations),
-                    sender=self.args.peer_id,
-                    rewards_per_func={
-                        name: float(rewards_per_func[i, k]) for k, name in enumerate(self.reward_func_names)
-                    },
-                    extra={key: value for key, value in example.items() if key != "prompt"},
-                    round=self.state.global_step,
-                    completion_text=texts[i][0] if texts else None,
-                    ends_with_eos=texts[i][1] if texts else False,
-                )
-            )
-        return rows
-
-    def _completion_texts(self, output: dict[str, Any]) -> list[tuple[str | None, bool]]:
-        """Per own completion, its text without the end-of-sequence token and whether it ended with one, for peers
-        with another tokenizer (`cross_tokenizer`). The text is `None` (receivers drop the row, `no_text`) when it
-        holds U+FFFD: a byte-level token sequence cut inside a character, which no text can stand for."""
-        texts = []
-        for ids, n in zip(output["completion_ids"].tolist(), output["completion_mask"].sum(-1).tolist(), strict=True):
-            ids = ids[: int(n)]
-            ends = bool(ids) and ids[-1] in self.eos_token_ids
-            text = self._tokenizer.decode(
-                ids[:-1] if ends else ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
-            )
-            texts.append((None if "\ufffd" in text else text, ends))
-        return texts
+        return build_own_rows(
+            inputs,
+            ids,
+            logps,
+            self._last_rewards_per_func[start : start + batch],
+            self.reward_weights,
+            self.reward_func_names,
+            sender=self.args.peer_id,
+            step=self.state.global_step,
+            first_index=start,
+            num_generations=num_generations,
+            texts=completion_texts(self._tokenizer, ids, self.eos_token_ids) if self.args.cross_tokenizer else None,
+        )
 
     def _exchange_round(self, own_rows: list[PeerRow], output: dict[str, Any]) -> list[ScoredRow]:
         """Publish this job's rows and return this process's equal share of the accepted peer rows.
@@ -562,6 +553,7 @@ class FTISTrainer(GRPOTrainer):
         everyone = gather_object(own_rows) if accelerator.num_processes > 1 else own_rows
         payload = [None]
         if accelerator.is_main_process:
+            self.swarm.sampling = sampling_settings(self.logps_source, self.top_k, self.top_p, self.min_p)
             payload = [tuple(self._rounds.round(everyone, self.state.global_step))]
         if accelerator.num_processes > 1:
             broadcast_object_list(payload, from_process=0)
@@ -589,6 +581,12 @@ class FTISTrainer(GRPOTrainer):
         queued.reverse()
         rows = [row if isinstance(row, ScoredRow) else queued.pop() for row in rows]
         rows = self._admission.guard_statistics(rows)
+        if self.mask_truncated_completions:  # as TRL masks this trainer's own: in the groups' statistics, not the loss
+            ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
+            self._ledger.count_trimmed(
+                (row.sender for row in rows if is_truncated(row.completion_ids, ends)), "truncated"
+            )
+            rows = [row for row in rows if not is_truncated(row.completion_ids, ends)]
         # Every generation batch must split into `steps_per_generation` equal micro-batches.
         keep = len(rows) - len(rows) % self.args.steps_per_generation
         self._ledger.count_trimmed(row.sender for row in rows[keep:])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -30,6 +30,7 @@ from .layout import (
     MAX_REWARD_NAME_CHARS,
     MAX_ROUND,
     OPTIONAL_HEADER_KEYS,
+    SAMPLING_LOGPS,
     body_size,
     is_int,
 )
@@ -156,6 +157,8 @@ class Header:
     """The run of that swarm the message is bound to; empty: none."""
     epoch: int = 0
     """The sender's start it was sent in (grows with every start of the sender); 0: not sent."""
+    sampling: dict = field(default_factory=dict)
+    """How the sender sampled and what its log-probs are ([`check_sampling`]); empty: not sent."""
 
 
 def check_header(header: Any, compact: bool, limits: Limits) -> Header:
@@ -236,6 +239,8 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
     if "final" in header and header["final"] is not True:  # present only to say "leaving"
         raise refusal("header", f"final must be true when present, got {header['final']!r:.40}", sender)
 
+    sampling = check_sampling(header["sampling"], sender) if "sampling" in header else {}
+
     dtypes = header["dtypes"]
     if not isinstance(dtypes, dict) or set(dtypes) != {"ids", "logps"}:
         raise refusal("header", "dtypes must be an object with exactly 'ids' and 'logps'", sender)
@@ -264,7 +269,22 @@ def check_header(header: Any, compact: bool, limits: Limits) -> Header:
         swarm=swarm,
         run=run,
         epoch=int(epoch),
+        sampling=sampling,
     )
+
+
+def check_sampling(sampling: Any, sender: str = "") -> dict:
+    """A header's `sampling`: an object with exactly `logps` (one of `SAMPLING_LOGPS`), `top_k` (an integer in [0,
+    2**31)), `top_p` (a number in (0, 1]) and `min_p` (a number in [0, 1])."""
+    if not isinstance(sampling, dict) or set(sampling) != {"logps", "top_k", "top_p", "min_p"}:
+        raise refusal("header", "sampling must be an object with exactly logps, top_k, top_p and min_p", sender)
+    logps, top_k = sampling["logps"], sampling["top_k"]
+    top_p, min_p = _finite_float(sampling["top_p"]), _finite_float(sampling["min_p"])
+    if logps not in SAMPLING_LOGPS or not is_int(top_k) or not 0 <= top_k < 2**31:
+        raise refusal("header", f"sampling must name logps in {SAMPLING_LOGPS} and an integer top_k >= 0", sender)
+    if top_p is None or not 0 < top_p <= 1 or min_p is None or not 0 <= min_p <= 1:
+        raise refusal("header", "sampling.top_p must be in (0, 1] and sampling.min_p in [0, 1]", sender)
+    return {"logps": logps, "top_k": int(top_k), "top_p": top_p, "min_p": min_p}
 
 
 def _check_binding(header: dict, key: str, sender: str) -> str:

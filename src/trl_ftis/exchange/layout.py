@@ -78,7 +78,9 @@ MAX_TRAILER_BYTES = 1 + PEER_ID_MAX_CHARS + ED25519_SIGNATURE_SIZE + SIGNATURE_S
 
 HEADER_KEYS = ("sender", "round", "created", "tokenizer_fingerprint", "tokenizer_name", "temperature")
 HEADER_KEYS += ("reward_names", "groups", "counts", "dtypes")
-OPTIONAL_HEADER_KEYS = ("model", "text_bytes", "final", "swarm", "run", "epoch")
+OPTIONAL_HEADER_KEYS = ("model", "text_bytes", "final", "swarm", "run", "epoch", "sampling")
+SAMPLING_LOGPS = ("sampler", "generation", "trainer")
+"""What a message's generator log-probs are (`Message.sampling["logps"]`; `trl_ftis.own_rows.LOGPS_SOURCES`)."""
 """Keys a header may carry or leave out (added after schema version 1 without breaking it)."""
 MAX_JSON_DEPTH = 32  # a chat prompt reaches depth 6 in the header; anything near 32 is hostile
 MAX_ROUND = 2**63 - 1  # fits int64 wherever a round is stored

@@ -86,6 +86,11 @@ class Message:
     what is signed. A receiver takes a sender's messages only in order: a round not newer than one it already
     accepted from that sender is refused, unless its epoch is newer (the sender restarted, perhaps from an older
     checkpoint). 0: not sent (messages of earlier versions)."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    """How the sender sampled and what its generator log-probs are: `logps` (`"sampler"`: the inference engine's own
+    log-probs of the sampled distribution, vLLM's; `"generation"`: recorded while `generate` sampled, after top-k /
+    top-p / min-p; `"trainer"`: the trainer's forward, the full softmax at the temperature), `top_k` (0: off),
+    `top_p` (1: off) and `min_p` (0: off). Empty: not sent (messages of earlier versions)."""
     compact: bool = False
     """How the message was (or is to be) encoded; [`decode_message`] sets it."""
 

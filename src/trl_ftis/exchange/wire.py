@@ -258,6 +258,8 @@ def encode_message(
             header[key] = _to_json(value, key)
     if message.epoch:
         header["epoch"] = _to_json(message.epoch, "epoch")
+    if message.sampling:
+        header["sampling"] = _to_json(dict(message.sampling), "sampling")
     parsed = check_header(header, compact, limits)
     # The receiver's checks, on the values as given (so a -inf log-prob is an error, not clamped away).
     columns = Columns(
@@ -498,6 +500,7 @@ def decode_message(
         swarm=header.swarm,
         run=header.run,
         epoch=header.epoch,
+        sampling=dict(header.sampling),
     )
 
 
@@ -528,7 +531,7 @@ def peek_header(
 
     Returns a dict with ``schema_version, signed, ed25519, verified, signer, compact, compressed, sender, round,
     created, tokenizer_fingerprint, tokenizer_name, temperature, reward_names, model, num_groups, num_completions,
-    num_tokens, text_bytes, swarm, run, epoch, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when
+    num_tokens, text_bytes, swarm, run, epoch, sampling, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when
     `public_keys` verified it, else None; `text_bytes`: UTF-8 bytes of the completions' texts, 0 when the message
     carries none; `swarm`, `run`: what it is bound to, empty when nothing; `epoch`: the sender's start, 0 when not
     sent; `message_bytes`: the size the frame
@@ -558,6 +561,7 @@ def peek_header(
         "swarm": header.swarm,
         "run": header.run,
         "epoch": header.epoch,
+        "sampling": dict(header.sampling),
         "header_bytes": frame.header_length,
         "body_bytes": frame.body_length,
         "message_bytes": frame.total_length,
