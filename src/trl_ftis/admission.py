@@ -87,8 +87,8 @@ DROP_REASONS: dict[str, str] = {
     "trainer has mask_truncated_completions on: TRL leaves such completions out of the loss, as for its own",
     "stale": "exchange_mode='free': queued rows more than max_staleness of their sender's steps old before a step "
     "took them (or from after the sender's newest round: it restarted from an older checkpoint)",
-    "queue_full": "exchange_mode='free': more rows arrived than the queue holds (4 x the peer-row cap); the oldest "
-    "were dropped",
+    "queue_full": "more rows than the queue holds (4 x the peer-row cap): exchange_mode='free' drops the oldest "
+    "arrivals, add_peer_rows the rows beyond it",
 }
 """Why a received row is dropped: each is counted in `ftis/peer_rows_dropped/<reason>` (and the total in
 `ftis/peer_rows_dropped`) and warned about once per peer and reason."""

@@ -161,6 +161,11 @@ class FTISConfig(GRPOConfig):
             At most this many peer rows per generation batch (whole groups, shared fairly between peers).
         max_peer_ratio (`float`, *optional*, defaults to `4.0`):
             At most this many peer rows per local row in a generation batch (bounds memory). `None`: no bound.
+        peer_micro_batch_size (`int`, *optional*):
+            Peer rows enlarge a micro-batch beyond `per_device_train_batch_size`; its loss is then computed and
+            back-propagated in chunks of at most this many rows (the same gradient), so that peers add no activation
+            memory. `None`: `per_device_train_batch_size`; `0`: one forward and backward per micro-batch. Not under
+            DeepSpeed, which counts every backward as a micro-step.
         trust_peer_rewards (`bool`, *optional*, defaults to `False`):
             Use the rewards peers send. By default they are recomputed with this trainer's own reward functions, so a
             peer cannot inflate its rewards. The reward functions then get this trainer's own dataset columns
@@ -394,6 +399,13 @@ class FTISConfig(GRPOConfig):
     max_peer_ratio: float | None = field(
         default=4.0,
         metadata={"help": "At most this many peer rows per local row in a generation batch (bounds memory)."},
+    )
+    peer_micro_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Rows per forward and backward when peer rows enlarge a micro-batch (the same gradient, in chunks). "
+            "None: per_device_train_batch_size; 0: the whole micro-batch at once. Not under DeepSpeed."
+        },
     )
     trust_peer_rewards: bool = field(
         default=False,
@@ -685,6 +697,8 @@ class FTISConfig(GRPOConfig):
             raise ValueError(f"max_peer_rows must be >= 0, got {self.max_peer_rows}.")
         if self.max_peer_ratio is not None and not self.max_peer_ratio >= 0:
             raise ValueError(f"max_peer_ratio must be >= 0, got {self.max_peer_ratio}.")
+        if self.peer_micro_batch_size is not None and self.peer_micro_batch_size < 0:
+            raise ValueError(f"peer_micro_batch_size must be >= 0 (0: no chunks), got {self.peer_micro_batch_size}.")
         if self.collaboration_mode not in COLLABORATION_MODES:
             raise ValueError(
                 f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."

@@ -121,3 +121,46 @@ def group_values(totals: torch.Tensor, peaks: torch.Tensor) -> dict[str, float] 
     if n_finite > 0:
         values.update(kl_mean=d_sum / n_finite, kl_max=peaks[1].item())
     return values
+
+
+def reduced_sums(accelerator, terms, mask: torch.Tensor, index: torch.Tensor, groups: int):
+    """[`source_sums`] over `groups` groups, summed and maxed over every process of `accelerator` (two
+    collectives)."""
+    sums, maxes = source_sums(terms, mask, index, groups)
+    return accelerator.reduce(sums, reduction="sum").cpu(), accelerator.gather(maxes.unsqueeze(0)).amax(dim=0).cpu()
+
+
+def record_term_statistics(
+    accelerator,
+    terms: FTISTerms,
+    mask: torch.Tensor,
+    source: torch.Tensor,
+    age: torch.Tensor | None,
+    *,
+    sources: Sequence[str],
+    max_staleness: int,
+    metrics,
+    value=None,
+    filtered: dict[str, float] | None = None,
+) -> None:
+    """Append the statistics of the F-TIS terms to `metrics` (name -> list of values: the Trainer's metrics of one
+    mode) for own rows, all peer rows, each of `sources` and, with `age` (swarm rows), peer rows by age in their
+    sender's steps (`ftis/peer_age/<k>/...`). In training, `value` (`trl_ftis.collaboration.PeerValue`) records what
+    reached the loss and `filtered` counts the rows the filter zeroed. Every process runs the same collectives
+    whatever its rows (`sources` is the same everywhere)."""
+    if age is not None:
+        buckets = max_staleness + 2  # own or unknown, then ages 0 .. max_staleness (older: the last)
+        sums, maxes = reduced_sums(accelerator, terms, mask, age_buckets(age, max_staleness), buckets)
+        for name, values in age_groups(sums, maxes):
+            for metric, number in values.items():
+                metrics[f"ftis/{name}/{metric}"].append(number)
+    sums, maxes = reduced_sums(accelerator, terms, mask, source, len(sources) + 1)
+    if value is not None:
+        for name, totals in value_sums(sums, sources):
+            value.record_loss(name, **totals)
+    for name, values, n_filtered in metric_groups(sums, maxes, sources):
+        if filtered is not None and name != "own":
+            key = "rows_filtered" if name == "peer" else f"{name}/rows_filtered"
+            filtered[key] = filtered.get(key, 0.0) + n_filtered
+        for metric, number in values.items():
+            metrics[f"ftis/{name}/{metric}"].append(number)

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import zip_longest
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -257,6 +257,27 @@ def with_group_statistics(rows: Sequence[AdmittedRow], scale_rewards: str = "gro
     `rows` and their groups' longest completions ([`group_statistics`])."""
     advantages, max_lengths = group_statistics(rows, scale_rewards)
     return [row.with_statistics(a, m) for row, a, m in zip(rows, advantages, max_lengths, strict=True)]
+
+
+QueuedRow = TypeVar("QueuedRow")
+
+
+def take_rows(rows: Sequence[QueuedRow], most: int | None) -> tuple[list[QueuedRow], list[QueuedRow]]:
+    """The first rows of a queue, at most `most` (`None`: all), as whole `(sender, group)` groups in queue order
+    while they fit; a first group larger than `most` gives its first `most` rows. Returns (taken, left)."""
+    if most is None or len(rows) <= most:
+        return list(rows), []
+    groups: dict[tuple, list[int]] = {}
+    for index, row in enumerate(rows):
+        groups.setdefault((row.sender, row.group), []).append(index)
+    taken: list[int] = []
+    for members in groups.values():
+        if len(taken) + len(members) > most:
+            taken = taken or members[:most]
+            break
+        taken += members
+    chosen = set(taken)
+    return [rows[k] for k in sorted(chosen)], [row for k, row in enumerate(rows) if k not in chosen]
 
 
 def select_rows(

@@ -354,3 +354,10 @@ def check_expected_peers(expected_peers: object, num_expected_peers: object) -> 
 
 INTERRUPTED_EXIT_CODE = 130
 """Exit code of a run stopped by Ctrl-C or SIGTERM (128 + SIGINT), for the launcher and every peer it starts."""
+
+
+MULTI_TURN_REFUSAL = (
+    "{} with tools or environment_factory: F-TIS peers exchange single-turn text completions, and a multi-turn one "
+    "holds tool results that no model sampled. Train with tools alone, or exchange without them."
+)
+"""Why `FTISTrainer` refuses an exchange, `add_peer_rows` or `add_row_listener` (the `{}`) with multi-turn tools."""

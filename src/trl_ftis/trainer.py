@@ -47,11 +47,11 @@ from .checkpoint import (
 from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report, merge_counts
 from .config import FTISConfig, SwarmCredentials
 from .console import apply_console_env
-from .evaluation import held_out_results, run_curve
 from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_logits, sampling_warpers
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
-from .loss_metrics import age_buckets, age_groups, metric_groups, source_sums, value_sums
+from .loss_metrics import record_term_statistics
+from .micro_batches import chunk_weights, split_rows
 from .model_card import ModelCardAtEndCallback, card_results, ftis_model_card_section, without_base_model_link
 from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .own_rows import (
@@ -72,17 +72,15 @@ from .peer_rows import (
     check_rows,
     concat_rows,
     row_type_problem,
+    take_rows,
     with_group_statistics,
 )
+from .peer_summary import peer_summary
 from .rounds import RoundRunner, connect_swarm
-from .rules import redact_url
+from .rules import MULTI_TURN_REFUSAL
 from .scoring import RewardScorer
 from .swarm import Swarm
 
-MULTI_TURN_REFUSAL = (
-    "{} with tools or environment_factory: F-TIS peers exchange single-turn text completions, and a multi-turn one "
-    "holds tool results that no model sampled. Train with tools alone, or exchange without them."
-)
 logger = logging.getLogger(__name__)
 
 RowListener = Callable[[list[PeerRow]], None]
@@ -371,8 +369,11 @@ class FTISTrainer(GRPOTrainer):
             check_rows(own_tokens, self.vocab_limit)
         with self._rounds.lock:  # an async exchange worker admits rows too
             kept = self._admission.admit(rows)
-            self._pending.extend(kept)
-        return len(kept)
+            cap = self._rounds.peer_row_cap(self.args.generation_batch_size)
+            room = max(self._rounds.queue_bound(cap) - len(self._pending), 0)  # 4 steps' worth: memory stays bounded
+            self._ledger.count_trimmed((row.sender for row in kept[room:]), "queue_full")
+            self._pending.extend(kept[:room])
+        return min(len(kept), room)
 
     @property
     def num_pending_peer_rows(self) -> int:
@@ -469,7 +470,7 @@ class FTISTrainer(GRPOTrainer):
         for listener in self._row_listeners:
             listener(own_rows)
         with self._rounds.lock:
-            rows, self._pending = self._pending, []
+            rows, self._pending = take_rows(self._pending, self._rounds.peer_row_cap(len(inputs)))
         if in_swarm:
             with self._clock.measure("exchange"):
                 rows = rows + self._exchange_round(own_rows, output)
@@ -566,29 +567,40 @@ class FTISTrainer(GRPOTrainer):
             device = output["advantages"].device
             output["advantages"] = torch.tensor(advantages[start : start + len(own_rows)], device=device)
             output["ftis_group_max_len"] = torch.tensor(group_max[start : start + len(own_rows)], device=device)
-        # Equal shares: every process merges the same number of rows (unequal micro-batches deadlock DDP/ZeRO).
-        share = len(rows) // accelerator.num_processes
-        if accelerator.is_main_process:
+        return self._equal_share(rows)
+
+    def _equal_share(self, rows: list) -> list:
+        """This process's equal, disjoint share of `rows` (the same list on every process); the rest is trimmed.
+        Every process merges as many rows: unequal micro-batches or forwards deadlock DDP, ZeRO-3 and FSDP."""
+        share = len(rows) // self.accelerator.num_processes
+        if self.accelerator.is_main_process:
             with self._rounds.lock:  # the ledger, which the worker's admission also writes
-                self._ledger.count_trimmed(row.sender for row in rows[share * accelerator.num_processes :])
-        return rows[accelerator.process_index * share : (accelerator.process_index + 1) * share]
+                self._ledger.count_trimmed(row.sender for row in rows[share * self.accelerator.num_processes :])
+        return rows[self.accelerator.process_index * share : (self.accelerator.process_index + 1) * share]
 
     def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[AdmittedRow]) -> dict[str, Any]:
-        # Rows from add_peer_rows are admitted, not normalised: they get their group statistics here, within the rows
-        # of this process (the swarm round normalised its rows on the main process, before sharing them out). Then
-        # the last guard (the round checked its rows already). Prompts were rendered once, by the admission.
-        queued = with_group_statistics([row for row in rows if not isinstance(row, ScoredRow)], self.scale_rewards)
-        queued.reverse()
-        rows = [row if isinstance(row, ScoredRow) else queued.pop() for row in rows]
-        rows = self._admission.guard_statistics(rows)
+        # Rows from add_peer_rows are admitted, not normalised. They are queued per process: gathered, given their
+        # group statistics and shared out like a swarm round's (normalised on the main process, then shared out).
+        # Then the last guard (the round checked its rows already). Prompts were rendered once, by the admission.
+        queued = [row for row in rows if not isinstance(row, ScoredRow)]
+        processes = self.accelerator.num_processes
+        queued = with_group_statistics(gather_object(queued) if processes > 1 else queued, self.scale_rewards)
+        queued = self._equal_share(queued) if processes > 1 else queued
+        rows = self._admission.guard_statistics(queued + [row for row in rows if isinstance(row, ScoredRow)])
         if self.mask_truncated_completions:  # as TRL masks this trainer's own: in the groups' statistics, not the loss
             ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
             self._ledger.count_trimmed(
                 (row.sender for row in rows if is_truncated(row.completion_ids, ends)), "truncated"
             )
             rows = [row for row in rows if not is_truncated(row.completion_ids, ends)]
-        # Every generation batch must split into `steps_per_generation` equal micro-batches.
-        keep = len(rows) - len(rows) % self.args.steps_per_generation
+        # Every generation batch must split into `steps_per_generation` equal micro-batches, and every process must
+        # merge as many rows as the others (the same forwards and collectives), whatever its guards dropped.
+        counts = (
+            [len(rows)]
+            if processes == 1
+            else self.accelerator.gather(torch.tensor([len(rows)], device=self.accelerator.device)).tolist()
+        )
+        keep = min(counts) - min(counts) % self.args.steps_per_generation
         self._ledger.count_trimmed(row.sender for row in rows[keep:])
         rows = rows[:keep]
         # Per-peer loss metrics are reductions over a source list that must be the same on every process.
@@ -683,7 +695,22 @@ class FTISTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
         """TRL's loss on a shallow copy of `inputs`, which the F-TIS hook in [`_get_per_token_logps_and_entropies`]
-        rewrites (the buffered batch is reused across `num_iterations`, so it must stay untouched)."""
+        rewrites (the buffered batch is reused across `num_iterations`, so it must stay untouched). A training
+        micro-batch that peer rows made larger than `peer_micro_batch_size` is computed in weighted row chunks, each
+        but the last back-propagated here (the Trainer does the last): the same gradient, a micro-batch's memory."""
+        size = self.args.peer_micro_batch_size
+        size = self.args.per_device_train_batch_size if size is None else size
+        if not (size and model.training and inputs["completion_ids"].shape[0] > size) or self.is_deepspeed_enabled:
+            return self._chunk_loss(model, inputs)
+        chunks = split_rows(inputs, size)
+        weights, done = chunk_weights(self.loss_type, chunks), 0.0
+        for chunk, weight in zip(chunks[:-1], weights[:-1], strict=True):
+            loss = self._chunk_loss(model, chunk) * weight
+            self.accelerator.backward(loss)  # TRL's loss is already scaled for gradient accumulation
+            done += loss.detach()
+        return self._chunk_loss(model, chunks[-1]) * weights[-1] + done
+
+    def _chunk_loss(self, model, inputs):
         self._loss_inputs = dict(inputs)
         try:
             return super()._compute_loss(model, self._loss_inputs)
@@ -770,34 +797,20 @@ class FTISTrainer(GRPOTrainer):
             self._adaptive_threshold = update_threshold(self._adaptive_threshold, observed, args.threshold_momentum)
         self._log_ftis_metrics(terms, mask.bool(), source, inputs.get("ftis_age"))
 
-    def _reduced_sums(self, terms, mask: torch.Tensor, index: torch.Tensor, groups: int):
-        """[`source_sums`] over `groups` groups, summed and maxed over every process (two collectives)."""
-        sums, maxes = source_sums(terms, mask, index, groups)
-        sums = self.accelerator.reduce(sums, reduction="sum").cpu()
-        maxes = self.accelerator.gather(maxes.unsqueeze(0)).amax(dim=0).cpu()
-        return sums, maxes
-
     def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor, age: torch.Tensor | None) -> None:
-        """Statistics of the F-TIS terms for own rows, all peer rows, each peer (`trl_ftis.loss_metrics`) and, in a
-        swarm, peer rows by age in their sender's steps (`ftis/peer_age/<k>/...`); collectives run by every process
-        whatever its rows (the source list is the same everywhere)."""
-        mode = "train" if self.model.training else "eval"
-        if age is not None and self.args.exchange_url is not None:
-            buckets = self.args.max_staleness + 2  # own or unknown, then ages 0 .. max_staleness (older: the last)
-            sums, maxes = self._reduced_sums(terms, mask, age_buckets(age, self.args.max_staleness), buckets)
-            for name, values in age_groups(sums, maxes):
-                for metric, value in values.items():
-                    self._metrics[mode][f"ftis/{name}/{metric}"].append(value)
-        sums, maxes = self._reduced_sums(terms, mask, source, len(self._ledger.sources) + 1)
-        if mode == "train":
-            for name, totals in value_sums(sums, self._ledger.sources):
-                self._value.record_loss(name, **totals)
-        for name, values, n_filtered in metric_groups(sums, maxes, self._ledger.sources):
-            if mode == "train" and name != "own":
-                key = "rows_filtered" if name == "peer" else f"{name}/rows_filtered"
-                self._filtered_in_step[key] = self._filtered_in_step.get(key, 0.0) + n_filtered
-            for metric, value in values.items():
-                self._metrics[mode][f"ftis/{name}/{metric}"].append(value)
+        training = self.model.training
+        record_term_statistics(
+            self.accelerator,
+            terms,
+            mask,
+            source,
+            age if self.args.exchange_url is not None else None,  # ages: swarm rows only
+            sources=self._ledger.sources,
+            max_staleness=self.args.max_staleness,
+            metrics=self._metrics["train" if training else "eval"],
+            value=self._value if training else None,
+            filtered=self._filtered_in_step if training else None,
+        )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """[`~transformers.Trainer.train`]; when resuming, the F-TIS state saved with the checkpoint is restored
@@ -957,27 +970,15 @@ class FTISTrainer(GRPOTrainer):
             (password redacted); then the entries of [`collaboration`] (`time_seconds`, `generation_share`, ...),
             held-out results (`trl_ftis.evaluation`) and `curve`.
         """
-        rewards = [entry["reward"] for entry in self.state.log_history if "reward" in entry]
-        runtimes = [entry["train_runtime"] for entry in self.state.log_history if "train_runtime" in entry]
-        return {
-            "peer_id": self.args.peer_id,
-            "steps": self.state.global_step,
-            **{key: int(value) for key, value in self._ledger.totals.items()},
-            "reward": rewards[-1] if rewards else None,
-            "refused": dict(self._ledger.refused),
-            "dropped": dict(self._ledger.dropped_totals),
-            "exchange_worker_errors": self._rounds.worker_errors,
-            "exchange_blocking_seconds": self._rounds.blocking_seconds,
-            "exchange_admission_seconds": self._rounds.admission_seconds,
-            "train_seconds": runtimes[-1] if runtimes else None,
-            "peer_row_ages": {str(age): count for age, count in sorted(self._rounds.ages.items())},
-            "peers": sorted(set(self._ledger.sources) | (self.swarm.known_peers if self.swarm is not None else set())),
-            "peer_models": dict(sorted(self.swarm.peer_models.items())) if self.swarm is not None else {},
-            "exchange_url": redact_url(self.args.exchange_url) if self.args.exchange_url else None,
-            **self.collaboration(),
-            **held_out_results(self.callback_handler.callbacks),
-            "curve": run_curve(self.state.log_history),
-        }
+        return peer_summary(
+            args=self.args,
+            state=self.state,
+            ledger=self._ledger,
+            rounds=self._rounds,
+            swarm=self.swarm,
+            collaboration=self.collaboration(),
+            callbacks=self.callback_handler.callbacks,
+        )
 
     def collaboration(self) -> dict[str, Any]:
         """What collaboration bought so far (`trl_ftis.collaboration.collaboration_report`): `time_seconds` (this
