@@ -341,8 +341,9 @@ class FTISTrainer(GRPOTrainer):
         re-tokenised from their `completion_text`.
 
         Rewards are used as given; advantages are normalised within each `(sender, group)` of the rows merged
-        together (the rows themselves are never changed: the trainer queues admitted copies). In a multi-process job
-        every process merges the rows added to it; the swarm exchange shares received rows out evenly.
+        together (the rows themselves are never changed: the trainer queues admitted copies). At most 4 steps' worth
+        are queued (beyond: dropped, `queue_full`); a step merges at most its peer-row cap, as whole groups. In a
+        multi-process job the rows added on every process are gathered and shared out evenly, as a swarm's are.
 
         Args:
             rows (`Iterable[PeerRow]`):
