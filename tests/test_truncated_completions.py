@@ -79,3 +79,16 @@ def test_peer_rows_merge_into_batches_padded_to_a_multiple(tokenizer, make_args)
     trainer.train()
     (entry,) = [e for e in trainer.state.log_history if "loss" in e]
     assert entry["ftis/peer_rows"] == 2 and torch.isfinite(torch.tensor(entry["loss"]))
+
+
+@pytest.mark.parametrize(
+    "option",
+    [{"top_entropy_quantile": 0.5}, {"mask_truncated_completions": True, "pad_to_multiple_of": 8}],
+    ids=["entropy-mask", "truncated-and-padded"],
+)
+def test_loss_masks_apply_to_merged_peer_rows(tokenizer, make_args, option):
+    trainer = tiny_trainer(tokenizer, make_args(max_steps=1, **option), hidden_size=32)
+    trainer.add_peer_rows(peer_group())
+    trainer.train()
+    (entry,) = [e for e in trainer.state.log_history if "loss" in e]
+    assert entry["ftis/peer_rows"] >= 1 and torch.isfinite(torch.tensor([entry["loss"], entry["grad_norm"]])).all()
