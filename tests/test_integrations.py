@@ -206,7 +206,7 @@ class StandInVLLMGeneration(FakeVLLM):
     "vllm_mode, is_mode", [("server", "sequence_mask"), ("colocate", "token_truncate")]
 )  # TRL's ratio: (B, 1) or (B, T)
 def test_vllm_generation_joins_the_swarm_with_the_samplers_logps(
-    tokenizer, make_args, monkeypatch, vllm_mode, is_mode
+    tokenizer, make_args, monkeypatch, tmp_path, vllm_mode, is_mode
 ):
     """`FTISTrainer(use_vllm=True)` built as TRL builds it (the vLLM engine or server client stood in for), trained
     on the CPU: own rows are published with the log-probs vLLM sampled them with (its processed log-probs, which
@@ -266,6 +266,17 @@ def test_vllm_generation_joins_the_swarm_with_the_samplers_logps(
     assert trainer.swarm.sampling == {"logps": "sampler", "top_k": 50, "top_p": 1.0, "min_p": 0.0}  # its messages say
     for row in rows:  # what vLLM sampled with, not the trainer's teacher-forced log-probs
         assert list(row.generator_logps) == pytest.approx([fake.processed_logp] * len(row.completion_ids))
+    # A receiver with the sender's starting model weighs the rows against vLLM's log-probs (-0.05 a token, far more
+    # likely than this untrained model finds them): w = exp(ℓθ - ℓgen) is small, where the trainer's own log-probs
+    # would have given exactly 1.
+    receiver = FTISTrainer(
+        build_tiny_llama(tokenizer, seed=4), digit_match_reward, args=make_args(max_steps=1, output_dir=str(tmp_path)),
+        train_dataset=addition_dataset(32, seed=1), processing_class=tokenizer,
+    )  # fmt: skip
+    receiver.add_peer_rows(rows)
+    receiver.train()
+    (entry,) = [e for e in receiver.state.log_history if "loss" in e]
+    assert 0 < entry["ftis/peers/vllm-peer/is_weight_mean"] < 0.5
 
 
 def test_push_to_hub_uploads_the_ftis_card_and_no_secret(tokenizer, make_args, monkeypatch):

@@ -231,8 +231,9 @@ class FTISConfig(GRPOConfig):
         gpu_memory_fraction (`float`, *optional*):
             The share of its GPU's memory this peer may use, in (0, 1]: PyTorch's allocator is capped to it when the
             trainer starts, so that peers sharing a GPU cannot starve each other (the launcher's `gpu_share` passes
-            it as `--gpu_memory_fraction`). A colocated vLLM engine allocates outside that cap, so
-            `vllm_gpu_memory_utilization` must be below it. `None`: no cap.
+            it as `--gpu_memory_fraction`). A colocated vLLM engine allocates inside that cap (it runs in the
+            process), and its `vllm_gpu_memory_utilization`, a fraction of the whole GPU, must be below it: training
+            gets the rest. `None`: no cap.
         cross_tokenizer (`bool`, *optional*, defaults to `False`):
             Accept peers whose tokenizer differs from this trainer's (refused otherwise, reason `tokenizer`). Such a
             peer must send its completions as text (it does when its own `cross_tokenizer` is on); each text is

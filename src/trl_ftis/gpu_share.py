@@ -18,8 +18,9 @@ logger = logging.getLogger(__name__)
 
 def cap_gpu_memory(fraction: float, args: FTISConfig) -> None:
     """Cap PyTorch's allocator on this process's GPU to `fraction` of its memory, so peers sharing a GPU cannot starve
-    each other (nothing on the CPU). A colocated vLLM engine allocates outside that cap, from its own fraction of the
-    whole GPU: it must fit inside the share, else `ValueError`."""
+    each other (nothing on the CPU). A colocated vLLM engine runs in this process, so its weights and KV cache are
+    allocated inside that cap; its `vllm_gpu_memory_utilization` is a fraction of the whole GPU, which must be below
+    the share (training gets the rest), else `ValueError`."""
     if args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization >= fraction:
         raise ValueError(
             f"vllm_gpu_memory_utilization={args.vllm_gpu_memory_utilization} is a fraction of the whole GPU and "

@@ -211,7 +211,7 @@ class FTISTrainer(GRPOTrainer):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
                 "cast_lm_head_to_fp32 is not supported by TRL for a LoRA model with tied embeddings; turning it off. "
-                "Keep log-probs comparable by training this peer in fp32."
+                "bf16 log-probs are then a little noisier (docs/getting-started.md, 'bf16 and the fp32 LM head')."
             )
             args.cast_lm_head_to_fp32 = False
         if args.exchange_url is not None and (tools or environment_factory):
