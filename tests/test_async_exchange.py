@@ -33,7 +33,9 @@ def url():
 
 def test_async_rows_join_the_next_step_and_the_worker_ends_with_train(tokenizer, make_args, url):
     partner = make_swarm(url, "partner", tokenizer)
-    trainer = async_trainer(tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], expected_peers=["partner"])
+    trainer = async_trainer(
+        tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], expected_peers=["partner"]
+    )
     merged = []
     original = trainer._merge_peer_rows
     trainer._merge_peer_rows = lambda output, rows: merged.append([r.group for r in rows]) or original(output, rows)
@@ -100,7 +102,7 @@ def test_the_worker_stops_when_train_raises_and_a_waiting_round_is_interrupted(t
     assert time.monotonic() - started < 20  # the round's wait was interrupted, not sat out
     assert not worker_threads()
     trainer.args.max_steps = 1
-    assert trainer._rounds.worker is None  # closed when train() raised
+    assert trainer._rounds.mode.worker is None  # closed when train() raised
     trainer.swarm.reopen()
     assert not trainer.swarm._interrupted.is_set()  # a later train() waits for peers again
 

@@ -115,7 +115,7 @@ def test_a_crafted_state_is_refused_naming_file_and_field_before_any_step(
     assert str(path) in str(error.value)
     assert (resumed._ledger.state_dict(), resumed.swarm.state_dict(), resumed._clock.state_dict()) == before
     assert resumed.state.global_step == 0 and resumed.num_pending_peer_rows == 0
-    assert len(resumed._rounds.arrivals) == 0  # nothing restored, nothing trained
+    assert resumed._rounds.mode.state_dict()["arrived_rows"] == []  # nothing restored, nothing trained
 
 
 def test_a_well_formed_row_this_trainer_cannot_use_is_dropped_and_counted(tokenizer, make_args, tmp_path, checkpoint):

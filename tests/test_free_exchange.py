@@ -206,9 +206,9 @@ def test_a_free_running_checkpoint_holds_the_queue_and_resume_admits_it_again(to
     state_file.write_text(json.dumps(state))
     resumed = free_trainer(tokenizer, make_args, url, output_dir=str(out), max_peer_rows=8)
     assert resumed.load_ftis_state(out / "checkpoint-2")
-    assert len(resumed._rounds.arrivals) == queued  # queued as they were: admitted when a step takes them
+    assert len(resumed._rounds.mode.arrivals) == queued  # queued as they were: admitted when a step takes them
     newest = max(row["round"] for row in state["arrived_peer_rows"])
-    taken = resumed._rounds.arrivals.take(None, {"partner": newest})
+    taken = resumed._rounds.mode.arrivals.take(None, {"partner": newest})
     admitted = resumed._rounds.admit_taken(taken)
     # Admitted like any arrived row: the hostile one dropped and counted, the others trained on.
     assert resumed._ledger.dropped_totals["bad_ids"] == 1
@@ -234,7 +234,9 @@ class HostilePartner(TrainerCallback):
 
     def on_step_begin(self, args, state, control, **kwargs):
         good = rows("partner", count=8, group=f"g{self.round}", round=self.round)
-        bad = rows("partner", count=8, group=f"b{self.round}", round=self.round, prompt=[{"role": "wizard", "content": "x"}])
+        bad = rows(
+            "partner", count=8, group=f"b{self.round}", round=self.round, prompt=[{"role": "wizard", "content": "x"}]
+        )
         self.swarm.publish(good + bad, self.round)
         (self.folder / f"{self.round:010d}.partner.garbage.ftis").write_bytes(b"\x00" * 64)
         self.round += 1

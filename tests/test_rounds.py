@@ -113,7 +113,7 @@ def test_async_rounds_lag_by_one_and_the_worker_stops_on_close(tokenizer):
     third = rounds.round(rows("me", 4), 2)
     assert {row.group for row in third.rows} == {"r1"}
     rounds.close()
-    assert rounds.worker is None and not [t for t in threading.enumerate() if t.name.startswith("ftis-exchange")]
+    assert rounds.mode.worker is None and not [t for t in threading.enumerate() if t.name.startswith("ftis-exchange")]
 
 
 def test_a_failing_async_round_is_counted_and_the_next_one_runs(tokenizer, monkeypatch):

@@ -14,6 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from .credentials import SwarmCredentials, read_swarm_credentials
+from .exchange_modes import EXCHANGE_MODES
 from .objective import (
     FILTER_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -46,7 +47,6 @@ COLLABORATION_MODES = ("vertical", "horizontal")
 # How peer rows weigh against own rows in the loss: as F-TIS weights them, or also by their source's ESS fraction.
 PEER_WEIGHTINGS = ("none", "ess")
 # The round inside the step, in a background worker one round late, or free-running: never waiting (rounds.py).
-EXCHANGE_MODES = ("sync", "async", "free")
 
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {
@@ -708,11 +708,11 @@ class FTISConfig(GRPOConfig):
             raise ValueError(
                 f"exchange_mode must be one of {', '.join(map(repr, EXCHANGE_MODES))}, got {self.exchange_mode!r}."
             )
-        if self.exchange_mode != "sync" and self.collaboration_mode == "horizontal":
+        if self.collaboration_mode == "horizontal" and not EXCHANGE_MODES[self.exchange_mode].horizontal:
             raise ValueError(
                 f"exchange_mode={self.exchange_mode!r} cannot be combined with collaboration_mode='horizontal': "
                 "horizontal mode normalises this step's own rows together with the same round's peer rows, which "
-                "only the sync mode has at that step. Use exchange_mode='sync', or the vertical mode."
+                "only a mode that collects at the step has (sync). Use exchange_mode='sync', or the vertical mode."
             )
         if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:  # also rejects NaN
             raise ValueError(f"gpu_memory_fraction must be a fraction in (0, 1], got {self.gpu_memory_fraction}.")

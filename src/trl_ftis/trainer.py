@@ -829,7 +829,7 @@ class FTISTrainer(GRPOTrainer):
                 self.load_ftis_state(checkpoint)
             return super().train(checkpoint, *args, **kwargs)
         finally:
-            self._rounds.close()  # exchange_mode="async": the worker never outlives a train() call
+            self._rounds.close()  # a background worker never outlives a train() call
             if self.swarm is not None:
                 self.swarm.leave()  # the others stop waiting for this peer now, not after peer_timeout
                 self.swarm.close()
@@ -873,8 +873,7 @@ class FTISTrainer(GRPOTrainer):
                 adaptive_threshold=self._adaptive_threshold,
                 pending_rows=self._pending,
                 swarm=self.swarm.state_dict() if self.swarm is not None else None,
-                arrived_rows=self._rounds.arrivals.rows(),
-                arrived_created=self._rounds.arrivals.created(),
+                **self._rounds.mode.state_dict(),  # the exchange mode's queue: `arrived_rows`, `arrived_created`
                 time=self._clock.state_dict(),
                 peer_value=self._value.state_dict(),
             )
@@ -900,8 +899,9 @@ class FTISTrainer(GRPOTrainer):
             self._pending = self._admission.restore(parsed.pending_rows) + self._pending
         arrived = 0
         if parsed.arrived_rows and self.accelerator.is_main_process:  # the queue lives with the swarm client
-            arrived = self._rounds.restore_arrivals(
-                parsed.arrived_rows, parsed.arrived_created, local_rows=self.args.generation_batch_size
+            arrived = self._rounds.mode.load_state_dict(
+                {"arrived_rows": parsed.arrived_rows, "arrived_created": parsed.arrived_created},
+                local_rows=self.args.generation_batch_size,
             )
         if self.accelerator.is_main_process:
             warn_unread_states(checkpoint, self.args.world_size)

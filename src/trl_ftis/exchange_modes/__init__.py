@@ -1,0 +1,41 @@
+"""Exchange modes: how a trainer's swarm rounds meet its training steps, one module each behind one protocol
+([`ExchangeMode`]), chosen by `FTISConfig.exchange_mode` through [`EXCHANGE_MODES`].
+
+* `sync` ([`LockStep`]): the round runs inside the step, which waits for the expected peers.
+* `async` ([`Background`]): the round runs in a background worker; a step trains on the previous round's rows.
+* `free` ([`FreeRunning`]): nothing waits; arrived rows are queued and each step takes the fresh ones.
+
+A new mode is one module with a class that follows [`ExchangeMode`], and one [`register_exchange_mode`] call
+(`docs/swarm.md`, "Writing an exchange mode").
+"""
+
+from __future__ import annotations
+
+from .background import Background
+from .base import ExchangeMode, ExchangeWorker, RoundAbandoned, RoundOutcome
+from .free_running import FreeRunning
+from .lock_step import LockStep
+
+__all__ = [
+    "EXCHANGE_MODES",
+    "Background",
+    "ExchangeMode",
+    "ExchangeWorker",
+    "FreeRunning",
+    "LockStep",
+    "RoundAbandoned",
+    "RoundOutcome",
+    "register_exchange_mode",
+]
+
+EXCHANGE_MODES: dict[str, type] = {mode.name: mode for mode in (LockStep, Background, FreeRunning)}
+"""`exchange_mode` value -> the class the round runner builds (with itself as its only argument)."""
+
+
+def register_exchange_mode(mode: type) -> type:
+    """Make `mode` (a class following [`ExchangeMode`], with its `name`) selectable as `exchange_mode=mode.name`;
+    returns it, so that it can decorate the class. A name already taken is refused (`ValueError`)."""
+    if mode.name in EXCHANGE_MODES and EXCHANGE_MODES[mode.name] is not mode:
+        raise ValueError(f"exchange_mode {mode.name!r} is already registered ({EXCHANGE_MODES[mode.name].__name__}).")
+    EXCHANGE_MODES[mode.name] = mode
+    return mode

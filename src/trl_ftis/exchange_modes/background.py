@@ -1,0 +1,78 @@
+"""`exchange_mode="async"`: the round runs in a background worker while the step computes, and each step trains on
+what the previous step's round collected (one round of lag)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from .base import ExchangeWorker, RoundOutcome, no_arrivals
+
+if TYPE_CHECKING:
+    from ..peer_rows import PeerRow
+
+__all__ = ["Background"]
+
+logger = logging.getLogger(__name__)
+
+
+class Background:
+    """The background mode ([`ExchangeMode`](base.py)): this step's round is handed to an [`ExchangeWorker`], and
+    the step trains on the previous round's rows (waiting for it only if it is not done yet). The rows are one round
+    older than in lock-step: their age and the staleness metrics count it."""
+
+    name = "async"
+    per_sender_rounds = False
+    horizontal = False
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.worker: ExchangeWorker | None = None
+        self.worker_errors = 0
+        self.admission_seconds = 0.0
+        self.closing = threading.Event()
+
+    def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
+        if self.worker is None:
+            self.worker = ExchangeWorker(self.runner.swarm.interrupt)
+            self.closing = self.worker.closing
+        previous = self.worker.take()
+        self.worker.submit(self.runner.run_round, own_rows, round)
+        if previous is None:  # the first step of a run: nothing collected yet
+            return RoundOutcome([], None, {})
+        error = previous.exception()
+        if error is not None:  # reported, and this step trains on its own rows: the next round is already running
+            self.worker_errors += 1
+            logger.error(
+                "The exchange worker failed in round %d (%s: %s): this step trains without peer rows. The next "
+                "round runs as usual; `ftis/exchange/worker_errors` counts the failures.",
+                round - 1,
+                type(error).__name__,
+                error,
+                exc_info=error,
+            )
+            return RoundOutcome([], None, {"ftis/exchange/worker_errors": float(self.worker_errors)})
+        rows, own_statistics, metrics = previous.result()
+        for name in metrics:
+            if name.endswith("/staleness"):
+                metrics[name] += 1.0  # collected for the previous step, trained on at this one
+        rows = [replace(row, age=row.age + 1) for row in rows]
+        return RoundOutcome(rows, own_statistics, metrics)
+
+    def wait(self) -> None:
+        if self.worker is not None:
+            self.worker.wait()
+
+    def close(self) -> None:
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.close()
+        self.closing = threading.Event()  # the worker is joined: nothing is abandoned any more
+
+    def state_dict(self) -> dict[str, Any]:
+        return no_arrivals()  # the round in flight is trained on at the next step of this run, not saved
+
+    def load_state_dict(self, state: dict[str, Any], *, local_rows: int) -> int:
+        return 0
