@@ -12,6 +12,7 @@ from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
 from trl_ftis.arrivals import ArrivalQueue
+from trl_ftis.round_windows import PerSenderWindow
 
 
 def received(sender, round, count=2, index=0):
@@ -86,7 +87,9 @@ def url():
 
 def test_a_free_running_collect_never_waits_and_judges_each_sender_by_its_own_steps(tokenizer, url):
     fast = make_swarm(url, "fast", tokenizer)
-    receiver = make_swarm(url, "me", tokenizer, free_running=True, expected_peers=["fast", "slow"], peer_timeout=60)
+    receiver = make_swarm(
+        url, "me", tokenizer, window=PerSenderWindow, expected_peers=["fast", "slow"], peer_timeout=60
+    )
     for round in range(10):
         fast.publish(rows("fast", group=f"g{round}", round=round), round)
     started = time.monotonic()
@@ -105,7 +108,7 @@ def test_a_free_running_collect_never_waits_and_judges_each_sender_by_its_own_st
 
 
 def test_a_silent_expected_peer_is_counted_missing_after_peer_timeout_never_waited_for(tokenizer, url):
-    receiver = make_swarm(url, "me", tokenizer, free_running=True, expected_peers=["slow"], peer_timeout=0.2)
+    receiver = make_swarm(url, "me", tokenizer, window=PerSenderWindow, expected_peers=["slow"], peer_timeout=0.2)
     assert receiver.collect(0).missing == []
     time.sleep(0.3)
     started = time.monotonic()
@@ -119,7 +122,7 @@ def test_a_silent_expected_peer_is_counted_missing_after_peer_timeout_never_wait
 def test_a_sender_that_restarted_from_an_older_checkpoint_is_followed_back(tokenizer, url):
     sender = make_swarm(url, "a", tokenizer)
     checkpoint = sender.state_dict()
-    receiver = make_swarm(url, "me", tokenizer, free_running=True)
+    receiver = make_swarm(url, "me", tokenizer, window=PerSenderWindow)
     sender.publish(rows("a", group="late", round=50), 50)
     receiver.collect(0)
     sender.publish(rows("a", group="older", round=41), 41)  # the same start going back: refused (a replay's pattern)
@@ -129,7 +132,7 @@ def test_a_sender_that_restarted_from_an_older_checkpoint_is_followed_back(token
     resumed.publish(rows("a", group="again", round=41), 41)
     result = receiver.collect(2)
     assert {row.round for row in result.rows} == {41} and receiver.sender_rounds == {"a": 41}
-    restored = make_swarm(url, "me2", tokenizer, free_running=True)
+    restored = make_swarm(url, "me2", tokenizer, window=PerSenderWindow)
     restored.load_state_dict(receiver.state_dict())
     assert restored.sender_rounds == {"a": 41} and restored.sender_epochs == {"a": resumed.epoch}
 

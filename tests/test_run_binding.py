@@ -20,8 +20,8 @@ from trl_ftis.exchange import (
     generate_keypair,
     peek_header,
 )
+from trl_ftis.round_windows import EVIDENCE_CLOCK_SLACK
 from trl_ftis.rules import MAX_BINDING_CHARS, SWARM_NAME_ENV, SWARM_RUN_ENV
-from trl_ftis.swarm import EVIDENCE_CLOCK_SLACK
 
 SECRET = "members-only"
 

@@ -14,7 +14,7 @@ from typing import Any
 from trl import GRPOConfig
 
 from .credentials import SwarmCredentials, read_swarm_credentials
-from .exchange_modes import EXCHANGE_MODES
+from .exchange_modes import EXCHANGE_MODE_NAMES, EXCHANGE_MODES
 from .objective import (
     FILTER_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -485,7 +485,7 @@ class FTISConfig(GRPOConfig):
             "collects and admits while the step computes; the rows join the next step (one round of lag). 'free': "
             "never wait for another peer; each step trains on the peer rows that have arrived and are at most "
             "max_staleness of their sender's own steps old.",
-            "choices": list(EXCHANGE_MODES),
+            "choices": EXCHANGE_MODE_NAMES,
         },
     )
     gpu_memory_fraction: float | None = field(

@@ -28,7 +28,7 @@ def reading_order(
     envelopes whose round hint is outside the window, or missing, last (by distance, then arrival).
 
     `window` is `(max_staleness, max_rounds_ahead)` around `round`. Except when enough regulars to move this peer
-    (`Swarm._align`: half of them, the median) file envelopes beyond
+    (`LockStepWindow.align`: half of them, the median) file envelopes beyond
     the window: then each one's newest such envelope comes first, so that a peer lagging behind the swarm sees it
     even when peers level with it fill its rows (read last, those envelopes would be dropped unread). Fewer
     regulars filing so, liars among them, get no early place.
@@ -55,7 +55,7 @@ def reading_order(
         ahead = not free and isinstance(hint, int) and hint - round > max_rounds_ahead and sender in regulars
         if ahead and (sender not in probes or hint > probes[sender][0]):
             probes[sender] = (hint, index)
-    # As many leaders as move the median of `_align` (a regular showing no lead counts as level with this peer).
+    # As many leaders as move the median of `LockStepWindow.align` (a regular showing no lead counts as level with this peer).
     leaders = len(regulars) - len(regulars) // 2
     probe_index = {index for _, index in probes.values()} if len(probes) >= leaders else set()
     timely = [(index, envelope) for index, envelope in enumerate(envelopes) if not late(envelope)]

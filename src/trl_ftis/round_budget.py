@@ -161,7 +161,7 @@ class RoundSpending:
         self.reserved = self.row_share * shares  # rows of shares not yet taken (regulars' and the newcomers')
         self.newest: dict[str, tuple[int, int]] = {}  # newest verified (epoch, round) per sender in this poll
         self.leads: dict[str, int] = {}  # senders that showed they are live and far ahead, with their round
-        self.deferred: list = []  # their messages beyond the window, until `Swarm._align` decides
+        self.deferred: list = []  # their messages beyond the window, until the round window's catch-up decides
         self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
         self.misses: set[str] = set()  # regulars whose decoded message did not fit (first come, first served only)
         self.newcomer_misses: set[str] = set()  # newcomers whose decoded message did not fit in their share's rest

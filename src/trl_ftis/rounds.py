@@ -86,7 +86,7 @@ def connect_swarm(
         public_keys=credentials.public_keys,
         budget=RoundBudget(max_bytes=config.max_round_bytes),
         cross_tokenizer=config.cross_tokenizer,
-        free_running=EXCHANGE_MODES[config.exchange_mode].per_sender_rounds,
+        window=EXCHANGE_MODES[config.exchange_mode].window,
         swarm_name=credentials.swarm_name,
         run_id=credentials.run_id,
         limits=Limits.for_receiver(

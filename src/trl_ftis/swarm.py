@@ -15,7 +15,7 @@ The round protocol (`docs/swarm.md`, "The round protocol"):
 * rounds are the only clock: a message is taken when its round is in `[round - max_staleness,
   round + max_rounds_ahead]` (reasons `stale`, `ahead`), whatever its `created` time says; a peer that finds the
   swarm far ahead of it (it joined late, stalled or resumed an older checkpoint) moves its round forward to the
-  swarm's, once live peers show it (`Swarm._align`);
+  swarm's, once live peers show it (`trl_ftis.round_windows.LockStepWindow.align`);
 * a message is used once: identical bytes delivered again are refused (`duplicate`), and nothing else is, so no
   one can pre-empt a peer's own message by sending first under its name;
 * every round has a budget ([`RoundBudget`]): what each sender, all newcomers together, and all senders together
@@ -44,6 +44,7 @@ from .peer_messages import biased_logps, message_to_rows, rows_to_message
 from .peer_rows import PeerRow
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
+from .round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND, LockStepWindow
 from .rules import (
     CREDENTIAL_HINT,
     CREDENTIAL_REASONS,
@@ -57,7 +58,6 @@ from .rules import (
     check_temperature,
     redact_url,
 )
-from .sender_order import SenderOrder
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -74,11 +74,6 @@ __all__ = [
     "rows_to_message",
 ]
 
-_MAX_KNOWN_PEERS = 10_000  # senders remembered as known (memory bound under a flood of invented ids)
-_MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
-# Without a run id, a message stamped more than this many seconds before this peer started cannot be evidence that the
-# swarm is ahead (`_note_round`): it may be a leftover or a replay of an earlier run. Honest clocks agree far better.
-EVIDENCE_CLOCK_SLACK = 60.0
 # Seconds `leave` retries its message at most (a Redis server that is down): the run is ending, and a peer that never
 # hears of it stops waiting after one peer_timeout anyway.
 LEAVE_PATIENCE = 1.0
@@ -128,12 +123,14 @@ class Swarm:
             Every message it sends names them, inside what is signed, and every message it receives must name the same
             ones (refused: `swarm`, `run`), so that messages of another swarm, or of an earlier run of this one
             (replayed, or left in a reused exchange), are refused before their body is read. Without `run_id`, catch-up
-            evidence ([`_align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK` seconds before this
+            evidence ([`LockStepWindow.align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK` seconds before this
             peer started.
-        free_running: rounds are each sender's own steps, with no shared clock (`exchange_mode="free"`): [`collect`]
-            never waits; a sender's message is fresh while it is at most `max_staleness` of that sender's steps older
-            than the newest message it delivered ([`sender_rounds`]); there is no `ahead` refusal and no catch-up;
-            an expected peer is never waited for and counts as missing once silent for `peer_timeout` seconds.
+        window: the round window's policy class, built with this swarm (`trl_ftis.round_windows`):
+            [`LockStepWindow`] (the default: one shared round, waiting and catch-up) or [`PerSenderWindow`]
+            (`exchange_mode="free"`: each sender in its own order; [`collect`] never waits; a sender's message is
+            fresh while it is at most `max_staleness` of that sender's steps older than the newest message it
+            delivered ([`sender_rounds`]); no `ahead` refusal and no catch-up; an expected peer is never waited for
+            and counts as missing once silent for `peer_timeout` seconds).
     """
 
     def __init__(
@@ -161,14 +158,13 @@ class Swarm:
         max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
         budget: RoundBudget | None = None,
         cross_tokenizer: bool = False,
-        free_running: bool = False,
+        window: type = LockStepWindow,
         swarm_name: str | None = None,
         run_id: str | None = None,
     ):
         self.url = url
         self.swarm_name = swarm_name or None
         self.run_id = run_id or None
-        self.free_running = bool(free_running)
         self.peer_id = peer_id
         self.fingerprint = tokenizer_fingerprint
         self.tokenizer_name = tokenizer_name
@@ -197,10 +193,6 @@ class Swarm:
         self.unpublished: Counter = Counter()
         """Own rows not published, by reason (`out_of_range`, an encoding reason such as `too_large`, or the
         transport error's type)."""
-        # Expected peers that missed a deadline are not waited for until they send again: a dead peer costs one
-        # timeout, not one per round.
-        self._absent: set[str] = set()
-        self._absent_count = 0
         self.departed: dict[str, int] = {}
         """Peers that announced they are leaving (a verified final message, [`leave`]) -> the round of that message:
         never waited for, until they deliver a message of a later round (they restarted)."""
@@ -209,39 +201,30 @@ class Swarm:
         # Redis publish, a directory read again after `reopen`) are used once. Distinct messages are never refused
         # as duplicates, so no one can pre-empt a peer's own message by writing first under its name.
         self._seen: dict[bytes, int] = {}
-        # Round alignment (see `_align`): this peer's swarm round is its step + `round_offset`. `_newest` is the
-        # newest verified round of each sender as of the previous poll (a later, newer one shows it is live);
-        # `_hinted`, the senders whose far-ahead messages were refused unread (their next one is read).
+        # This peer's swarm round is its step + `round_offset`, which a lock-step window moves forward when it
+        # finds the swarm far ahead (`LockStepWindow.align`).
         self.round_offset = 0
-        self._newest: dict[str, int] = {}
-        # The epoch (start) of each sender that `_newest` holds a round of: a newer start's rounds replace an older
-        # one's (leftovers of an earlier, longer run cannot hide a restarted sender's live lead), and an older start's
-        # messages are no evidence and, lock-step, are refused once a newer start of the sender was seen.
-        self._newest_epoch: dict[str, int] = {}
         # Newest round of an accepted message per sender: a peer one round ahead may deliver round r + 1 while this
         # peer collects round r; in round r + 1 it has then delivered already and is not waited for again.
         self._delivered: dict[str, int] = {}
-        self._hinted: set[str] = set()
         self.epoch = time.time_ns() // 1000
         """This start of this peer, sent in every message (`Message.epoch`): microseconds since 1970, kept above the
         epoch of any state it resumed from ([`load_state_dict`]), so that every start of a peer has a newer one."""
-        # Free-running: each sender's messages are taken in order of (epoch, round) only.
-        self.order = SenderOrder(self.max_staleness, self.peer_timeout, _MAX_KNOWN_PEERS)
-        self._started_at = time.time()  # wall clock, compared with messages' `created` (catch-up evidence only)
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
         self._collects = 0  # collects so far ([`_say_if_alone`])
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
+        self.window = window(self)
 
     @property
     def sender_rounds(self) -> dict[str, int]:
         """Free-running: each sender's newest accepted round, in its newest start ([`SenderOrder`])."""
-        return self.order.rounds
+        return self.window.sender_rounds
 
     @property
     def sender_epochs(self) -> dict[str, int]:
         """Free-running: each sender's newest start (`Message.epoch`) that a message was accepted from."""
-        return self.order.epochs
+        return self.window.sender_epochs
 
     def _keys(self, private_key, public_keys):
         """The key arguments loaded (from files when they are paths) and checked against each other."""
@@ -304,7 +287,7 @@ class Swarm:
         except Exception as error:  # noqa: BLE001 - our rows are lost for the others this round, our run goes on
             reason = error.reason if isinstance(error, ExchangeError) else type(error).__name__
             self.unpublished[reason] += len(rows)
-            self._warn_once(
+            self.warn_once(
                 "publish",
                 f"encode:{reason}",
                 f"Could not encode this peer's rows of round {round} ({error}); they are not shared this round "
@@ -316,12 +299,12 @@ class Swarm:
             self.transport.publish(data, sender=self.peer_id, round=round)
         except Exception as error:  # noqa: BLE001 - a lost message costs the others one round of our rows, not our run
             self.unpublished[type(error).__name__] += len(rows)
-            self._warn_once("publish", type(error).__name__, f"Could not publish round {round}: {error}")
+            self.warn_once("publish", type(error).__name__, f"Could not publish round {round}: {error}")
             return 0
         try:
             self.transport.prune(sender=self.peer_id, keep_rounds=self.keep_rounds, current_round=round)
         except Exception as error:  # noqa: BLE001 - sent all the same; old messages are only refused as stale
-            self._warn_once(
+            self.warn_once(
                 "prune",
                 type(error).__name__,
                 f"Could not remove this peer's old messages from the exchange ({error}); the message of round "
@@ -361,7 +344,7 @@ class Swarm:
             data = encode_message(message, secret=self.secret, private_key=self.private_key, limits=self.limits)
             self.transport.publish(data, sender=self.peer_id, round=message.round, patience=LEAVE_PATIENCE)
         except Exception as error:  # noqa: BLE001 - the others then stop waiting after one peer_timeout, as for a crash
-            self._warn_once("publish", f"leave:{type(error).__name__}", f"Could not announce leaving: {error}")
+            self.warn_once("publish", f"leave:{type(error).__name__}", f"Could not announce leaving: {error}")
             return False
         logger.info("Peer %r: announced leaving the swarm (round %d).", self.peer_id, message.round)
         return True
@@ -377,7 +360,7 @@ class Swarm:
             return list(rows)
         kept = [row for row in rows if row.group not in bad_groups]
         self.unpublished["out_of_range"] += len(rows) - len(kept)
-        self._warn_once(
+        self.warn_once(
             "publish",
             "out_of_range",
             f"Round {round}: {len(bad_groups)} group(s) of own rows hold a reward beyond +-{limits.max_abs_reward:g}, "
@@ -404,22 +387,10 @@ class Swarm:
         return bool((np.abs(values) <= limits.max_abs_reward).all())
 
     # -- collecting ----------------------------------------------------------------------------------------------
-    def _waited_for(self) -> set[str]:
-        """The expected peers a round still waits for: not absent, not departed."""
-        return set(self.expected_peers) - self._absent - set(self.departed)
-
-    def _satisfied(self, fresh: set[str]) -> bool:
-        if self.expected_peers and not self._waited_for() <= fresh:
-            return False
-        if self.num_expected_peers is None:
-            return True
-        departed = set(self.departed)
-        return len(fresh - departed) >= self.num_expected_peers - self._absent_count - len(departed)
-
     @property
     def waits(self) -> bool:
-        """Whether a round waits for expected peers (never when free-running)."""
-        return not self.free_running and (bool(self.expected_peers) or bool(self.num_expected_peers))
+        """Whether a round waits for expected peers (as the window decides: never when free-running)."""
+        return self.window.waits
 
     def regulars(self) -> frozenset[str]:
         """The senders served first, each with its own allowance: `expected_peers` when given, else the peers of
@@ -437,7 +408,7 @@ class Swarm:
 
         Args:
             round: this peer's step; the round window is taken around its swarm round, `round + round_offset`
-                (`round_offset` moves forward when this peer finds the swarm far ahead of it: [`_align`]).
+                (`round_offset` moves forward when this peer finds the swarm far ahead of it: [`LockStepWindow.align`]).
             max_rows: rows to accept at most this round (all senders together); default `budget.max_rows`. A
                 trainer that keeps `cap` rows a round passes a few times `cap`, so that selection can still be fair.
             share: rows reserved at least for each regular, and for the newcomers together, this round (a message
@@ -460,26 +431,24 @@ class Swarm:
         state = RoundSpending(
             budget, regulars, per_sender, rows_cap, (deadline if self.waits else start) + budget.max_seconds, share
         )
-        self._forget(round)
+        self.forget(round)
         fresh: set[str] = {sender for sender, newest in self._delivered.items() if newest >= round}
         dropped: Counter = Counter()
         while True:
             try:
                 envelopes = self.transport.poll()
             except Exception as error:  # noqa: BLE001 - any transport failure: train on what arrived
-                self._warn_once("transport", type(error).__name__, f"Polling the exchange failed: {error}")
+                self.warn_once("transport", type(error).__name__, f"Polling the exchange failed: {error}")
                 envelopes = []
-            is_old = self.order.is_old if self.free_running else None
             window = (self.max_staleness, self.max_rounds_ahead)
-            for envelope in reading_order(envelopes, round, regulars, self.peer_id, window, is_old):
+            for envelope in reading_order(envelopes, round, regulars, self.peer_id, window, self.window.is_old):
                 sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)
-            if not self.free_running:  # no shared clock to catch up with
-                round = self._align(round, result, state, dropped, fresh)
+            round = self.window.after_poll(round, result, state, dropped, fresh)  # lock-step: catch up
             if envelopes and time.monotonic() <= state.until and not self._interrupted.is_set():
                 continue  # drain: a poll is bounded, what is left comes with the next one (unless told to stop)
-            if not self.waits or self._satisfied(fresh) or self._interrupted.is_set():
+            if not self.waits or self.window.satisfied(fresh) or self._interrupted.is_set():
                 break
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -487,131 +456,21 @@ class Swarm:
             try:
                 self.transport.wait(min(remaining, 1.0))
             except Exception as error:  # noqa: BLE001 - any transport failure: train on what arrived
-                self._warn_once("transport", type(error).__name__, f"Waiting on the exchange failed: {error}")
+                self.warn_once("transport", type(error).__name__, f"Waiting on the exchange failed: {error}")
                 time.sleep(min(remaining, 0.5))
         result.waited = time.monotonic() - start
         result.round = round
         self._say_if_alone()
         result.bytes_read, result.messages_read = state.bytes, state.messages
-        if self.free_running:
-            self.order.window(result, state)
         for kind, count in dropped.items():
-            self._warn_once(
+            self.warn_once(
                 "round_budget",
                 kind,
                 f"Round {round}: {count} message(s) dropped (round_budget): {BUDGET_TEXT[kind]}. Logged once per "
                 "budget; `ftis/exchange/refused/round_budget` counts them every round.",
             )
-        if self.free_running:
-            result.missing = self.order.silent(self.expected_peers, self.num_expected_peers, self.departed)
-            return result
-        self._absent -= fresh  # a peer that delivers again is waited for again
-        if self.num_expected_peers is not None:
-            self._absent_count = min(self._absent_count, max(self.num_expected_peers - len(fresh), 0))
-        if self.waits and not self._satisfied(fresh):
-            if self.expected_peers and not self._waited_for() <= fresh:
-                result.missing = sorted(self._waited_for() - fresh)
-                self._absent |= set(result.missing)
-            else:
-                departed = set(self.departed)
-                shortfall = self.num_expected_peers - self._absent_count - len(departed) - len(fresh - departed)
-                result.missing = [f"{shortfall} of {self.num_expected_peers} peers"]
-                self._absent_count += shortfall
-            logger.warning(
-                "Round %d: nothing new from %s after %.1f s; training on what arrived, and not waiting for them "
-                "again until they send.",
-                round,
-                ", ".join(result.missing),
-                result.waited,
-            )
+        self.window.finish(round, result, state, fresh)
         return result
-
-    def _may_lead(self, hint: str | None, regulars: frozenset[str]) -> bool:
-        """Whether an envelope filed far ahead is read anyway, because its sender may be a live swarm that this peer
-        lags behind ([`_align`]): a regular's; with no regulars, one from a sender seen before (the first far-ahead
-        envelope of a sender is refused unread, as leftovers of an earlier run are)."""
-        if regulars:
-            return hint in regulars
-        return hint in self._newest or hint in self._hinted
-
-    def _note_round(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
-        """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
-        its newest of an earlier poll (leftovers of an earlier run all come in the first poll and never count) and
-        more than `max_staleness` rounds ahead (this peer's messages are stale to it), from a sender whose lead
-        counts (a regular; any sender when there are none). Only messages that can belong to the present run are
-        evidence: with a run id every accepted one is (others are refused, `run`); without one, those stamped
-        (`created`) at most `EVIDENCE_CLOCK_SLACK` seconds before this peer started, so that leftovers of a longer
-        earlier run can neither move this peer nor, recorded as a sender's newest, hide that sender's live lead. A
-        sender's newest round is kept per start (`epoch`): an older start's message is no evidence, and a newer
-        start's rounds replace the older start's, however large those were."""
-        message_round, epoch = message.round, message.epoch
-        if self.run_id is None and message.created < self._started_at - EVIDENCE_CLOCK_SLACK:
-            return False  # may belong to an earlier run (a leftover, a replay): no evidence either way
-        if (epoch, message_round) > state.newest.get(sender, (-1, -1)):
-            state.newest[sender] = (epoch, message_round)
-        known = self._newest_epoch.get(sender, 0)
-        if epoch < known:
-            return False  # an older start of the sender: no evidence
-        # A newer start than the one recorded shows its lead only from its second poll on, like a new sender.
-        previous = self._newest.get(sender) if epoch == known else None
-        if (
-            previous is None
-            or message_round <= previous
-            or message_round - round <= self.max_staleness
-            or (state.regulars and sender not in state.regulars)
-        ):
-            return False
-        state.leads[sender] = max(state.leads.get(sender, message_round), message_round)
-        return True
-
-    def _align(self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter, fresh: set[str]) -> int:
-        """After a poll: catch up with a swarm that is ahead, and returns the (possibly new) swarm round.
-
-        A peer that joins late, was stalled or resumed from an older checkpoint is behind the others: its messages
-        are stale to them and theirs are ahead of it, so without this it would never exchange again. When the median
-        lead of the regulars (a regular that shows none counts as level with this peer; with no regulars, of the
-        senders that show one) is more than `max_staleness` rounds, this peer's round jumps forward to it
-        (`round_offset`); rounds only move forward. A lead counts only from a signed, newer message than the
-        sender's previous one, so leftovers of an earlier run, forged hints and strangers move nothing; a member
-        can only move this peer forward, which isolates it at worst (documented in `docs/security.md`)."""
-        for sender, (epoch, newest) in state.newest.items():
-            if sender in self._newest or len(self._newest) < _MAX_KNOWN_PEERS:
-                known = self._newest_epoch.get(sender, 0)
-                if epoch > known or sender not in self._newest:
-                    self._newest[sender], self._newest_epoch[sender] = newest, max(epoch, known)
-                elif epoch == known:
-                    self._newest[sender] = max(self._newest[sender], newest)
-        state.newest = {}
-        self._hinted |= set(list(state.hinted)[: max(_MAX_KNOWN_PEERS - len(self._hinted), 0)])
-        state.hinted = set()
-        deferred, state.deferred = state.deferred, []
-        if state.leads:
-            leads = (
-                [state.leads.get(peer, round) for peer in state.regulars]
-                if state.regulars
-                else list(state.leads.values())
-            )
-            target = min(sorted(leads)[len(leads) // 2], _MAX_SWARM_ROUND)
-            if target - round > self.max_staleness:
-                self.round_offset += target - round
-                logger.warning(
-                    "Round %d: the swarm is at round %d (%s), more than max_staleness=%d rounds ahead: this peer "
-                    "moves to round %d so that its rows are fresh to the others again (its step + %d).",
-                    round,
-                    target,
-                    ", ".join(f"{peer!r}: {lead}" for peer, lead in sorted(state.leads.items())[:8]),
-                    self.max_staleness,
-                    target,
-                    self.round_offset,
-                )
-                round = target
-                state.leads.clear()
-                self._forget(round)
-        for envelope, digest, message in deferred:
-            sender = self._take(envelope, digest, message, round, result, state, dropped)
-            if sender is not None:
-                fresh.add(sender)
-        return round
 
     def _say_if_alone(self) -> None:
         """After `LONELY_COLLECTS` collects that accepted nothing from anyone, say so once, naming the exchange: the
@@ -627,53 +486,22 @@ class Swarm:
                 redact_url(self.url),
             )
 
-    def _outside_window(self, message_round: int, round: int) -> str | None:
-        if round - message_round > self.max_staleness:
-            return "stale"
-        if message_round - round > self.max_rounds_ahead:
-            return "ahead"
-        return None
-
-    def _forget(self, round: int) -> None:
-        """Drop the digests of messages that fell out of the window: they are refused as stale anyway."""
-        if self.free_running:  # no shared round: keep the newest digests, a window's worth per known sender
-            keep = max(64, 2 * (self.max_staleness + 1) * (len(self.known_peers) + 1))
-            if len(self._seen) > keep:
-                self._seen = dict(list(self._seen.items())[-keep:])
-            return
-        oldest = round - self.max_staleness
-        if any(seen < oldest for seen in self._seen.values()):
-            self._seen = {digest: seen for digest, seen in self._seen.items() if seen >= oldest}
+    def forget(self, round: int) -> None:
+        """Drop the digests of messages that fell out of the window ([`window`]): they are refused as stale anyway."""
+        self._seen = self.window.pruned(self._seen, round)
 
     def _accept(self, envelope, round: int, result: RoundResult, state: RoundSpending, dropped: Counter) -> str | None:
         """Check and decode one envelope; add its rows to `result`. Returns the sender when accepted."""
         hint = envelope.sender_hint
         if envelope.error:
             result.refused[envelope.error] += 1
-            self._warn_once(
+            self.warn_once(
                 envelope.source, envelope.error, f"Skipped {envelope.source!r} from the exchange: {envelope.error}"
             )
             return None
         if hint == self.peer_id:
             return None  # our own message (or one written under our name: it can only get itself skipped)
-        if (
-            not self.free_running
-            and isinstance(envelope.round_hint, int)
-            and envelope.round_hint - round > self.max_rounds_ahead
-            and not self._may_lead(hint, state.regulars)
-        ):
-            # Refused unread: a round hint beyond the window is a peer far ahead, a leftover of a longer run, or a lie
-            # that can only get its own message skipped (a genuine message's hint is its round). Stale hints are read
-            # (they come last, see `reading_order`), so that a slow peer shows in its `rows_stale`.
-            result.refused["ahead"] += 1
-            if isinstance(hint, str):
-                state.hinted.add(hint)  # from the next poll on, its messages are read: it may be a live swarm ahead
-            self._warn_once(
-                str(hint),
-                "ahead",
-                f"{hint!r} is ahead of this peer (a message filed under its round {envelope.round_hint}, ours is "
-                f"{round}; max_rounds_ahead={self.max_rounds_ahead}): its rows are not used until one catches up.",
-            )
+        if self.window.refuses_unread(envelope, round, state, result):  # lock-step: filed far beyond the window
             return None
         spent = state.examine(hint, envelope.size or len(envelope.data))
         if spent is not None:
@@ -699,13 +527,13 @@ class Swarm:
             result.refused[error.reason] += 1
             who = hint if hint is not None else envelope.source
             why = CREDENTIAL_HINT if error.reason in CREDENTIAL_REASONS else ""
-            self._warn_once(str(who), error.reason, f"Refused a message sent as {who!r}: {error}{why}")
+            self.warn_once(str(who), error.reason, f"Refused a message sent as {who!r}: {error}{why}")
             return None
         sender = message.sender
         if sender == self.peer_id:
             return None
         if self.secret is None and self.public_keys is None and is_signed(envelope.data):
-            self._warn_once(
+            self.warn_once(
                 sender,
                 "unchecked",
                 f"Receiving signed messages from {sender!r} that this peer cannot check "
@@ -713,7 +541,7 @@ class Swarm:
             )
         if hint is not None and sender != hint:
             result.refused["sender_hint"] += 1
-            self._warn_once(
+            self.warn_once(
                 sender,
                 "sender_hint",
                 f"Refused a message from {sender!r} that the exchange names as coming from {hint!r}: peers publish "
@@ -724,11 +552,11 @@ class Swarm:
         if problem is not None:
             reason, text = problem
             result.refused[reason] += 1
-            self._warn_once(sender, reason, f"Refusing peer {sender!r}: {text}", level=logging.ERROR)
+            self.warn_once(sender, reason, f"Refusing peer {sender!r}: {text}", level=logging.ERROR)
             return None
         if not math.isclose(message.temperature, self.temperature, rel_tol=1e-6):
             result.refused["temperature"] += 1
-            self._warn_once(
+            self.warn_once(
                 sender,
                 "temperature",
                 f"Refusing peer {sender!r}: it samples at temperature {message.temperature}, we at {self.temperature}; "
@@ -736,14 +564,10 @@ class Swarm:
                 level=logging.ERROR,
             )
             return None
-        if (
-            not self.free_running
-            and self._note_round(sender, message, round, state)
-            and self._outside_window(message.round, round)
-        ):
-            state.deferred.append((envelope, digest, message))  # a live peer far ahead: `_align` decides
+        if self.window.defers(sender, message, round, state):
+            state.deferred.append((envelope, digest, message))  # a live peer far ahead: the window's catch-up decides
             return None
-        return self._take(envelope, digest, message, round, result, state, dropped)
+        return self.take(envelope, digest, message, round, result, state, dropped)
 
     def _tokenizer_problem(self, message: Message) -> tuple[str, str] | None:
         """`(reason, explanation)` when this peer cannot use `message`'s token ids or text, else `None`."""
@@ -767,29 +591,22 @@ class Swarm:
             )
         return None
 
-    def _take(self, envelope, digest: bytes, message: Message, round: int, result, state, dropped) -> str | None:
+    def take(self, envelope, digest: bytes, message: Message, round: int, result, state, dropped) -> str | None:
         """Accept a verified, decoded message of a compatible peer when its round is in the window and the round's
         budget allows; returns its sender when accepted."""
         sender, rows = message.sender, len(message.completions)
-        # Free-running: taken in order only (`SenderOrder.refusal`), then judged against the sender's own newest round
-        # once the collect is over (`SenderOrder.window`).
-        if self.free_running:
-            outside = self.order.refusal(sender, message, state)
-            if outside == "senders":
-                result.refused["round_budget"] += 1
-                dropped["senders"] += 1
-                return None
-        elif message.epoch < self._newest_epoch.get(sender, 0):
-            outside = "stale"  # an older start of a sender that has restarted since: superseded
-        else:
-            outside = self._outside_window(message.round, round)
+        outside = self.window.refusal(sender, message, round, state)
+        if outside == "senders":  # as many senders followed as kept, and this one is not a regular
+            result.refused["round_budget"] += 1
+            dropped["senders"] += 1
+            return None
         if outside is not None:
             stats = result.peers[sender]
             stats.rows_received += rows
             stats.rows_stale += rows
             result.refused[outside] += 1
             if outside == "ahead":
-                self._warn_once(
+                self.warn_once(
                     sender,
                     "ahead",
                     f"{sender!r} is ahead of this peer (its round {message.round}, ours {round}; max_rounds_ahead="
@@ -808,8 +625,7 @@ class Swarm:
             result.peers[sender].rows_cut += rows - len(kept.completions)
             dropped["share"] += 1
             message = kept
-        if self.free_running:
-            self.order.note(sender, message, result, state)
+        self.window.note(sender, message, result, state)
         self._seen[digest] = message.round
         stats = result.peers[sender]
         stats.bytes_received += envelope.size
@@ -818,20 +634,19 @@ class Swarm:
         if message.model and len(self.peer_models) < 1000:  # bounded like the warnings
             self.peer_models[sender] = message.model
         if biased_logps(message.sampling):
-            self._warn_once(sender, "sampling", f"Rows from {sender!r}: {biased_logps(message.sampling)}.")
-        if sender not in self.known_peers and len(self.known_peers) < _MAX_KNOWN_PEERS:
+            self.warn_once(sender, "sampling", f"Rows from {sender!r}: {biased_logps(message.sampling)}.")
+        if sender not in self.known_peers and len(self.known_peers) < MAX_KNOWN_PEERS:
             self.known_peers.add(sender)
             logger.info("Peer %r joined the swarm (round %d).", sender, message.round)
-        if not self.free_running:
-            stats.staleness.append(round - message.round)
+        lag = self.window.staleness(round, message)
+        if lag is not None:
+            stats.staleness.append(lag)
         result.rows.extend(
             message_to_rows(message, foreign_tokenizer=message.tokenizer_fingerprint != self.fingerprint)
         )
-        if sender in self._delivered or len(self._delivered) < _MAX_KNOWN_PEERS:
+        if sender in self._delivered or len(self._delivered) < MAX_KNOWN_PEERS:
             self._delivered[sender] = max(self._delivered.get(sender, message.round), message.round)
-        # Free-running, a restart shows as a newer epoch, whatever its round.
-        restarted = self.free_running and self.order.restarted(sender, message)
-        self._note_departure(sender, message, restarted)
+        self._note_departure(sender, message, self.window.restarted(sender, message))
         return sender
 
     def _note_departure(self, sender: str, message: Message, restarted: bool = False) -> None:
@@ -840,9 +655,9 @@ class Swarm:
         if self.expected_peers and sender not in self.expected_peers:
             return
         if message.final:
-            if sender not in self.departed and len(self.departed) < _MAX_KNOWN_PEERS:
+            if sender not in self.departed and len(self.departed) < MAX_KNOWN_PEERS:
                 logger.info("Peer %r left the swarm (round %d): not waiting for it any more.", sender, message.round)
-            if sender in self.departed or len(self.departed) < _MAX_KNOWN_PEERS:
+            if sender in self.departed or len(self.departed) < MAX_KNOWN_PEERS:
                 self.departed[sender] = max(self.departed.get(sender, message.round), message.round)
         elif sender in self.departed and (restarted or message.round > self.departed[sender]):
             del self.departed[sender]
@@ -862,16 +677,11 @@ class Swarm:
             "peer_id": self.peer_id,
             "known_peers": sorted(self.known_peers),
             "peer_models": dict(sorted(self.peer_models.items())),
-            "absent": sorted(self._absent),
-            "absent_count": self._absent_count,
             "seen": {digest.hex(): round for digest, round in self._seen.items()},
             "unpublished": dict(self.unpublished),
             "round_offset": self.round_offset,
-            "newest": dict(self._newest),
-            "newest_epochs": dict(self._newest_epoch),
             "delivered": dict(self._delivered),
-            "sender_rounds": dict(self.sender_rounds),
-            "sender_epochs": dict(self.sender_epochs),
+            **self.window.state_dict(),  # `absent`, `absent_count`, `newest`, `newest_epochs`, `sender_rounds`, ...
             "epoch": self.epoch,
             "departed": dict(self.departed),
             "run": self.run_id,
@@ -882,10 +692,10 @@ class Swarm:
         (nothing is changed then). Checkpoints are shared, so nothing in `state` is trusted: every map holds at most
         as many entries as this swarm ever keeps, every count and round is a whole number in [0, 2**63), `seen`
         holds at most the digests a round window can hold, and `round_offset` is at most the newest round a sender
-        showed (the swarm only ever moves forward to such a round: [`_align`])."""
+        showed (the swarm only ever moves forward to such a round: [`LockStepWindow.align`])."""
         most_round = 2**63 - 1  # the wire format's MAX_ROUND: rounds fit int64
 
-        def field(name: str, kind: type, check=lambda value: True, cap: int = _MAX_KNOWN_PEERS):
+        def field(name: str, kind: type, check=lambda value: True, cap: int = MAX_KNOWN_PEERS):
             value = state.get(name) if isinstance(state, Mapping) else None
             if isinstance(value, (list, dict)) and len(value) > cap:  # before reading them all
                 raise ValueError(f"Swarm state: {name!r} holds {len(value)} entries, more than the {cap} it keeps.")
@@ -906,12 +716,8 @@ class Swarm:
         unpublished = field("unpublished", dict, counts, cap=1000)  # keyed by reason: a handful
         newest = field("newest", dict, counts)
         # A round window's digests: its rounds' messages (lock-step), or the newest a window per known sender.
-        if self.free_running:
-            most_seen = max(64, 2 * (self.max_staleness + 1) * (len(known) + 1)) + self.budget.max_messages
-        else:
-            most_seen = self.budget.max_messages * (self.max_staleness + self.max_rounds_ahead + 2)
-        seen = field("seen", dict, counts, cap=most_seen)
-        offset = field("round_offset", int, lambda v: 0 <= v <= min(max(newest.values(), default=0), _MAX_SWARM_ROUND))
+        seen = field("seen", dict, counts, cap=self.window.most_seen(len(known)))
+        offset = field("round_offset", int, lambda v: 0 <= v <= min(max(newest.values(), default=0), MAX_SWARM_ROUND))
         # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
         delivered = field("delivered", dict, counts) if "delivered" in state else {}
         sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
@@ -934,7 +740,7 @@ class Swarm:
             raise ValueError(f"Swarm state: 'run' is malformed: it {binding_problem(saved_run)}.")
         if saved_run != self.run_id:
             # What senders showed in another run says nothing of this one: a sender's newest round of a longer earlier
-            # run would hide its live lead (`_note_round`). This peer's own alignment is kept: the swarm resumes with
+            # run would hide its live lead (`LockStepWindow.note_round`). This peer's own alignment is kept: the swarm resumes with
             # it.
             logger.info(
                 "Resuming peer %r in run %r from the state of run %r: the other peers' rounds are not carried over.",
@@ -953,21 +759,27 @@ class Swarm:
             )
         self.known_peers = set(known)
         self.peer_models = dict(models)
-        self._absent = set(absent) & set(self.expected_peers)
-        self._absent_count = min(absent_count, self.num_expected_peers or 0)  # never more than are expected
         self._seen = digests
         self.unpublished = Counter(unpublished)
         self.round_offset = offset
-        self._newest = dict(newest)
-        self._newest_epoch = {sender: newest_epochs.get(sender, 0) for sender in newest}
         self._delivered = dict(delivered)
-        self.order.load(sender_rounds, sender_epochs)
+        self.window.load(
+            {
+                "absent": absent,
+                "absent_count": absent_count,
+                "newest": newest,
+                "newest_epochs": newest_epochs,
+                "sender_rounds": sender_rounds,
+                "sender_epochs": sender_epochs,
+            }
+        )
         self.epoch = max(self.epoch, min(saved_epoch + 1, 2**63 - 1))  # every start newer, even if the clock went back
         self.departed = {
             peer: round for peer, round in departed.items() if not self.expected_peers or peer in self.expected_peers
         }
 
-    def _warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
+    def warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:
+        """Log `text` once per (`who`, `reason`), for at most 1,000 pairs."""
         # Bounded: a flood of messages with made-up sender names must not grow memory (they are still counted).
         if (who, reason) not in self._warned and len(self._warned) < 1000:
             self._warned.add((who, reason))

@@ -11,6 +11,7 @@ from swarm_helpers import make_swarm, publish_raw, rows, wire_message  # tests/ 
 
 from trl_ftis.exchange import decode_message, encode_message
 from trl_ftis.exchange.transports import open_transport
+from trl_ftis.round_windows import PerSenderWindow
 
 SECRET = "swarm-secret"
 
@@ -37,7 +38,7 @@ class Recorder:
 
 
 def free_receiver(url, tokenizer, peer_id="me", **overrides):
-    return make_swarm(url, peer_id, tokenizer, free_running=True, secret=SECRET, **overrides)
+    return make_swarm(url, peer_id, tokenizer, window=PerSenderWindow, secret=SECRET, **overrides)
 
 
 def keeping(url, tokenizer, peer_id="a"):

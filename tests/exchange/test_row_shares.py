@@ -7,6 +7,7 @@ import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 
 from trl_ftis.round_budget import RoundBudget, RoundSpending
+from trl_ftis.round_windows import LockStepWindow, PerSenderWindow
 
 ROUNDS = 24
 
@@ -16,12 +17,12 @@ def big_rows(sender, round, groups=32, size=4):
     return [row for g in range(groups) for row in rows(sender, count=size, group=f"{sender}-{round}-{g}", round=round)]
 
 
-@pytest.mark.parametrize("free_running", [False, True], ids=["lock-step", "free"])
-def test_a_members_volume_never_costs_an_honest_regular_its_rows(tokenizer, free_running):
+@pytest.mark.parametrize("window", [LockStepWindow, PerSenderWindow], ids=["lock-step", "free"])
+def test_a_members_volume_never_costs_an_honest_regular_its_rows(tokenizer, window):
     url = f"memory://shares-{uuid.uuid4().hex}"
     member = make_swarm(url, "member", tokenizer)
     honest = make_swarm(url, "honest", tokenizer)
-    receiver = make_swarm(url, "me", tokenizer, expected_peers=["member", "honest"], free_running=free_running)
+    receiver = make_swarm(url, "me", tokenizer, expected_peers=["member", "honest"], window=window)
     accepted = {"member": 0, "honest": 0}
     cut = 0
     for round in range(ROUNDS):

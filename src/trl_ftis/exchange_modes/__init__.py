@@ -18,6 +18,7 @@ from .lock_step import LockStep
 
 __all__ = [
     "EXCHANGE_MODES",
+    "EXCHANGE_MODE_NAMES",
     "Background",
     "ExchangeMode",
     "ExchangeWorker",
@@ -30,6 +31,9 @@ __all__ = [
 
 EXCHANGE_MODES: dict[str, type] = {mode.name: mode for mode in (LockStep, Background, FreeRunning)}
 """`exchange_mode` value -> the class the round runner builds (with itself as its only argument)."""
+EXCHANGE_MODE_NAMES: list[str] = list(EXCHANGE_MODES)
+"""The names, in one list that registration extends: `FTISConfig.exchange_mode`'s choices on a command line (a mode
+registered before the parser is built is a choice)."""
 
 
 def register_exchange_mode(mode: type) -> type:
@@ -37,5 +41,7 @@ def register_exchange_mode(mode: type) -> type:
     returns it, so that it can decorate the class. A name already taken is refused (`ValueError`)."""
     if mode.name in EXCHANGE_MODES and EXCHANGE_MODES[mode.name] is not mode:
         raise ValueError(f"exchange_mode {mode.name!r} is already registered ({EXCHANGE_MODES[mode.name].__name__}).")
+    if mode.name not in EXCHANGE_MODES:
+        EXCHANGE_MODE_NAMES.append(mode.name)
     EXCHANGE_MODES[mode.name] = mode
     return mode

@@ -8,6 +8,7 @@ import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..round_windows import LockStepWindow
 from .base import ExchangeWorker, RoundOutcome, no_arrivals
 
 if TYPE_CHECKING:
@@ -24,7 +25,7 @@ class Background:
     older than in lock-step: their age and the staleness metrics count it."""
 
     name = "async"
-    per_sender_rounds = False
+    window = LockStepWindow
     horizontal = False
 
     def __init__(self, runner):

@@ -38,9 +38,9 @@ class ExchangeMode(Protocol):
 
     name: ClassVar[str]
     """The `exchange_mode` value that selects it."""
-    per_sender_rounds: ClassVar[bool]
-    """Whether rounds are each sender's own steps, with no shared clock: the swarm client then reads each sender's
-    messages in its own order (`Swarm(free_running=True)`) instead of a shared round window."""
+    window: ClassVar[type]
+    """The round window the swarm client reads through (`trl_ftis.round_windows`): a shared round with waiting and
+    catch-up, or each sender in its own order when rounds are each sender's own steps."""
     horizontal: ClassVar[bool]
     """Whether `collaboration_mode="horizontal"` works with it: the step's own rows are normalised with the same
     round's peer rows, which only a mode that collects at the step has."""

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..arrivals import ArrivalQueue, Taken
+from ..round_windows import PerSenderWindow
 from .base import ExchangeWorker, RoundOutcome
 
 if TYPE_CHECKING:
@@ -27,7 +28,7 @@ class FreeRunning:
     snapshots of the swarm's view as of the worker's last finished round."""
 
     name = "free"
-    per_sender_rounds = True
+    window = PerSenderWindow
     horizontal = False
 
     def __init__(self, runner):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
+from ..round_windows import LockStepWindow
 from .base import RoundOutcome, no_arrivals
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ class LockStep:
     """The lock-step mode ([`ExchangeMode`](base.py)): `round` is the runner's whole round, at the step."""
 
     name = "sync"
-    per_sender_rounds = False
+    window = LockStepWindow
     horizontal = True
 
     def __init__(self, runner):

@@ -1,0 +1,92 @@
+"""Exchange modes are strategies: one module each behind the `ExchangeMode` protocol, chosen from a registry, never
+branches on the mode's name in the swarm client, the round runner or the config; a new mode is one class and one
+registration (the worked example of docs/swarm.md, "Writing an exchange mode")."""
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
+from tiny_trainers import exchange_trainer
+
+import trl_ftis
+from trl_ftis import FTISConfig
+from trl_ftis.exchange_modes import (
+    EXCHANGE_MODE_NAMES,
+    EXCHANGE_MODES,
+    Background,
+    FreeRunning,
+    LockStep,
+    RoundOutcome,
+    register_exchange_mode,
+)
+from trl_ftis.round_windows import LockStepWindow, PerSenderWindow
+
+PACKAGE = Path(trl_ftis.__file__).parent
+MODE_BRANCH = re.compile(
+    r"free_running|exchange_mode\s*[!=]=|exchange_mode\s+in\s|[!=]=\s*[\"'](sync|async|free)[\"']"
+)
+
+
+@pytest.mark.parametrize("module", ["swarm.py", "rounds.py", "config.py"])
+def test_no_module_branches_on_the_exchange_modes_name(module):
+    text = (PACKAGE / module).read_text()
+    assert MODE_BRANCH.findall(text) == [], f"{module} branches on the exchange mode: move it into the mode's class"
+
+
+def test_the_registry_holds_the_three_modes_with_their_windows():
+    assert EXCHANGE_MODES == {"sync": LockStep, "async": Background, "free": FreeRunning}
+    assert [mode.window for mode in (LockStep, Background, FreeRunning)] == [
+        LockStepWindow,
+        LockStepWindow,
+        PerSenderWindow,
+    ]
+    assert [mode.horizontal for mode in (LockStep, Background, FreeRunning)] == [True, False, False]
+
+
+class EverySecondStep(LockStep):
+    """The worked example of docs/swarm.md: lock-step rounds at even steps only."""
+
+    name = "every_second_step"
+
+    def round(self, own_rows, round):
+        if round % 2:
+            return RoundOutcome([], None, {})  # an odd step: no exchange, own rows only
+        return super().round(own_rows, round)
+
+
+@pytest.fixture
+def every_second_step():
+    register_exchange_mode(EverySecondStep)
+    yield EverySecondStep
+    del EXCHANGE_MODES[EverySecondStep.name]
+    EXCHANGE_MODE_NAMES.remove(EverySecondStep.name)
+
+
+def test_a_fourth_mode_is_one_class_and_one_registration(tokenizer, make_args, every_second_step):
+    url = f"memory://modes-{uuid.uuid4().hex}"
+    partner = make_swarm(url, "partner", tokenizer)
+    for step in range(3):
+        partner.publish(rows("partner", count=8), step)
+    trainer = exchange_trainer(tokenizer, make_args, url, "every_second_step", max_steps=3, peer_timeout=0.0)
+    assert isinstance(trainer._rounds.mode, EverySecondStep)
+    trainer.train()
+    steps = [entry for entry in trainer.state.log_history if "loss" in entry]
+    # Steps 0 and 2 ran a round (they published: bytes sent), step 1 did not; step 0 trained on the partner's rows.
+    assert ["ftis/exchange/bytes_sent" in entry for entry in steps] == [True, False, True]
+    assert steps[0]["ftis/peer_rows"] > 0 and steps[1]["ftis/peer_rows"] == 0
+    assert "every_second_step" in EXCHANGE_MODE_NAMES  # a command line's choice too
+
+
+def test_an_unknown_or_taken_mode_name_is_refused(tmp_path, every_second_step):
+    with pytest.raises(ValueError, match="exchange_mode must be one of"):
+        FTISConfig(str(tmp_path), use_cpu=True, exchange_mode="every_third_step")
+
+    class Impostor(LockStep):
+        name = "every_second_step"
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_exchange_mode(Impostor)
+    with pytest.raises(ValueError, match="cannot be combined with collaboration_mode='horizontal'"):
+        FTISConfig(str(tmp_path), use_cpu=True, exchange_mode="free", collaboration_mode="horizontal")
