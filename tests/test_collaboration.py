@@ -48,6 +48,31 @@ class FakeClock:
         return self.now
 
 
+def test_a_gpu_step_clock_waits_for_queued_work_before_each_reading():
+    # Kernels are queued, not run: a phase's own work lands in the clock only once the device is synchronized.
+    now, queued = FakeClock(), []
+
+    def synchronize():
+        now.now += sum(queued)
+        queued.clear()
+
+    clock = StepClock(clock=now, synchronize=synchronize)
+    clock.begin()
+    with clock.measure("training"):
+        queued.append(3.0)  # a backward pass, still running on the device when the phase ends
+    with clock.measure("exchange"):
+        now.now += 1.0
+    assert clock.end()["training"] == 3.0
+    unsynchronized = StepClock(clock=now)
+    unsynchronized.begin()
+    with unsynchronized.measure("training"):
+        queued.append(3.0)
+    with unsynchronized.measure("exchange"):
+        synchronize()  # the next phase waits for it: counted there
+    split = unsynchronized.end()
+    assert (split["training"], split["exchange"]) == (0.0, 3.0)
+
+
 def test_step_clock_splits_a_step_by_hand():
     now = FakeClock()
     clock = StepClock(clock=now)

@@ -88,10 +88,13 @@ class StepClock:
     [`begin`] starts a step, [`measure`] times a phase inside it (phases do not nest: a phase measured inside
     another is counted in both, so the trainer times disjoint spans), [`end`] closes the step and returns its split.
     `clock` is `time.perf_counter` (a test passes a fake one): two calls per timed span, nothing measurable.
+    `synchronize` (`torch.cuda.synchronize` on a GPU) is called before every reading ([`now`]): GPU work is
+    asynchronous, and without it a phase's kernels would be counted in whichever phase waits for them next.
     """
 
-    def __init__(self, clock=time.perf_counter):
+    def __init__(self, clock=time.perf_counter, synchronize: Callable[[], None] | None = None):
         self._clock = clock
+        self.synchronize = synchronize
         self._started: float | None = None
         self._current = dict.fromkeys(PHASES, 0.0)
         self.totals: dict[str, float] = dict.fromkeys(TIME_KEYS, 0.0)
@@ -99,19 +102,25 @@ class StepClock:
 
     def begin(self) -> None:
         """Start an optimizer step (its phases so far are dropped: they belong to no step)."""
-        self._started = self._clock()
+        self._started = self.now()
         self._current = dict.fromkeys(PHASES, 0.0)
+
+    def now(self) -> float:
+        """The clock's reading once the device's queued work is done."""
+        if self.synchronize is not None:
+            self.synchronize()
+        return self._clock()
 
     @contextmanager
     def measure(self, phase: str) -> Iterator[None]:
         """Add the time spent in the block to `phase` of the current step (also when it raises)."""
         if phase not in self._current:
             raise KeyError(f"{phase!r} is not a phase ({', '.join(PHASES)})")
-        start = self._clock()
+        start = self.now()
         try:
             yield
         finally:
-            self._current[phase] += self._clock() - start
+            self._current[phase] += self.now() - start
 
     def add(self, phase: str, seconds: float) -> None:
         """Add `seconds` measured by the caller to `phase` of the current step."""
@@ -124,7 +133,7 @@ class StepClock:
         `generation_share`; added to [`totals`]. `None` when no step was begun."""
         if self._started is None:
             return None
-        split = {"step": self._clock() - self._started, **self._current}
+        split = {"step": self.now() - self._started, **self._current}
         split["other"] = max(split["step"] - sum(self._current.values()), 0.0)
         for key in TIME_KEYS:
             self.totals[key] += split[key]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import textwrap
-import time
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -234,6 +233,7 @@ class FTISTrainer(GRPOTrainer):
             rollout_func=rollout_func,
             environment_factory=environment_factory,
         )
+        self._clock.synchronize = torch.cuda.synchronize if self.accelerator.device.type == "cuda" else None  # async
         swarm = None
         if args.exchange_url is not None and self.accelerator.is_main_process:
             swarm = self._connect_swarm(args, credentials)
@@ -835,18 +835,18 @@ class FTISTrainer(GRPOTrainer):
                 self.swarm.close()
 
     def _prepare_inputs(self, generation_batch):
-        start = time.perf_counter()
+        start = self._clock.now()
         try:
             return super()._prepare_inputs(generation_batch)
         finally:
-            self._prepare_seconds += time.perf_counter() - start
+            self._prepare_seconds += self._clock.now() - start
 
     def training_step(self, model, inputs, num_items_in_batch):
         # `training` is the micro-batch's forward and backward: training_step without its `_prepare_inputs` (where
         # generation, scoring and the exchange happen, timed by themselves).
-        start, prepared = time.perf_counter(), self._prepare_seconds
+        start, prepared = self._clock.now(), self._prepare_seconds
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self._clock.add("training", time.perf_counter() - start - (self._prepare_seconds - prepared))
+        self._clock.add("training", self._clock.now() - start - (self._prepare_seconds - prepared))
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
         if self._step % self.current_gradient_accumulation_steps == 0:
             self._metrics["train"]["ftis/peer_rows_filtered"].append(self._filtered_in_step.pop("rows_filtered", 0.0))

