@@ -50,7 +50,7 @@ def peer_rows(tokenizer, count=16):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo"])
 def test_a_micro_batch_enlarged_by_peers_gets_the_same_update_in_chunks(tokenizer, make_args, loss_type):
-    trained, sizes = [], []
+    trained, sizes, logged = [], [], []
     for chunk in (0, None):  # 0: the whole micro-batch at once; None: chunks of per_device_train_batch_size
         args = make_args(max_steps=1, loss_type=loss_type, peer_micro_batch_size=chunk)
         trainer = tiny_trainer(tokenizer, args, hidden_size=32)
@@ -65,7 +65,12 @@ def test_a_micro_batch_enlarged_by_peers_gets_the_same_update_in_chunks(tokenize
         trainer.train()
         trained.append({name: p.detach().clone() for name, p in trainer.model.named_parameters()})
         sizes.append(seen)
+        (entry,) = [e for e in trainer.state.log_history if "loss" in e]
+        logged.append({key: value for key, value in entry.items() if key.startswith(("ftis/own/", "ftis/peer"))})
     assert sizes == [[32], [16, 16]]  # 16 own rows + 16 peer rows; per_device_train_batch_size 16
+    # The F-TIS statistics are the micro-batch's, logged once, whatever the chunks.
+    assert logged[1].keys() == logged[0].keys() and "ftis/peer/is_weight_mean" in logged[0]
+    assert logged[1] == pytest.approx(logged[0], rel=1e-5, abs=1e-6)
     for name, whole in trained[0].items():
         torch.testing.assert_close(trained[1][name], whole, atol=2e-6, rtol=1e-5, msg=name)
     assert any(not torch.equal(whole, start) for whole, start in zip(trained[0].values(), _start(tokenizer)))
@@ -88,6 +93,28 @@ def test_add_peer_rows_queues_a_bounded_number_and_a_step_merges_its_cap(tokeniz
     (entry,) = [e for e in trainer.state.log_history if "loss" in e]
     assert entry["ftis/peer_rows"] == 8  # this step's cap: 0.5 x 16 own rows, as whole groups
     assert trainer.num_pending_peer_rows == 56  # the rest waits for later steps
+
+
+@pytest.mark.parametrize(
+    "options, size",
+    [
+        ({}, 16),
+        ({"peer_micro_batch_size": 8}, 8),
+        ({"peer_micro_batch_size": 0}, None),
+        ({"peer_weighting": "ess"}, None),
+        ({"kl_threshold_mode": "quantile"}, None),
+        ({"top_entropy_quantile": 0.5}, None),
+    ],
+    ids=str,
+)
+def test_a_micro_batch_is_cut_only_when_the_options_allow(tmp_path, options, size):
+    from trl_ftis.micro_batches import chunk_size
+
+    args = FTISConfig(str(tmp_path), use_cpu=True, per_device_train_batch_size=16, num_generations=8, **options)
+    assert chunk_size(args, 32, training=True, deepspeed=False) == size
+    assert chunk_size(args, 16, training=True, deepspeed=False) is None  # no peers: as TRL computes it
+    assert chunk_size(args, 32, training=False, deepspeed=False) is None
+    assert chunk_size(args, 32, training=True, deepspeed=True) is None
 
 
 def test_peer_micro_batch_size_must_not_be_negative(tmp_path):

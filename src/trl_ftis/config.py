@@ -164,8 +164,10 @@ class FTISConfig(GRPOConfig):
         peer_micro_batch_size (`int`, *optional*):
             Peer rows enlarge a micro-batch beyond `per_device_train_batch_size`; its loss is then computed and
             back-propagated in chunks of at most this many rows (the same gradient), so that peers add no activation
-            memory. `None`: `per_device_train_batch_size`; `0`: one forward and backward per micro-batch. Not under
-            DeepSpeed, which counts every backward as a micro-step.
+            memory; the F-TIS statistics are still the micro-batch's. `None`: `per_device_train_batch_size`; `0`: one
+            forward and backward per micro-batch. Not under DeepSpeed (it counts every backward as a micro-step), nor
+            with an option computed per micro-batch (`peer_weighting="ess"`, `kl_threshold_mode="quantile"`,
+            `top_entropy_quantile < 1`).
         trust_peer_rewards (`bool`, *optional*, defaults to `False`):
             Use the rewards peers send. By default they are recomputed with this trainer's own reward functions, so a
             peer cannot inflate its rewards. The reward functions then get this trainer's own dataset columns
@@ -405,7 +407,8 @@ class FTISConfig(GRPOConfig):
         default=None,
         metadata={
             "help": "Rows per forward and backward when peer rows enlarge a micro-batch (the same gradient, in chunks). "
-            "None: per_device_train_batch_size; 0: the whole micro-batch at once. Not under DeepSpeed."
+            "None: per_device_train_batch_size; 0: the whole micro-batch at once. Not under DeepSpeed, nor with "
+            "peer_weighting='ess', kl_threshold_mode='quantile' or top_entropy_quantile < 1."
         },
     )
     trust_peer_rewards: bool = field(

@@ -114,3 +114,15 @@ def generate_with(model, recorder: GeneratorLogpsRecorder):
         yield recorded
     finally:
         del model.generate  # back to the class method
+
+
+def ties_embeddings(model) -> bool:
+    """Whether `model` (or the checkpoint a string names) ties its output head to its input embeddings: then TRL
+    cannot cast a LoRA model's head to fp32 (`cast_lm_head_to_fp32`)."""
+    if isinstance(model, str):
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(model)
+    else:
+        config = model.config
+    return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))

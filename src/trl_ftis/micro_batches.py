@@ -4,11 +4,28 @@ is the loss TRL's `loss_type` computes on the whole micro-batch."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["ROW_MEAN_LOSSES", "TOKEN_MEAN_LOSSES", "chunk_weights", "split_rows"]
+__all__ = [
+    "ROW_MEAN_LOSSES",
+    "TOKEN_MEAN_LOSSES",
+    "chunk_size",
+    "chunk_weights",
+    "chunked_loss",
+    "joined",
+    "split_rows",
+]
+
+PER_MICRO_BATCH_OPTIONS = {
+    "peer_weighting": "ess",  # the peer rows' scale is the micro-batch's effective sample size
+    "kl_threshold_mode": "quantile",  # g follows the micro-batch's quantile of D
+}
+"""F-TIS options computed from the whole micro-batch: with one on, a micro-batch is not cut into chunks (so that it
+trains as it would without chunks)."""
 
 ROW_MEAN_LOSSES = ("grpo", "sapo", "dr_grpo", "luspo")
 """TRL losses that average over the micro-batch's rows: a chunk weighs its share of the rows."""
@@ -50,3 +67,51 @@ def chunk_weights(loss_type: str, chunks: list[dict[str, Any]]) -> list[float]:
 def _loss_mask(chunk: dict[str, Any]) -> torch.Tensor:
     mask = chunk["completion_mask"]
     return mask if chunk.get("tool_mask") is None else mask * chunk["tool_mask"]
+
+
+def chunk_size(args, rows: int, *, training: bool, deepspeed: bool) -> int | None:
+    """The rows a chunk of a micro-batch of `rows` holds, or `None` to compute it whole: outside training, under
+    DeepSpeed (it counts every backward as a micro-step), with an option computed per micro-batch
+    ([`PER_MICRO_BATCH_OPTIONS`], TRL's entropy mask `top_entropy_quantile < 1`), or when peer rows did not make it
+    larger than `per_device_train_batch_size` and than one chunk of `peer_micro_batch_size` (`None`:
+    `per_device_train_batch_size`; 0: never cut)."""
+    size = args.per_device_train_batch_size if args.peer_micro_batch_size is None else args.peer_micro_batch_size
+    per_micro_batch = any(getattr(args, name) == value for name, value in PER_MICRO_BATCH_OPTIONS.items())
+    enlarged = rows > max(size, args.per_device_train_batch_size)  # by peer rows: a micro-batch without is TRL's
+    if not size or not enlarged or not training or deepspeed or per_micro_batch or args.top_entropy_quantile < 1:
+        return None
+    return size
+
+
+def chunked_loss(
+    compute: Callable[[dict[str, Any]], torch.Tensor],
+    backward: Callable[[torch.Tensor], None],
+    inputs: dict[str, Any],
+    size: int,
+    loss_type: str,
+) -> torch.Tensor:
+    """`inputs`' loss computed in chunks of `size` rows: every chunk but the last is weighted and back-propagated
+    with `backward` here; the last one's weighted loss is returned (plus the others', detached, for the log) for the
+    caller to back-propagate. The gradient is that of the whole micro-batch."""
+    chunks = split_rows(inputs, size)
+    weights, done = chunk_weights(loss_type, chunks), 0.0
+    for chunk, weight in zip(chunks[:-1], weights[:-1], strict=True):
+        loss = compute(chunk) * weight
+        backward(loss)
+        done += loss.detach()
+    return compute(chunks[-1]) * weights[-1] + done
+
+
+def joined(parts: Sequence[tuple]) -> tuple:
+    """Per-chunk tuples of tensors, dataclasses of tensors or `None`s, joined row-wise into one: the micro-batch's."""
+
+    def join(values):
+        first = values[0]
+        if first is None:
+            return None
+        if dataclasses.is_dataclass(first):
+            names = [field.name for field in dataclasses.fields(first)]
+            return type(first)(**{name: join([getattr(v, name) for v in values]) for name in names})
+        return torch.cat(list(values))
+
+    return tuple(join([part[k] for part in parts]) for k in range(len(parts[0])))

@@ -233,3 +233,13 @@ class ModelCardAtEndCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if str(getattr(args.save_strategy, "value", args.save_strategy)) == "no":
             self.write(model_name=model_card_name(args))
+
+
+def add_ftis_section(path: Path, model_name: str, **section) -> None:
+    """Add the F-TIS section ([`ftis_model_card_section`] of `section` and `model_name`) to the model card TRL wrote
+    at `path`, before its citations, and unlink a local base model ([`without_base_model_link`])."""
+    text = without_base_model_link(path.read_text(encoding="utf-8"), model_name)
+    added = ftis_model_card_section(model_name=model_name, **section)
+    marker = "## Citations"
+    text = text.replace(marker, added + marker, 1) if marker in text else text + "\n" + added
+    path.write_text(text, encoding="utf-8")

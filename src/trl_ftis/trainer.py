@@ -46,12 +46,18 @@ from .checkpoint import (
 from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report, merge_counts
 from .config import FTISConfig, SwarmCredentials
 from .console import apply_console_env
-from .generator_logps import GeneratorLogpsRecorder, generate_with, records_raw_logits, sampling_warpers
+from .generator_logps import (
+    GeneratorLogpsRecorder,
+    generate_with,
+    records_raw_logits,
+    sampling_warpers,
+    ties_embeddings,
+)
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import record_term_statistics
-from .micro_batches import chunk_weights, split_rows
-from .model_card import ModelCardAtEndCallback, card_results, ftis_model_card_section, without_base_model_link
+from .micro_batches import chunk_size, chunked_loss, joined
+from .model_card import ModelCardAtEndCallback, add_ftis_section, card_results
 from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .own_rows import (
     build_own_rows,
@@ -195,6 +201,7 @@ class FTISTrainer(GRPOTrainer):
         self._pending: list[AdmittedRow] = []  # admitted by add_peer_rows (or restored), for the next merge
         self._row_listeners: list[RowListener] = []
         self._loss_inputs: dict[str, Any] | None = None
+        self._chunk_terms: list[tuple] | None = None  # while a micro-batch is computed in chunks (`micro_batches`)
         self._recorder: GeneratorLogpsRecorder | None = None
         self._recorded_logps: list[list[float]] | None = None
         self.logps_source = "trainer"  # what the last own rows' generator log-probs are (`own_rows.LOGPS_SOURCES`)
@@ -206,7 +213,7 @@ class FTISTrainer(GRPOTrainer):
         self._prepare_seconds = 0.0  # time in `_prepare_inputs`, which `training_step` subtracts from its own
         # Read once, before the model is loaded: a wrong key file fails now, naming it.
         credentials = args.swarm_credentials() if args.exchange_url is not None else None
-        if args.cast_lm_head_to_fp32 and peft_config is not None and _ties_embeddings(model):
+        if args.cast_lm_head_to_fp32 and peft_config is not None and ties_embeddings(model):
             # TRL 1.16 casts a tied LM head through `model.model.embed_tokens`, which a PEFT wrapper does not have.
             logger.warning(
                 "cast_lm_head_to_fp32 is not supported by TRL for a LoRA model with tied embeddings; turning it off. "
@@ -699,17 +706,20 @@ class FTISTrainer(GRPOTrainer):
         rewrites (the buffered batch is reused across `num_iterations`, so it must stay untouched). A training
         micro-batch that peer rows made larger than `peer_micro_batch_size` is computed in weighted row chunks, each
         but the last back-propagated here (the Trainer does the last): the same gradient, a micro-batch's memory."""
-        size = self.args.peer_micro_batch_size
-        size = self.args.per_device_train_batch_size if size is None else size
-        if not (size and model.training and inputs["completion_ids"].shape[0] > size) or self.is_deepspeed_enabled:
+        rows, deepspeed = inputs["completion_ids"].shape[0], self.is_deepspeed_enabled
+        size = chunk_size(self.args, rows, training=model.training, deepspeed=deepspeed)
+        if size is None:
             return self._chunk_loss(model, inputs)
-        chunks = split_rows(inputs, size)
-        weights, done = chunk_weights(self.loss_type, chunks), 0.0
-        for chunk, weight in zip(chunks[:-1], weights[:-1], strict=True):
-            loss = self._chunk_loss(model, chunk) * weight
-            self.accelerator.backward(loss)  # TRL's loss is already scaled for gradient accumulation
-            done += loss.detach()
-        return self._chunk_loss(model, chunks[-1]) * weights[-1] + done
+        self._chunk_terms = []  # each chunk's F-TIS terms, logged once as the micro-batch's
+        try:
+            loss = chunked_loss(
+                lambda c: self._chunk_loss(model, c), self.accelerator.backward, inputs, size, self.loss_type
+            )
+            terms = joined(self._chunk_terms)
+        finally:
+            self._chunk_terms = None
+        self._log_ftis_metrics(*terms)
+        return loss
 
     def _chunk_loss(self, model, inputs):
         self._loss_inputs = dict(inputs)
@@ -799,6 +809,8 @@ class FTISTrainer(GRPOTrainer):
         self._log_ftis_metrics(terms, mask.bool(), source, inputs.get("ftis_age"))
 
     def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor, age: torch.Tensor | None) -> None:
+        if self._chunk_terms is not None:  # a chunk of a micro-batch: logged with the others
+            return self._chunk_terms.append((terms, mask, source, age))
         training = self.model.training
         record_term_statistics(
             self.accelerator,
@@ -935,24 +947,20 @@ class FTISTrainer(GRPOTrainer):
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if not self.is_world_process_zero():
             return
-        path = Path(self.args.output_dir) / "README.md"
-        text = without_base_model_link(path.read_text(encoding="utf-8"), self._model_name())
-        section = ftis_model_card_section(
+        add_ftis_section(
+            Path(self.args.output_dir) / "README.md",
+            self._model_name(),
             args=self.args,
             temperature=self.temperature,
             num_generations=self.num_generations,
             global_step=self.state.global_step,
             paper=self._paper,
-            model_name=self._model_name(),
             peers=self._ledger.peers(),
             accepted_by_peer=self._ledger.accepted_by_peer,
             peer_models=self.swarm.peer_models if self.swarm is not None else {},
             collaboration=self.collaboration(),
             results=card_results(self.state.log_history, dataset_name),
         )
-        marker = "## Citations"
-        text = text.replace(marker, section + marker, 1) if marker in text else text + "\n" + section
-        path.write_text(text, encoding="utf-8")
 
     def summary(self) -> dict[str, Any]:
         """
@@ -988,13 +996,3 @@ class FTISTrainer(GRPOTrainer):
         tokens, effective sample size fraction, filtered fraction, own rows they are worth, own generation seconds
         they stood in for) and `collaboration`, the same as one sentence."""
         return collaboration_report(self._clock, self._value, self._ledger.accepted_by_peer, self._ledger.peers())
-
-
-def _ties_embeddings(model) -> bool:
-    if isinstance(model, str):
-        from transformers import AutoConfig
-
-        config = AutoConfig.from_pretrained(model)
-    else:
-        config = model.config
-    return bool(getattr(config.get_text_config(), "tie_word_embeddings", False))
