@@ -25,25 +25,18 @@ The summary table and `summary.json` are the driver's, with each peer's job id, 
 
 from __future__ import annotations
 
-import getpass
 import importlib.util
 import json
 import os
 import re
 import secrets
-import shlex
 import shutil
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-from ..rules import REDACTED, REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
+from ..rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
 from .commands import (
     build_commands,
@@ -59,8 +52,20 @@ from .commands import (
 )
 from .restart import restart_command
 from .schema import SwarmConfig
+from .slurm_cli import (
+    describe_resources,
+    job_outcome,
+    options_text,
+    restrict_folder,
+    scancel,
+    scancel_names,
+    script_lines,
+    signals_blocked,
+    squeue,
+    submitit_parameters,
+)
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
-from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, format_minutes
+from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources
 from .summary import describe_code
 
 __all__ = [
@@ -145,135 +150,6 @@ def redis_job_name(config: SwarmConfig, token: str) -> str:
     return _job_name(config, token, ":redis")
 
 
-def _submitit_parameters(resources: SlurmResources, name: str) -> dict[str, Any]:
-    params = resources.submitit_parameters()
-    params["job_name"] = name
-    return params
-
-
-def _describe_resources(resources: SlurmResources) -> str:
-    parts = [f"{resources.nodes} node{'s' if resources.nodes != 1 else ''}"]
-    if resources.gpus:
-        parts.append(f"{resources.gpus} GPU{'s' if resources.gpus != 1 else ''}/node")
-    if resources.cpus:
-        parts.append(f"{resources.cpus} CPU{'s' if resources.cpus != 1 else ''}")
-    if resources.mem:
-        parts.append(f"mem {resources.mem}")
-    if resources.time:
-        parts.append(f"time {format_minutes(resources.time)}")
-    if resources.partition:
-        parts.append(f"partition {resources.partition}")
-    return ", ".join(parts)
-
-
-def _restrict(folder: Path) -> None:
-    """`folder` and the files in it (submitit's batch script, with the setup lines, and its pickles, with the job's
-    environment additions) readable by their owner only, whatever the umask."""
-    try:
-        folder.chmod(0o700)
-        for path in folder.iterdir():
-            if path.is_file() and not path.is_symlink():
-                path.chmod(0o600)
-    except OSError:
-        pass
-
-
-def _sbatch_script(resources: SlurmResources, name: str, folder: Path) -> str | None:
-    """The batch script submitit writes for these resources (None when submitit is not installed)."""
-    try:
-        from submitit.slurm.slurm import _make_sbatch_string  # the function submitit's executor calls
-    except ImportError:
-        return None
-    params = {k: v for k, v in _submitit_parameters(resources, name).items()}
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(str(folder))])
-    try:
-        return _make_sbatch_string(command=command, folder=folder, **params)
-    except Exception as exc:  # noqa: BLE001 - another submitit version: the dry run still shows the options
-        return f"# (submitit could not render the script: {exc})"
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# SLURM commands (run in their own session: a Ctrl-C in the terminal reaches only the launcher)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _run(argv: list[str], timeout: float = 30.0) -> subprocess.CompletedProcess | None:
-    try:
-        return subprocess.run(
-            argv,
-            check=False,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def squeue(job_ids: Iterable[str]) -> dict[str, tuple[str, str, str]] | None:
-    """{job id: (state, node list, reason)} for the jobs slurmctld still knows (finished ones for MinJobAge seconds);
-    a job missing from the result is gone. None when squeue failed (slurmctld unreachable, ...)."""
-    ids = [job_id for job_id in job_ids if job_id]
-    if not ids:
-        return {}
-    result = _run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%N|%r"])
-    if result is None:
-        return None
-    if result.returncode != 0:
-        return {} if "Invalid job id" in result.stderr else None  # every one of them already forgotten
-    states = {}
-    for line in result.stdout.splitlines():
-        fields = line.strip().split("|")
-        if len(fields) == 4:
-            states[fields[0]] = (fields[1], fields[2], fields[3])
-    return states
-
-
-def job_outcome(job_id: str) -> tuple[str | None, int | None, int | None]:
-    """(state, exit code, signal) of a job from `scontrol show job` (None where unknown)."""
-    result = _run(["scontrol", "show", "job", "-o", job_id])
-    if result is None or result.returncode != 0:
-        return None, None, None
-    state = re.search(r"\bJobState=(\S+)", result.stdout)
-    code = re.search(r"\bExitCode=(\d+):(\d+)", result.stdout)
-    return (
-        state.group(1) if state else None,
-        int(code.group(1)) if code else None,
-        int(code.group(2)) if code else None,
-    )
-
-
-def scancel(job_ids: Iterable[str], *, signal_name: str | None = None) -> None:
-    ids = [job_id for job_id in job_ids if job_id]
-    if ids:
-        _run(["scancel", "--quiet", *([f"--signal={signal_name}"] if signal_name else []), *ids])
-
-
-def scancel_names(names: Iterable[str]) -> None:
-    """Cancel this user's jobs named `names` (each name is unique to one launch)."""
-    user = getpass.getuser()
-    for name in names:
-        _run(["scancel", "--quiet", f"--user={user}", f"--name={name}"])
-
-
-@contextmanager
-def _signals_blocked():
-    """SIGINT/SIGTERM/SIGHUP held back (and blocked in the sbatch that submitit starts): a Ctrl-C in the terminal
-    must not kill sbatch halfway, leaving a job whose id the launcher never learned. Delivered right after."""
-    sigs = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
-    try:
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
-    except (AttributeError, OSError, ValueError):
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 # --------------------------------------------------------------------------------------------------------------------
 # Dry run
 # --------------------------------------------------------------------------------------------------------------------
@@ -312,14 +188,14 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
         password = (
             f"password: {secret}, handed to the peers as {REDIS_PASSWORD_ENV}" if redis.password else "no password"
         )
-        out.append(f"# ---- job {name}: the exchange's Redis server ({_describe_resources(redis.resources)})")
+        out.append(f"# ---- job {name}: the exchange's Redis server ({describe_resources(redis.resources)})")
         out.append(f"#   runs: {redis.server} (port: {port}; {password}); log {config.run_dir / 'logs' / REDIS_LOG}")
-        out.extend(_script_lines(redis.resources, name, root / "redis-job"))
+        out.extend(script_lines(redis.resources, name, root / "redis-job"))
         out.append("")
     for command, peer in zip(commands, config.peers):
         resources = peer.slurm or SlurmResources()
         name = peer_job_name(config, token, peer.id)
-        out.append(f"# ---- job {name}: peer {peer.id} (launcher {peer.launcher}; {_describe_resources(resources)})")
+        out.append(f"# ---- job {name}: peer {peer.id} (launcher {peer.launcher}; {describe_resources(resources)})")
         if resources.nodes > 1:
             out.append(
                 f"#   on each of its {resources.nodes} nodes: accelerate launch with --num_machines {resources.nodes} "
@@ -328,7 +204,7 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
         env = redact_env(command.env)
         out.append(f"#   runs: cd {shell_quote(str(command.cwd))} && {shell_line(command, env)}")
         out.append(f"#   log {command.log_path}; exit status {root / (peer.id + '.exit')}")
-        out.extend(_script_lines(resources, name, root / peer.id))
+        out.extend(script_lines(resources, name, root / peer.id))
         out.append("")
     passed = sorted(name for name in os.environ if is_secret_name(name))
     if passed:
@@ -338,32 +214,6 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
     for problem in check_files(config) + slurm_problems(config):
         out.append(f"# warning: {problem}")
     stream.write("\n".join(out).rstrip("\n") + "\n")
-
-
-def _script_lines(resources: SlurmResources, name: str, folder: Path) -> list[str]:
-    """The job's sbatch options, setup lines and batch script for the dry run, secrets redacted
-    (`commands.redact_shell_line`): the setup may export a token or name a URL with its password."""
-    lines = ["#   sbatch options: " + _options_text(resources)]
-    if resources.setup:
-        lines.append("#   setup: " + " ; ".join(redact_shell_line(line) for line in resources.setup))
-    script = _sbatch_script(resources, name, folder)
-    if script is None:
-        lines.append("#   (install submitit, pip install 'trl-ftis[slurm]', to see the batch script it writes)")
-    else:
-        lines.append("#   batch script (written by submitit at submission):")
-        lines.extend("#   | " + redact_shell_line(line) for line in script.rstrip("\n").splitlines())
-    return lines
-
-
-def _option_text(name: str, value: str | bool) -> str:
-    """`--name=VALUE` as shown (never as submitted): a secret-named option's value and URL passwords redacted."""
-    if value is True:
-        return f"--{name}"
-    return f"--{name}={REDACTED if is_secret_name(name) else redact_text(shlex.quote(str(value)))}"
-
-
-def _options_text(resources: SlurmResources) -> str:
-    return " ".join(_option_text(k, v) for k, v in resources.sbatch_options().items())
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -561,15 +411,15 @@ class SlurmBackend:
         import submitit
 
         executor = submitit.SlurmExecutor(folder=folder)
-        executor.update_parameters(**_submitit_parameters(job.resources, job.name))
+        executor.update_parameters(**submitit_parameters(job.resources, job.name))
         if not job.started_at:
             job.started_at = time.time()
         job.attempted = True
         try:
-            with _signals_blocked():
+            with signals_blocked():
                 submitted = executor.submit(function)
         finally:
-            _restrict(folder)
+            restrict_folder(folder)
         job.job_id = str(submitted.job_id)
         job.submitted = time.monotonic()
         job.status = "pending"
@@ -696,7 +546,7 @@ class SlurmBackend:
                 self.say(f"peer {command.id}: could not submit its job: {short_error(exc)}")
                 return Outcome(1, redact_text(f"could not submit peer {command.id}: {short_error(exc)}"))
             self.say(
-                f"submitted {command.id}: job {run.job_id} ({_describe_resources(run.resources)}); "
+                f"submitted {command.id}: job {run.job_id} ({describe_resources(run.resources)}); "
                 f"log {command.log_path}"
             )
         return None
@@ -704,7 +554,7 @@ class SlurmBackend:
     def _append_job_to_cmd_file(self, run: _Job, folder: Path):
         lines = [
             "",
-            f"# SLURM job {run.name}: sbatch {_options_text(run.resources)}",
+            f"# SLURM job {run.name}: sbatch {options_text(run.resources)}",
             *(f"# setup: {redact_shell_line(line)}" for line in run.resources.setup),
             f"# submitit folder (batch script, stdout/stderr of the job): {folder}",
             f"# exit status: {self._exit_path(run.command.id)}",
