@@ -625,7 +625,7 @@ def test_extreme_completion_lengths_and_group_sizes(tokenizer, make_args):
     sent += rows("p", 2, prompt=KNOWN, ids=(8,) * 1000, group="much-longer")
     sent += rows("p", 1, prompt=KNOWN, reward=[F32_MAX], group="one")
     sent += rows("p", 1000, prompt=KNOWN, reward=[float(k % 7) for k in range(1000)], group="thousand")
-    trainer = make_trainer(tokenizer, make_args)
+    trainer = make_trainer(tokenizer, make_args, max_peer_ratio=None)  # no cap: the thousand rows in one step
     assert trainer.add_peer_rows(sent) == 2 + 2 + 1 + 1000
     entry = assert_finite_step(trainer)
     assert entry["ftis/peer_rows"] == 1005 and dropped(entry) == {"too_long": 4}

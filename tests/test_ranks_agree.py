@@ -73,8 +73,8 @@ SCRIPT = textwrap.dedent(
                               train_dataset=addition_dataset(64, seed=1), processing_class=tokenizer)
         trainer.model.register_forward_pre_hook(count_forward, with_kwargs=True)
         merged = []
-        merge = trainer._merge_rows
-        trainer._merge_rows = lambda output, rows: merged.append(len(rows)) or merge(output, rows)
+        merge = trainer._merge.batch  # the tensors of the rows this rank merges
+        trainer._merge.batch = lambda output, rows: merged.append(len(rows)) or merge(output, rows)
         if trainer.accelerator.process_index == 0:  # on one rank only
             trainer.add_peer_rows([
                 PeerRow(prompt="12+34=", completion_ids=[8, 9, 2], generator_logps=[-0.5, -1.0, -0.25],

@@ -43,7 +43,7 @@ from .checkpoint import (
     warn_unread_states,
     write_state_file,
 )
-from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report, merge_counts
+from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report
 from .config import FTISConfig, SwarmCredentials
 from .console import apply_console_env
 from .generator_logps import (
@@ -64,21 +64,17 @@ from .own_rows import (
     completion_lengths,
     completion_texts,
     generator_logps,
-    is_truncated,
     sampling_settings,
     unmasked_completions,
 )
+from .peer_merge import PeerMerge
 from .peer_rows import (
-    UNMERGEABLE_FIELDS,
     AdmittedRow,
     PeerRow,
     ScoredRow,
-    build_peer_batch,
     check_rows,
-    concat_rows,
     row_type_problem,
     take_rows,
-    with_group_statistics,
 )
 from .peer_summary import peer_summary
 from .rounds import RoundRunner, connect_swarm
@@ -274,6 +270,23 @@ class FTISTrainer(GRPOTrainer):
         )
         self._rounds = RoundRunner(
             config=args, swarm=swarm, admission=self._admission, ledger=self._ledger, scale_rewards=self.scale_rewards
+        )
+        self._merge = PeerMerge(
+            accelerator=self.accelerator,
+            admission=self._admission,
+            ledger=self._ledger,
+            value=self._value,
+            lock=self._rounds.lock,
+            log=lambda name, value: self._metrics["train"][name].append(value),
+            completion_logps=lambda batch, rows: self._completion_logps(self.model, batch, rows),
+            reference_logps=self._reference_logps,
+            scale_rewards=self.scale_rewards,
+            steps_per_generation=args.steps_per_generation,
+            pad_token_id=self._tokenizer.pad_token_id,
+            vllm_importance_sampling_mode=self.vllm_importance_sampling_mode,
+            truncation_ends={*self.eos_token_ids, self._tokenizer.pad_token_id}
+            if self.mask_truncated_completions
+            else None,
         )
         self.add_callback(SummaryCallback(self.summary, self.accelerator.is_main_process))
         self.add_callback(ModelCardAtEndCallback(self.create_model_card))
@@ -575,120 +588,10 @@ class FTISTrainer(GRPOTrainer):
             device = output["advantages"].device
             output["advantages"] = torch.tensor(advantages[start : start + len(own_rows)], device=device)
             output["ftis_group_max_len"] = torch.tensor(group_max[start : start + len(own_rows)], device=device)
-        return self._equal_share(rows)
-
-    def _equal_share(self, rows: list) -> list:
-        """This process's equal, disjoint share of `rows` (the same list on every process); the rest is trimmed.
-        Every process merges as many rows: unequal micro-batches or forwards deadlock DDP, ZeRO-3 and FSDP."""
-        share = len(rows) // self.accelerator.num_processes
-        if self.accelerator.is_main_process:
-            with self._rounds.lock:  # the ledger, which the worker's admission also writes
-                self._ledger.count_trimmed(row.sender for row in rows[share * self.accelerator.num_processes :])
-        return rows[self.accelerator.process_index * share : (self.accelerator.process_index + 1) * share]
+        return self._merge.equal_share(rows)
 
     def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[AdmittedRow]) -> dict[str, Any]:
-        # Rows from add_peer_rows are admitted, not normalised. They are queued per process: gathered, given their
-        # group statistics and shared out like a swarm round's (normalised on the main process, then shared out).
-        # Then the last guard (the round checked its rows already). Prompts were rendered once, by the admission.
-        queued = [row for row in rows if not isinstance(row, ScoredRow)]
-        processes = self.accelerator.num_processes
-        queued = with_group_statistics(gather_object(queued) if processes > 1 else queued, self.scale_rewards)
-        queued = self._equal_share(queued) if processes > 1 else queued
-        rows = self._admission.guard_statistics(queued + [row for row in rows if isinstance(row, ScoredRow)])
-        if self.mask_truncated_completions:  # as TRL masks this trainer's own: in the groups' statistics, not the loss
-            ends = {*self.eos_token_ids, self._tokenizer.pad_token_id}
-            self._ledger.count_trimmed(
-                (row.sender for row in rows if is_truncated(row.completion_ids, ends)), "truncated"
-            )
-            rows = [row for row in rows if not is_truncated(row.completion_ids, ends)]
-        # Every generation batch must split into `steps_per_generation` equal micro-batches, and every process must
-        # merge as many rows as the others (the same forwards and collectives), whatever its guards dropped.
-        counts = (
-            [len(rows)]
-            if processes == 1
-            else self.accelerator.gather(torch.tensor([len(rows)], device=self.accelerator.device)).tolist()
-        )
-        keep = min(counts) - min(counts) % self.args.steps_per_generation
-        self._ledger.count_trimmed(row.sender for row in rows[keep:])
-        rows = rows[:keep]
-        # Per-peer loss metrics are reductions over a source list that must be the same on every process.
-        senders = sorted({row.sender for row in rows})
-        if self.accelerator.num_processes > 1:
-            senders = sorted(set(gather_object(senders)))
-        self._ledger.add_sources(senders)
-        # Rows and completion tokens per source (0: own) merged into this batch, over every process: one collective.
-        own = (output["completion_mask"].shape[0], int(output["completion_mask"].sum()))
-        counts = merge_counts(own, rows, self._ledger.source_index, len(self._ledger.sources) + 1)
-        counts = torch.tensor(counts, device=self.accelerator.device)
-        counts = self.accelerator.reduce(counts, reduction="sum").cpu()
-        names = [None, *self._ledger.sources]  # None: own rows (PeerValue's OWN)
-        self._value.record_merge({name: tuple(counts[k].tolist()) for k, name in enumerate(names)})
-        self._metrics["train"]["ftis/own_tokens_total"].append(self._value.own["tokens"])  # the curves' x axis
-        total_rows = counts[1:, 0].sum().item()
-        self._metrics["train"]["ftis/peer_rows"].append(total_rows)
-        for name, value in self._ledger.step_row_counts().items():
-            self._metrics["train"][name].append(value)
-        if rows:
-            unsupported = [key for key in UNMERGEABLE_FIELDS if output.get(key) is not None]
-            if unsupported:
-                raise ValueError(
-                    f"Peer rows cannot be merged into batches with {unsupported}: F-TIS peers exchange text-only, "
-                    "single-turn completions."
-                )
-            output = self._merge_rows(output, rows)
-        if total_rows > 0:  # the same decision on every process: they all run this collective, or none does
-            # `num_items_in_batch` counts loss tokens over all processes, as TRL does.
-            loss_mask = output["completion_mask"]
-            if output.get("tool_mask") is not None:
-                loss_mask = loss_mask * output["tool_mask"]
-            output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
-        return output
-
-    def _merge_rows(self, output: dict[str, Any], rows: Sequence[ScoredRow]) -> dict[str, Any]:
-        device = self.accelerator.device
-        peer = build_peer_batch(
-            rows,
-            [row.prompt_ids for row in rows],
-            pad_token_id=self._tokenizer.pad_token_id,
-            scale_rewards=self.scale_rewards,
-            device=device,
-        )
-        fields = {
-            "prompt_ids": peer.prompt_ids,
-            "prompt_mask": peer.prompt_mask,
-            "completion_ids": peer.completion_ids,
-            "completion_mask": peer.completion_mask,
-            "advantages": peer.advantages,
-            "ftis_gen_logps": peer.generator_logps,
-            "ftis_gen_valid": torch.ones(len(peer), dtype=torch.bool, device=device),
-            "ftis_source": torch.tensor([self._ledger.source_index(s) for s in peer.senders], device=device),
-            "ftis_age": torch.tensor(
-                [-1 if getattr(row, "age", None) is None else min(max(int(row.age), -1), 2**31) for row in rows],
-                dtype=torch.long,
-                device=device,
-            ),
-            "ftis_group_max_len": peer.group_max_lengths,
-            "ftis_text_level": peer.text_level,
-        }
-        if "sampling_per_token_logps" in output:
-            fields["sampling_per_token_logps"] = peer.generator_logps
-        if "importance_sampling_ratio" in output:  # vLLM's own correction does not apply to other models' rows
-            # TRL keeps one ratio per sequence (B, 1) in the sequence_* modes, one per token (B, T) otherwise.
-            per_sequence = self.vllm_importance_sampling_mode in ("sequence_mask", "sequence_truncate")
-            shape = (len(peer), 1) if per_sequence else tuple(peer.generator_logps.shape)
-            fields["importance_sampling_ratio"] = torch.ones(shape, device=device)
-        # Placeholders, filled below on the merged (re-padded) tensors.
-        for key in ("old_per_token_logps", "ref_per_token_logps"):
-            if key in output and output[key] is not None:
-                fields[key] = torch.zeros_like(peer.generator_logps)
-        local_rows = output["completion_ids"].shape[0]
-        merged = concat_rows(output, fields, pad_token_id=self._tokenizer.pad_token_id)
-        peer_rows = slice(local_rows, None)
-        if merged.get("old_per_token_logps") is not None:
-            merged["old_per_token_logps"][peer_rows] = self._completion_logps(self.model, merged, peer_rows)
-        if merged.get("ref_per_token_logps") is not None:
-            merged["ref_per_token_logps"][peer_rows] = self._reference_logps(merged, peer_rows)
-        return merged
+        return self._merge.merge(output, rows)  # `trl_ftis.peer_merge.PeerMerge`
 
     def _reference_logps(self, batch: dict[str, Any], rows: slice) -> torch.Tensor:
         if self.ref_model is not None:
