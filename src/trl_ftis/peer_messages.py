@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .exchange import Message, WireCompletion, WireGroup
+from .exchange import Limits, Message, WireCompletion, WireGroup
 from .peer_rows import PeerRow
+from .rules import MAX_LOGP
 
 
 def rows_to_message(
@@ -56,6 +57,25 @@ def rows_to_message(
         completions=completions,
         model=model,
     )
+
+
+def fits_the_wire(row: PeerRow, reward_names: Sequence[str], limits: Limits) -> bool:
+    """Whether `row`'s values are ones the wire format carries (`limits`: its reward within `max_abs_reward`, each
+    reward function's too, its log-probs finite, at least `min_logp` and at most `MAX_LOGP`): a sender leaves out
+    a group holding one that is not, since receivers would refuse the whole message."""
+    try:
+        reward = float(row.reward)
+        logps = np.asarray(row.generator_logps, dtype=np.float64)
+        per_func = row.rewards_per_func or {}
+        values = np.asarray([per_func.get(name, math.nan) for name in reward_names], dtype=np.float64)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    if not (math.isfinite(reward) and abs(reward) <= limits.max_abs_reward):
+        return False
+    if logps.size and not (np.isfinite(logps).all() and limits.min_logp <= logps.min() and logps.max() <= MAX_LOGP):
+        return False
+    values = values[~np.isnan(values)]  # NaN: the reward function returned None, which the wire carries
+    return bool((np.abs(values) <= limits.max_abs_reward).all())
 
 
 def biased_logps(sampling: Mapping[str, Any]) -> str | None:

@@ -36,11 +36,9 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
 from .exchange.transports import Transport, open_transport
-from .peer_messages import biased_logps, message_to_rows, rows_to_message
+from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
 from .peer_rows import PeerRow
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
@@ -51,7 +49,6 @@ from .rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
-    MAX_LOGP,
     binding_problem,
     check_expected_peers,
     check_round_window,
@@ -354,7 +351,7 @@ class Swarm:
         message): a whole group goes, since receivers normalise advantages within it."""
         limits, bad_groups = self.limits, set()
         for row in rows:
-            if row.group not in bad_groups and not self._in_range(row, limits):
+            if row.group not in bad_groups and not fits_the_wire(row, self.reward_names, limits):
                 bad_groups.add(row.group)
         if not bad_groups:
             return list(rows)
@@ -368,23 +365,6 @@ class Swarm:
             "not shared (logged once; counted in Swarm.unpublished['out_of_range']).",
         )
         return kept
-
-    def _in_range(self, row: PeerRow, limits: Limits) -> bool:
-        try:
-            reward = float(row.reward)
-            logps = np.asarray(row.generator_logps, dtype=np.float64)
-            per_func = row.rewards_per_func or {}
-            values = np.asarray([per_func.get(name, math.nan) for name in self.reward_names], dtype=np.float64)
-        except (TypeError, ValueError, OverflowError):
-            return False
-        if not (math.isfinite(reward) and abs(reward) <= limits.max_abs_reward):
-            return False
-        if logps.size and not (
-            np.isfinite(logps).all() and limits.min_logp <= logps.min() and logps.max() <= MAX_LOGP
-        ):
-            return False
-        values = values[~np.isnan(values)]  # NaN: the reward function returned None, which the wire carries
-        return bool((np.abs(values) <= limits.max_abs_reward).all())
 
     # -- collecting ----------------------------------------------------------------------------------------------
     @property

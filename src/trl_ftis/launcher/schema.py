@@ -19,7 +19,6 @@ URLs, environment variable names) come from `trl_ftis.rules`.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Mapping
@@ -27,12 +26,43 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from .. import rules
-from .controls import control_peers, control_problem
+from .controls import control_peers
 from .preflight import ScriptOptions, expected_peer_problems, script_options
+from .schema_values import (
+    CROSS_PROCESS_SCHEMES,
+    EXPECTED_PEERS_ARG,
+    GPU_MEMORY_FRACTION_ARG,
+    LAUNCHERS,
+    RESERVED_ARGS,
+    SCHEDULERS,
+    SUGAR_ARGS,
+    Args,
+    Env,
+    PathValue,
+    SwarmConfigError,
+    TopLevel,
+    controls_value,
+    exchange_url_value,
+    gpu_share_value,
+    gpus_value,
+    model_value,
+    num_processes_value,
+    on_failure_value,
+    optional_flag_value,
+    path_value,
+    peer_id_value,
+    peer_launcher_value,
+    peer_where,
+    raw_args,
+    run_dir_problem,
+    run_dir_value,
+    top_launcher_value,
+    top_level,
+)
 from .slurm_schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
 from .validation import Spec, bad, format_problems, problems, said, with_problems
 
@@ -51,328 +81,6 @@ __all__ = [
     "load_swarm_config",
 ]
 
-LAUNCHERS = ("python", "accelerate")
-# Where the peers run: this machine, or one SLURM job each (`launcher: slurm` at the top level, or --slurm). A swarm is
-# either local or on SLURM; inside its job each peer still runs its own launcher (python or accelerate). Each
-# scheduler is one backend (`driver.BACKENDS`).
-SCHEDULERS = ("local", "slurm")
-# Every peer of a swarm is a separate process, so only transports that cross processes make sense here
-# (rules.IN_PROCESS_SCHEMES, memory://, live inside one process).
-CROSS_PROCESS_SCHEMES = tuple(s for s in rules.EXCHANGE_SCHEMES if s not in rules.IN_PROCESS_SCHEMES)
-# Arguments the launcher sets itself for every peer; a config that sets them would silently disagree.
-RESERVED_ARGS = {
-    "peer_id": "the peer's `id`",
-    "exchange_url": "the top-level `exchange_url`",
-    "output_dir": "`run_dir` (each peer writes to <run_dir>/<id>)",
-}
-GPU_MEMORY_FRACTION_ARG = "gpu_memory_fraction"  # FTISConfig.gpu_memory_fraction: what `gpu_share` sets
-
-# Matched whole (`fullmatch`: `$` would let a trailing newline through, into a command line or a `.cmd` file).
-_ARG_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A newline in a path the SLURM batch script names (run_dir: submitit's folder, its #SBATCH --output) would start a
-# line of its own there: a command the job runs.
-_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
-# An index, or a GPU-/MIG- UUID: CUDA reads anything else ("two", "1.5") as "no GPU" and the peer runs on the CPU.
-_GPU_ID_RE = re.compile(r"(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9:_-]+)")
-# FTISConfig's arguments the launcher reads: how long a round waits, and for whom.
-PEER_TIMEOUT_ARG = "peer_timeout"
-EXPECTED_PEERS_ARG = "expected_peers"
-# What the sugar keys of a peer set in its args.
-SUGAR_ARGS = {"model": "model_name_or_path", "lora": "use_peft", "gpu_share": GPU_MEMORY_FRACTION_ARG}
-
-
-class SwarmConfigError(ValueError):
-    """A swarm config that cannot be run; `errors` lists every problem found, each naming the peer and the key."""
-
-    def __init__(self, message: str, errors: list[str] | None = None):
-        super().__init__(message)
-        self.errors = list(errors) if errors else [message]
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# What the top level decides for every peer (the validation context)
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _TopLevel:
-    """Read from the raw mapping before validation (the top level's own validators report its problems)."""
-
-    scheduler: str = "local"
-    launcher: str = "python"  # a peer's default (inside each job on SLURM)
-    has_script: bool = False
-    slurm_nodes: int = 1  # the top-level `slurm.nodes`, the default of every peer's job
-    run_dir_given: bool = False  # --run-dir wins over the config's run_dir (which is then not checked)
-    exchange_given: bool = False  # an exchange of the user's: peers started elsewhere may meet there too
-    # The top-level `args` as written, for the checks across peers (so that a bad value there hides no other problem).
-    args: Mapping = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, raw: Mapping, slurm: bool, run_dir: Any) -> _TopLevel:
-        launcher = raw.get("launcher", "python")
-        top_slurm = raw.get("slurm")
-        nodes = top_slurm.get("nodes") if isinstance(top_slurm, Mapping) else None
-        return cls(
-            scheduler="slurm" if slurm or launcher == "slurm" else "local",
-            launcher=launcher if launcher in LAUNCHERS else "python",
-            has_script=raw.get("script") is not None,
-            slurm_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1,
-            run_dir_given=run_dir is not None,
-            exchange_given=raw.get("exchange_url") is not None,
-            args=_raw_args(raw),
-        )
-
-
-def _top(info: ValidationInfo) -> _TopLevel:
-    return (info.context or {}).get("top") or _TopLevel()
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The validators of the keys
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _mapping(what: str):
-    def check(value: Any) -> dict:
-        if value is None:
-            return {}
-        if not isinstance(value, Mapping):
-            raise bad(f"must be a mapping of {what}, got {type(value).__name__}")
-        return dict(value)
-
-    return check
-
-
-def _arg_key(key: Any) -> str:
-    if not isinstance(key, str) or not _ARG_KEY_RE.fullmatch(key):
-        raise said(f"args key {key!r} is not a valid argument name (write `lr`, not `--lr`)")
-    if key in RESERVED_ARGS:
-        raise said(f"`args.{key}` is set by the launcher; use {RESERVED_ARGS[key]} instead")
-    return key
-
-
-def _is_scalar(value: Any) -> bool:
-    return value is None or isinstance(value, (str, bool, int, float))
-
-
-def _arg_value(value: Any) -> Any:
-    """Arguments rendered as `--key value`: scalars or flat lists only (nothing argparse cannot take)."""
-    if isinstance(value, (list, tuple)):
-        if not value:
-            raise bad("is an empty list, which has no command-line form; omit it")
-        if not all(_is_scalar(v) and v is not None for v in value):
-            raise bad("list items must be strings, numbers or booleans")
-        return list(value)
-    if not _is_scalar(value):
-        raise bad(f"must be a string, number, boolean, null or a list of those, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise bad(f"must be a finite number, got {value}")
-    return value
-
-
-def _env_name(name: Any) -> str:
-    if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
-        raise said(f"env name {name!r} is not a valid environment variable name")
-    if name == rules.PEER_ID_ENV:
-        raise said(f"`env.{name}` is set by the launcher from the peer's `id`")
-    return name
-
-
-def _env_value(value: Any) -> str:
-    """Environment values must be strings; numbers are converted. Booleans are refused: "True" vs "1" is a guess."""
-    if isinstance(value, str) and "\x00" not in value:
-        return value
-    if isinstance(value, int) and not isinstance(value, bool):
-        return str(value)
-    if isinstance(value, float) and math.isfinite(value):
-        return repr(value)
-    hint = " (quote it: 'true' / '1')" if isinstance(value, bool) else ""
-    raise bad(f"must be a string or a number, got {type(value).__name__} {value!r}{hint}")
-
-
-def _peer_timeout(args: dict) -> dict:
-    # FTISConfig takes 0 (a round that never waits), but a swarm whose rounds never wait trades almost nothing: in
-    # lock-step every peer trains before the others' rows arrive.
-    value = args.get(PEER_TIMEOUT_ARG)
-    if value is None:
-        return args
-    try:
-        seconds = float(value) if not isinstance(value, bool) and isinstance(value, (int, float, str)) else math.nan
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds > 0):
-        raise bad(
-            f"must be a number of seconds > 0 (how long a round waits for the expected peers), got {value!r}",
-            suffix=f".{PEER_TIMEOUT_ARG}",
-        )
-    return args
-
-
-Args = Annotated[
-    dict[Annotated[str, BeforeValidator(_arg_key)], Annotated[Any, BeforeValidator(_arg_value)]],
-    BeforeValidator(_mapping("argument names to values")),
-    AfterValidator(_peer_timeout),
-]
-Env = Annotated[
-    dict[Annotated[str, BeforeValidator(_env_name)], Annotated[str, BeforeValidator(_env_value)]],
-    BeforeValidator(_mapping("variable names to strings")),
-]
-
-
-def _path(value: Any) -> Path | None:
-    # Relative paths are relative to the directory the launcher runs in, like every other command line path.
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise bad(f"must be a non-empty path string, got {value!r}")
-    return Path(os.path.abspath(os.path.expanduser(value)))
-
-
-PathValue = Annotated[Path | None, BeforeValidator(_path)]
-
-
-def _exchange_url(url: Any) -> str | None:
-    if url is None:
-        return None  # dir://<run_dir>/exchange, or the Redis job's address on SLURM
-    accepted = ", ".join(f"{scheme}://" for scheme in CROSS_PROCESS_SCHEMES)
-    try:
-        url = rules.normalise_exchange_url(url)  # the scheme checked and lower-cased
-    except ValueError:
-        shown = rules.redact_url(url) if isinstance(url, str) else url
-        raise bad(
-            f"must be a URL such as dir:///shared/ftis or redis://host:6379/0 (schemes: {accepted}), got {shown!r}"
-        ) from None
-    scheme = rules.exchange_scheme(url)
-    if scheme in rules.IN_PROCESS_SCHEMES:
-        raise bad(f"{scheme}:// only works inside one process, and peers are separate processes; use {accepted}")
-    directory = rules.exchange_directory(url)
-    if directory is not None:
-        if not directory:
-            raise bad("dir:// needs a directory, e.g. dir:///shared/ftis")
-        # Absolute, so that every peer (and the logs) name the same directory whatever their working directory.
-        return rules.dir_exchange_url(os.path.abspath(os.path.expanduser(directory)))
-    return url
-
-
-def _run_dir_problem(path: Any) -> str | None:
-    """Why `path` cannot be a run directory (a newline or another control character in it), or None."""
-    text = os.fspath(path)
-    if _CONTROL_RE.search(text):
-        return f"must not contain a newline or another control character (job scripts name it), got {text!r}"
-    return None
-
-
-def _run_dir(value: Any, info: ValidationInfo) -> str | None:
-    if value is None or _top(info).run_dir_given:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
-        raise bad(f"must be a path string, got {value!r}")
-    problem = _run_dir_problem(value)
-    if problem is not None:
-        raise bad(problem)
-    return os.fspath(value)
-
-
-def _top_launcher(value: Any) -> str:
-    if value not in (*LAUNCHERS, "slurm"):
-        raise bad(f"must be one of {', '.join(LAUNCHERS)}, slurm, got {value!r}")
-    return value
-
-
-ON_FAILURE = ("stop", "continue")
-"""What the launcher does when a peer exits non-zero: stop every other peer (the default), or let them go on (a peer
-can then be restarted with `--only PEER --resume` while the others train)."""
-
-
-def _on_failure(value: Any) -> str:
-    if value not in ON_FAILURE:
-        raise bad(
-            "must be 'stop' (stop every peer when one fails, the default) or 'continue' (the others go on; restart "
-            f"the failed one with --only PEER --resume), got {value!r}"
-        )
-    return value
-
-
-def _controls(value: Any) -> list[str] | None:
-    if value is None:
-        return None
-    problem = control_problem(value)
-    if problem is not None:
-        raise bad(problem)
-    return list(value)
-
-
-def _peer_launcher(value: Any) -> str | None:
-    if value == "slurm":
-        raise said(
-            "`launcher: slurm` is for the whole swarm: set it at the top level (or run with --slurm); a peer's "
-            "`launcher` says what runs inside its job (python or accelerate)"
-        )
-    if value is not None and value not in LAUNCHERS:
-        raise bad(f"must be one of {', '.join(LAUNCHERS)}, got {value!r}")
-    return value
-
-
-def _peer_id(value: Any) -> str:
-    # The same rule as FTISConfig.peer_id, the wire format and the transports: a peer the launcher starts must be one
-    # they accept.
-    problem = rules.peer_id_problem(value)
-    if problem is not None:
-        raise said(f"invalid `id`: {problem}")
-    return value
-
-
-def _model(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise bad(f"must be a path or a Hub id string, got {value!r}")
-    return value
-
-
-def _optional_flag(value: Any) -> bool | None:
-    if value is not None and not isinstance(value, bool):
-        raise bad(f"must be true or false, got {value!r}")
-    return value
-
-
-def _gpus(value: Any) -> str | None:
-    """`gpus` -> a CUDA_VISIBLE_DEVICES string: "0,1", 0 or [0, 1] are all accepted."""
-    if value is None:
-        return None
-    items = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        items = [str(value)]
-    elif isinstance(value, str):
-        items = [part.strip() for part in value.split(",")]
-    elif isinstance(value, (list, tuple)) and all(
-        isinstance(v, (int, str)) and not isinstance(v, bool) for v in value
-    ):
-        items = [str(v).strip() for v in value]
-    if not items or not all(item and _GPU_ID_RE.fullmatch(item) for item in items):
-        raise bad(f'must be a device list such as "0,1", 0 or [0, 1], got {value!r}')
-    return ",".join(items)
-
-
-def _gpu_share(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise bad(f"must be a fraction of one GPU's memory in (0, 1], got {value!r}")
-    return float(value)
-
-
-def _num_processes(value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise bad(f"must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _peer_where(index: int, peer_id: Any) -> str:
-    return f"peers[{index}] (id {peer_id!r})" if isinstance(peer_id, str) and peer_id else f"peers[{index}]"
-
-
-# --------------------------------------------------------------------------------------------------------------------
-# The sections
 # --------------------------------------------------------------------------------------------------------------------
 
 
@@ -382,27 +90,29 @@ class PeerSpec(Spec):
     ENTRY: ClassVar[str] = "peer"
     MAPPING_HINT: ClassVar[str] = " with at least `id`"
 
-    id: Annotated[str, BeforeValidator(_peer_id)]
-    model: Annotated[str | None, BeforeValidator(_model)] = Field(
+    id: Annotated[str, BeforeValidator(peer_id_value)]
+    model: Annotated[str | None, BeforeValidator(model_value)] = Field(
         None, description="sugar for args.model_name_or_path"
     )
-    lora: Annotated[bool | None, BeforeValidator(_optional_flag)] = Field(None, description="sugar for args.use_peft")
+    lora: Annotated[bool | None, BeforeValidator(optional_flag_value)] = Field(
+        None, description="sugar for args.use_peft"
+    )
     args: Args = Field(default_factory=dict, description="merged over the top-level args")
     env: Env = Field(default_factory=dict, description="merged over the top-level env")
     script: PathValue = Field(None, validate_default=True, description="overrides the top-level script")
-    launcher: Annotated[str | None, BeforeValidator(_peer_launcher)] = None
+    launcher: Annotated[str | None, BeforeValidator(peer_launcher_value)] = None
     accelerate_config: PathValue = None
-    num_processes: Annotated[int | None, BeforeValidator(_num_processes)] = None
-    gpus: Annotated[str | None, BeforeValidator(_gpus)] = Field(None, description="CUDA_VISIBLE_DEVICES")
-    gpu_share: Annotated[float | None, BeforeValidator(_gpu_share)] = Field(
+    num_processes: Annotated[int | None, BeforeValidator(num_processes_value)] = None
+    gpus: Annotated[str | None, BeforeValidator(gpus_value)] = Field(None, description="CUDA_VISIBLE_DEVICES")
+    gpu_share: Annotated[float | None, BeforeValidator(gpu_share_value)] = Field(
         None, description="sugar for args.gpu_memory_fraction"
     )
     slurm: SlurmResources | None = Field(None, validate_default=True, description="this peer's job, on SLURM")
-    controls: Annotated[list[str] | None, BeforeValidator(_controls)] = Field(
+    controls: Annotated[list[str] | None, BeforeValidator(controls_value)] = Field(
         None, description="overrides the top-level controls for this peer ([] for none)"
     )
 
-    def launcher_in(self, top: _TopLevel) -> str:
+    def launcher_in(self, top: TopLevel) -> str:
         return self.launcher or top.launcher
 
     @field_validator("args")
@@ -420,14 +130,14 @@ class PeerSpec(Spec):
     @field_validator("script")
     @classmethod
     def _some_script(cls, script: Path | None, info: ValidationInfo) -> Path | None:
-        if script is None and not _top(info).has_script:
+        if script is None and not top_level(info).has_script:
             raise said("no `script`: set a top-level `script` or one for this peer")
         return script
 
     @field_validator("accelerate_config", "num_processes")
     @classmethod
     def _needs_accelerate(cls, value: Any, info: ValidationInfo) -> Any:
-        launcher = info.data.get("launcher") or _top(info).launcher
+        launcher = info.data.get("launcher") or top_level(info).launcher
         if value is not None and launcher != "accelerate":
             raise said(f"`{info.field_name}` needs `launcher: accelerate` (this peer uses {launcher!r})")
         return value
@@ -437,7 +147,7 @@ class PeerSpec(Spec):
     def _gpus_here(cls, gpus: str | None, info: ValidationInfo) -> str | None:
         if gpus is None:
             return None
-        if _top(info).scheduler == "slurm":
+        if top_level(info).scheduler == "slurm":
             raise said(
                 "`gpus` picks devices on this machine; on SLURM ask for GPUs with `slurm.gpus` (GPUs per node), and "
                 "SLURM sets CUDA_VISIBLE_DEVICES in the job"
@@ -458,14 +168,14 @@ class PeerSpec(Spec):
     @field_validator("slurm", mode="before")
     @classmethod
     def _slurm_only_there(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and _top(info).scheduler != "slurm":
+        if value is not None and top_level(info).scheduler != "slurm":
             raise said("`slurm` is only used on SLURM: add `launcher: slurm` at the top level (or --slurm)")
         return value
 
     @field_validator("slurm")
     @classmethod
     def _nodes_need_accelerate(cls, own: SlurmResources | None, info: ValidationInfo) -> SlurmResources | None:
-        top = _top(info)
+        top = top_level(info)
         if top.scheduler != "slurm":
             return own
         nodes = own.nodes if own is not None and "nodes" in own.model_fields_set else top.slurm_nodes
@@ -484,20 +194,12 @@ def _peers_list(value: Any) -> Any:
     return value
 
 
-def _raw_args(entry: Any) -> dict:
-    """The `args` of a raw section (top level or peer) as written, less the keys `_arg_key` refuses itself."""
-    args = entry.get("args") if isinstance(entry, Mapping) else None
-    if not isinstance(args, Mapping):
-        return {}
-    return {k: v for k, v in args.items() if isinstance(k, str) and _ARG_KEY_RE.fullmatch(k)}
-
-
 def _raw_script(entry: Any, top_script: Path | None) -> Path | None:
     script = entry.get("script") if isinstance(entry, Mapping) else None
     if script is None:
         return top_script
     try:
-        return _path(script)
+        return path_value(script)
     except PydanticCustomError:
         return None  # its own problem
 
@@ -520,7 +222,7 @@ def _argument_problems(entries: list, top_args: Mapping, top_script: Path | None
         options = script_options(script) if script is not None else None
         if options is None:
             continue
-        where = _peer_where(index, entry.get("id") if isinstance(entry, Mapping) else None)
+        where = peer_where(index, entry.get("id") if isinstance(entry, Mapping) else None)
         for key in top_keys:
             if (key, script) in top_said:
                 continue
@@ -530,7 +232,7 @@ def _argument_problems(entries: list, top_args: Mapping, top_script: Path | None
             elif (problem := options.value_problem(key, top_args[key])) is not None:
                 top_said.add((key, script))
                 found.append(("top level", f"`args.{key}`: {problem} ({script.name} would refuse it at start)"))
-        for key, value in _raw_args(entry).items():
+        for key, value in raw_args(entry).items():
             if key not in RESERVED_ARGS and not options.accepts(key):
                 found.append((where, _unknown_argument(key, script, options)))
             elif key not in RESERVED_ARGS and (problem := options.value_problem(key, value)) is not None:
@@ -541,7 +243,7 @@ def _argument_problems(entries: list, top_args: Mapping, top_script: Path | None
     return found
 
 
-def _expected_peer_problems(entries: list, top: _TopLevel) -> list[tuple[str, str]]:
+def _expected_peer_problems(entries: list, top: TopLevel) -> list[tuple[str, str]]:
     """`expected_peers` names that no peer of the config has: on the launcher's own exchange nobody else can join, so
     a round would wait `peer_timeout` for them every time. With the user's `exchange_url` a peer started elsewhere
     may join: `preflight.before_start` only warns."""
@@ -556,14 +258,14 @@ def _expected_peer_problems(entries: list, top: _TopLevel) -> list[tuple[str, st
         for message in expected_peer_problems(top.args.get(EXPECTED_PEERS_ARG), ids)
     ]
     for index, entry in enumerate(entries):
-        for message in expected_peer_problems(_raw_args(entry).get(EXPECTED_PEERS_ARG), ids):
-            found.append((_peer_where(index, entry.get("id")), f"`args.{EXPECTED_PEERS_ARG}` {message}"))
+        for message in expected_peer_problems(raw_args(entry).get(EXPECTED_PEERS_ARG), ids):
+            found.append((peer_where(index, entry.get("id")), f"`args.{EXPECTED_PEERS_ARG}` {message}"))
     return found
 
 
 def _only_on_slurm(key: str):
     def check(value: Any, info: ValidationInfo) -> Any:
-        if value is not None and _top(info).scheduler != "slurm":
+        if value is not None and top_level(info).scheduler != "slurm":
             raise said(f"`{key}` is only used on SLURM: add `launcher: slurm` (or run with --slurm)")
         return value
 
@@ -576,19 +278,19 @@ class SwarmSpec(Spec):
     MISSING_HINTS: ClassVar[dict[str, str]] = {"peers": "; list at least one peer, e.g. peers: [{id: a}, {id: b}]"}
 
     script: PathValue = Field(None, description="the default script of every peer")
-    launcher: Annotated[str, BeforeValidator(_top_launcher)] = Field(
+    launcher: Annotated[str, BeforeValidator(top_launcher_value)] = Field(
         "python", description="python | accelerate (every peer's default), or slurm (one SLURM job per peer)"
     )
-    exchange_url: Annotated[str | None, BeforeValidator(_exchange_url)] = None
-    run_dir: Annotated[str | None, BeforeValidator(_run_dir)] = None
+    exchange_url: Annotated[str | None, BeforeValidator(exchange_url_value)] = None
+    run_dir: Annotated[str | None, BeforeValidator(run_dir_value)] = None
     args: Args = Field(default_factory=dict, description="every peer's arguments")
     env: Env = Field(default_factory=dict, description="every peer's environment additions")
     slurm: Annotated[SlurmResources | None, BeforeValidator(_only_on_slurm("slurm"))] = None
     redis: Annotated[RedisSpec | None, BeforeValidator(_only_on_slurm("redis"))] = None
-    on_failure: Annotated[str, BeforeValidator(_on_failure)] = Field(
+    on_failure: Annotated[str, BeforeValidator(on_failure_value)] = Field(
         "stop", description="stop | continue: whether a peer that fails stops the others"
     )
-    controls: Annotated[list[str], BeforeValidator(_controls)] = Field(
+    controls: Annotated[list[str], BeforeValidator(controls_value)] = Field(
         default_factory=list, description="alone | alone-rows: each peer's configuration run again without peers"
     )
     peers: Annotated[list[PeerSpec], BeforeValidator(_peers_list)]
@@ -609,8 +311,8 @@ class SwarmSpec(Spec):
         # Duplicate ids, the args a peer's script does not take and `expected_peers` are read from the raw entries,
         # so that they are reported with the other peers' errors.
         entries = value if isinstance(value, list) else []
-        found = _argument_problems(entries, _top(info).args, info.data.get("script"))
-        found += _expected_peer_problems(entries, _top(info))
+        found = _argument_problems(entries, top_level(info).args, info.data.get("script"))
+        found += _expected_peer_problems(entries, top_level(info))
         seen: dict[str, int] = {}
         for index, entry in enumerate(entries):
             peer_id = entry.get("id") if isinstance(entry, Mapping) else None
@@ -618,7 +320,7 @@ class SwarmSpec(Spec):
                 continue  # its own problem
             if peer_id in seen:
                 found.append(
-                    (_peer_where(index, peer_id), f"duplicate `id` {peer_id!r} (also used by peers[{seen[peer_id]}])")
+                    (peer_where(index, peer_id), f"duplicate `id` {peer_id!r} (also used by peers[{seen[peer_id]}])")
                 )
             seen.setdefault(peer_id, index)
         try:
@@ -739,7 +441,7 @@ def _locator(raw: Mapping):
     def locate(loc: tuple) -> tuple[str, int]:
         if len(loc) >= 2 and loc[0] == "peers" and isinstance(loc[1], int):
             entry = peers[loc[1]] if isinstance(peers, list) and loc[1] < len(peers) else None
-            return _peer_where(loc[1], entry.get("id") if isinstance(entry, Mapping) else None), 2
+            return peer_where(loc[1], entry.get("id") if isinstance(entry, Mapping) else None), 2
         return "top level", 0
 
     return locate
@@ -766,7 +468,7 @@ def load_swarm_config(
     Raises `SwarmConfigError` listing every problem, each naming the peer and the key.
     """
     raw, source, default_name = _load_raw(path_or_dict)
-    top = _TopLevel.of(raw, slurm, run_dir)
+    top = TopLevel.of(raw, slurm, run_dir)
     try:
         spec = SwarmSpec.model_validate(dict(raw), context={"top": top})
     except ValidationError as error:
@@ -778,11 +480,11 @@ def load_swarm_config(
     return _resolve(spec, top, source, run_dir if run_dir is not None else spec.run_dir, default_name)
 
 
-def _resolve(spec: SwarmSpec, top: _TopLevel, source: str | None, run_dir: Any, default_name: str) -> SwarmConfig:
+def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, default_name: str) -> SwarmConfig:
     """The validated spec as the backends run it: defaults filled in, every peer merged over the top level."""
     chosen = os.fspath(run_dir) if run_dir is not None else os.path.join("runs", default_name)
     resolved_run_dir = Path(os.path.abspath(os.path.expanduser(chosen)))
-    problem = _run_dir_problem(resolved_run_dir)  # --run-dir, or the default named after the config file
+    problem = run_dir_problem(resolved_run_dir)  # --run-dir, or the default named after the config file
     if problem is not None:
         what = "--run-dir" if top.run_dir_given else "run_dir" if spec.run_dir is not None else "the default run_dir"
         raise SwarmConfigError(f"invalid swarm config{f' {source}' if source else ''}: `{what}` {problem}")

@@ -1,0 +1,350 @@
+"""The values of a swarm config's keys (`launcher/schema.py`): the validators of each key, what the top level decides
+for every peer (the validation context), and the names and patterns the schema shares. Each validator says what is
+wrong in the launcher's words."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, ValidationInfo
+
+from .. import rules
+from .controls import control_problem
+from .validation import bad, said
+
+LAUNCHERS = ("python", "accelerate")
+# Where the peers run: this machine, or one SLURM job each (`launcher: slurm` at the top level, or --slurm). A swarm is
+# either local or on SLURM; inside its job each peer still runs its own launcher (python or accelerate). Each
+# scheduler is one backend (`driver.BACKENDS`).
+SCHEDULERS = ("local", "slurm")
+# Every peer of a swarm is a separate process, so only transports that cross processes make sense here
+# (rules.IN_PROCESS_SCHEMES, memory://, live inside one process).
+CROSS_PROCESS_SCHEMES = tuple(s for s in rules.EXCHANGE_SCHEMES if s not in rules.IN_PROCESS_SCHEMES)
+# Arguments the launcher sets itself for every peer; a config that sets them would silently disagree.
+RESERVED_ARGS = {
+    "peer_id": "the peer's `id`",
+    "exchange_url": "the top-level `exchange_url`",
+    "output_dir": "`run_dir` (each peer writes to <run_dir>/<id>)",
+}
+GPU_MEMORY_FRACTION_ARG = "gpu_memory_fraction"  # FTISConfig.gpu_memory_fraction: what `gpu_share` sets
+
+# Matched whole (`fullmatch`: `$` would let a trailing newline through, into a command line or a `.cmd` file).
+ARG_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A newline in a path the SLURM batch script names (run_dir: submitit's folder, its #SBATCH --output) would start a
+# line of its own there: a command the job runs.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+# An index, or a GPU-/MIG- UUID: CUDA reads anything else ("two", "1.5") as "no GPU" and the peer runs on the CPU.
+_GPU_ID_RE = re.compile(r"(?:[0-9]+|(?:GPU|MIG)-[A-Za-z0-9:_-]+)")
+# FTISConfig's arguments the launcher reads: how long a round waits, and for whom.
+PEER_TIMEOUT_ARG = "peer_timeout"
+EXPECTED_PEERS_ARG = "expected_peers"
+# What the sugar keys of a peer set in its args.
+SUGAR_ARGS = {"model": "model_name_or_path", "lora": "use_peft", "gpu_share": GPU_MEMORY_FRACTION_ARG}
+
+
+class SwarmConfigError(ValueError):
+    """A swarm config that cannot be run; `errors` lists every problem found, each naming the peer and the key."""
+
+    def __init__(self, message: str, errors: list[str] | None = None):
+        super().__init__(message)
+        self.errors = list(errors) if errors else [message]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# What the top level decides for every peer (the validation context)
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopLevel:
+    """Read from the raw mapping before validation (the top level's own validators report its problems)."""
+
+    scheduler: str = "local"
+    launcher: str = "python"  # a peer's default (inside each job on SLURM)
+    has_script: bool = False
+    slurm_nodes: int = 1  # the top-level `slurm.nodes`, the default of every peer's job
+    run_dir_given: bool = False  # --run-dir wins over the config's run_dir (which is then not checked)
+    exchange_given: bool = False  # an exchange of the user's: peers started elsewhere may meet there too
+    # The top-level `args` as written, for the checks across peers (so that a bad value there hides no other problem).
+    args: Mapping = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, raw: Mapping, slurm: bool, run_dir: Any) -> TopLevel:
+        launcher = raw.get("launcher", "python")
+        top_slurm = raw.get("slurm")
+        nodes = top_slurm.get("nodes") if isinstance(top_slurm, Mapping) else None
+        return cls(
+            scheduler="slurm" if slurm or launcher == "slurm" else "local",
+            launcher=launcher if launcher in LAUNCHERS else "python",
+            has_script=raw.get("script") is not None,
+            slurm_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1,
+            run_dir_given=run_dir is not None,
+            exchange_given=raw.get("exchange_url") is not None,
+            args=raw_args(raw),
+        )
+
+
+def raw_args(entry: Any) -> dict:
+    """The `args` of a raw section (top level or peer) as written, less the keys `arg_key` refuses itself."""
+    args = entry.get("args") if isinstance(entry, Mapping) else None
+    if not isinstance(args, Mapping):
+        return {}
+    return {k: v for k, v in args.items() if isinstance(k, str) and ARG_KEY_RE.fullmatch(k)}
+
+
+def top_level(info: ValidationInfo) -> TopLevel:
+    return (info.context or {}).get("top") or TopLevel()
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The validators of the keys
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def _mapping(what: str):
+    def check(value: Any) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise bad(f"must be a mapping of {what}, got {type(value).__name__}")
+        return dict(value)
+
+    return check
+
+
+def arg_key(key: Any) -> str:
+    if not isinstance(key, str) or not ARG_KEY_RE.fullmatch(key):
+        raise said(f"args key {key!r} is not a valid argument name (write `lr`, not `--lr`)")
+    if key in RESERVED_ARGS:
+        raise said(f"`args.{key}` is set by the launcher; use {RESERVED_ARGS[key]} instead")
+    return key
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (str, bool, int, float))
+
+
+def _arg_value(value: Any) -> Any:
+    """Arguments rendered as `--key value`: scalars or flat lists only (nothing argparse cannot take)."""
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise bad("is an empty list, which has no command-line form; omit it")
+        if not all(_is_scalar(v) and v is not None for v in value):
+            raise bad("list items must be strings, numbers or booleans")
+        return list(value)
+    if not _is_scalar(value):
+        raise bad(f"must be a string, number, boolean, null or a list of those, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise bad(f"must be a finite number, got {value}")
+    return value
+
+
+def _env_name(name: Any) -> str:
+    if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
+        raise said(f"env name {name!r} is not a valid environment variable name")
+    if name == rules.PEER_ID_ENV:
+        raise said(f"`env.{name}` is set by the launcher from the peer's `id`")
+    return name
+
+
+def _env_value(value: Any) -> str:
+    """Environment values must be strings; numbers are converted. Booleans are refused: "True" vs "1" is a guess."""
+    if isinstance(value, str) and "\x00" not in value:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return repr(value)
+    hint = " (quote it: 'true' / '1')" if isinstance(value, bool) else ""
+    raise bad(f"must be a string or a number, got {type(value).__name__} {value!r}{hint}")
+
+
+def _peer_timeout(args: dict) -> dict:
+    # FTISConfig takes 0 (a round that never waits), but a swarm whose rounds never wait trades almost nothing: in
+    # lock-step every peer trains before the others' rows arrive.
+    value = args.get(PEER_TIMEOUT_ARG)
+    if value is None:
+        return args
+    try:
+        seconds = float(value) if not isinstance(value, bool) and isinstance(value, (int, float, str)) else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise bad(
+            f"must be a number of seconds > 0 (how long a round waits for the expected peers), got {value!r}",
+            suffix=f".{PEER_TIMEOUT_ARG}",
+        )
+    return args
+
+
+Args = Annotated[
+    dict[Annotated[str, BeforeValidator(arg_key)], Annotated[Any, BeforeValidator(_arg_value)]],
+    BeforeValidator(_mapping("argument names to values")),
+    AfterValidator(_peer_timeout),
+]
+Env = Annotated[
+    dict[Annotated[str, BeforeValidator(_env_name)], Annotated[str, BeforeValidator(_env_value)]],
+    BeforeValidator(_mapping("variable names to strings")),
+]
+
+
+def path_value(value: Any) -> Path | None:
+    # Relative paths are relative to the directory the launcher runs in, like every other command line path.
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise bad(f"must be a non-empty path string, got {value!r}")
+    return Path(os.path.abspath(os.path.expanduser(value)))
+
+
+PathValue = Annotated[Path | None, BeforeValidator(path_value)]
+
+
+def exchange_url_value(url: Any) -> str | None:
+    if url is None:
+        return None  # dir://<run_dir>/exchange, or the Redis job's address on SLURM
+    accepted = ", ".join(f"{scheme}://" for scheme in CROSS_PROCESS_SCHEMES)
+    try:
+        url = rules.normalise_exchange_url(url)  # the scheme checked and lower-cased
+    except ValueError:
+        shown = rules.redact_url(url) if isinstance(url, str) else url
+        raise bad(
+            f"must be a URL such as dir:///shared/ftis or redis://host:6379/0 (schemes: {accepted}), got {shown!r}"
+        ) from None
+    scheme = rules.exchange_scheme(url)
+    if scheme in rules.IN_PROCESS_SCHEMES:
+        raise bad(f"{scheme}:// only works inside one process, and peers are separate processes; use {accepted}")
+    directory = rules.exchange_directory(url)
+    if directory is not None:
+        if not directory:
+            raise bad("dir:// needs a directory, e.g. dir:///shared/ftis")
+        # Absolute, so that every peer (and the logs) name the same directory whatever their working directory.
+        return rules.dir_exchange_url(os.path.abspath(os.path.expanduser(directory)))
+    return url
+
+
+def run_dir_problem(path: Any) -> str | None:
+    """Why `path` cannot be a run directory (a newline or another control character in it), or None."""
+    text = os.fspath(path)
+    if _CONTROL_RE.search(text):
+        return f"must not contain a newline or another control character (job scripts name it), got {text!r}"
+    return None
+
+
+def run_dir_value(value: Any, info: ValidationInfo) -> str | None:
+    if value is None or top_level(info).run_dir_given:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not str(value).strip():
+        raise bad(f"must be a path string, got {value!r}")
+    problem = run_dir_problem(value)
+    if problem is not None:
+        raise bad(problem)
+    return os.fspath(value)
+
+
+def top_launcher_value(value: Any) -> str:
+    if value not in (*LAUNCHERS, "slurm"):
+        raise bad(f"must be one of {', '.join(LAUNCHERS)}, slurm, got {value!r}")
+    return value
+
+
+ON_FAILURE = ("stop", "continue")
+"""What the launcher does when a peer exits non-zero: stop every other peer (the default), or let them go on (a peer
+can then be restarted with `--only PEER --resume` while the others train)."""
+
+
+def on_failure_value(value: Any) -> str:
+    if value not in ON_FAILURE:
+        raise bad(
+            "must be 'stop' (stop every peer when one fails, the default) or 'continue' (the others go on; restart "
+            f"the failed one with --only PEER --resume), got {value!r}"
+        )
+    return value
+
+
+def controls_value(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    problem = control_problem(value)
+    if problem is not None:
+        raise bad(problem)
+    return list(value)
+
+
+def peer_launcher_value(value: Any) -> str | None:
+    if value == "slurm":
+        raise said(
+            "`launcher: slurm` is for the whole swarm: set it at the top level (or run with --slurm); a peer's "
+            "`launcher` says what runs inside its job (python or accelerate)"
+        )
+    if value is not None and value not in LAUNCHERS:
+        raise bad(f"must be one of {', '.join(LAUNCHERS)}, got {value!r}")
+    return value
+
+
+def peer_id_value(value: Any) -> str:
+    # The same rule as FTISConfig.peer_id, the wire format and the transports: a peer the launcher starts must be one
+    # they accept.
+    problem = rules.peer_id_problem(value)
+    if problem is not None:
+        raise said(f"invalid `id`: {problem}")
+    return value
+
+
+def model_value(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise bad(f"must be a path or a Hub id string, got {value!r}")
+    return value
+
+
+def optional_flag_value(value: Any) -> bool | None:
+    if value is not None and not isinstance(value, bool):
+        raise bad(f"must be true or false, got {value!r}")
+    return value
+
+
+def gpus_value(value: Any) -> str | None:
+    """`gpus` -> a CUDA_VISIBLE_DEVICES string: "0,1", 0 or [0, 1] are all accepted."""
+    if value is None:
+        return None
+    items = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        items = [str(value)]
+    elif isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+    elif isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, str)) and not isinstance(v, bool) for v in value
+    ):
+        items = [str(v).strip() for v in value]
+    if not items or not all(item and _GPU_ID_RE.fullmatch(item) for item in items):
+        raise bad(f'must be a device list such as "0,1", 0 or [0, 1], got {value!r}')
+    return ",".join(items)
+
+
+def gpu_share_value(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise bad(f"must be a fraction of one GPU's memory in (0, 1], got {value!r}")
+    return float(value)
+
+
+def num_processes_value(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise bad(f"must be an integer >= 1, got {value!r}")
+    return value
+
+
+def peer_where(index: int, peer_id: Any) -> str:
+    return f"peers[{index}] (id {peer_id!r})" if isinstance(peer_id, str) and peer_id else f"peers[{index}]"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# The sections
