@@ -116,7 +116,7 @@ def test_queued_peer_rows_survive_a_restart(tokenizer, make_args, tmp_path):
     resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out")
     assert resumed.load_ftis_state(checkpoint) is True  # what train(resume_from_checkpoint=...) does first
     assert resumed.num_pending_peer_rows == 5
-    back = resumed._pending
+    back = resumed._inbox.rows
     for before, after in zip(queued, back, strict=True):
         assert after.prompt == before.prompt and list(after.completion_ids) == list(before.completion_ids)
         assert list(after.generator_logps) == pytest.approx(list(before.generator_logps))

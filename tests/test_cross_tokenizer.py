@@ -115,7 +115,7 @@ def test_a_bpe_peers_row_becomes_character_tokens_carrying_the_senders_total_log
     row = bpe_row(bpe, "71", logps=[-0.5, -0.25])  # BPE: "71" is one token, then <eos>
     assert len(row.completion_ids) == 2
     assert trainer.add_peer_rows([row]) == 1
-    (queued,) = trainer._pending
+    (queued,) = trainer._inbox.rows
     expected = tokenizer("71", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert list(queued.completion_ids) == expected  # 3 character tokens
     assert list(queued.generator_logps) == pytest.approx([-0.25] * 3)  # Σ ℓgen = -0.75, spread evenly
@@ -126,7 +126,7 @@ def test_a_bpe_peers_row_becomes_character_tokens_carrying_the_senders_total_log
 def test_a_text_without_eos_gets_none_and_an_empty_text_with_eos_is_just_eos(tokenizer, bpe, make_args):
     trainer = tiny_trainer(tokenizer, make_args(cross_tokenizer=True))
     assert trainer.add_peer_rows([bpe_row(bpe, "7", ends_with_eos=False), bpe_row(bpe, "", logps=[-1.0])]) == 2
-    no_eos, only_eos = trainer._pending
+    no_eos, only_eos = trainer._inbox.rows
     assert list(no_eos.completion_ids) == tokenizer("7", add_special_tokens=False)["input_ids"]
     assert list(only_eos.completion_ids) == [tokenizer.eos_token_id]
 
@@ -173,7 +173,7 @@ def test_foreign_rows_need_cross_tokenizer_and_text_level_cannot_be_forged(token
         trainer.add_peer_rows([bpe_row(bpe)])
     # Marked text-level by the caller, in this tokenizer's tokens: trained on as the token-level row it is.
     forged = PeerRow("23+48=", [11, 5, 2], [-0.1, -0.1, -0.1], 1.0, "g", sender="x", text_level=True)
-    assert trainer.add_peer_rows([forged]) == 1 and not trainer._pending[0].text_level
+    assert trainer.add_peer_rows([forged]) == 1 and not trainer._inbox.rows[0].text_level
 
 
 def test_text_level_peer_rows_needs_cross_tokenizer(make_args):

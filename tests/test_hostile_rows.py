@@ -383,7 +383,7 @@ def test_add_peer_rows_raises_for_programming_errors_and_drops_content(tokenizer
     )
     with caplog.at_level(logging.WARNING, logger="trl_ftis"):
         assert trainer.add_peer_rows(content) == 6
-    assert all("prompts" not in row.extra for row in trainer._pending)
+    assert all("prompts" not in row.extra for row in trainer._inbox.rows)
     entry = assert_finite_step(trainer)
     assert entry["ftis/peer_rows"] == 6
     assert dropped(entry) == {"empty_prompt": 2, "bad_chat_prompt": 2, "too_long": 2}

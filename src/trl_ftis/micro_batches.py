@@ -1,4 +1,5 @@
-"""A micro-batch that peer rows made larger than `per_device_train_batch_size`, computed in chunks with the same
+"""A training micro-batch as the F-TIS loss sees it: [`batch_terms`] reads its F-TIS terms off TRL's batch dict (own
+rows and peer rows, with their generator log-probs), and a micro-batch that peer rows made larger than `per_device_train_batch_size`, computed in chunks with the same
 gradient: [`split_rows`] cuts it into row chunks, [`chunk_weights`] weighs each chunk's loss so that the weighted sum
 is the loss TRL's `loss_type` computes on the whole micro-batch."""
 
@@ -9,6 +10,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from .objective import FTISTerms, ftis_terms
 
 __all__ = [
     "ROW_MEAN_LOSSES",
@@ -115,3 +118,36 @@ def joined(parts: Sequence[tuple]) -> tuple:
         return torch.cat(list(values))
 
     return tuple(join([part[k] for part in parts]) for k in range(len(parts[0])))
+
+
+def batch_terms(inputs: dict[str, Any], per_token_logps: torch.Tensor, **settings) -> tuple[FTISTerms, torch.Tensor]:
+    """The F-TIS terms (`trl_ftis.objective.ftis_terms`, with `settings`: `variant`, `is_cap`, `kl_threshold`, ...) of
+    a micro-batch of TRL's batch dict and its loss mask. Own rows have no generator log-probs of their own (`ℓgen =
+    ℓold`, or the current log-probs when TRL keeps no batch-time ones); peer rows carry theirs (`ftis_gen_logps`
+    where `ftis_gen_valid`)."""
+    completion_mask = inputs["completion_mask"]
+    mask = completion_mask if inputs.get("tool_mask") is None else completion_mask * inputs["tool_mask"]
+    advantages = inputs["advantages"]
+    if advantages.dim() != 1:
+        raise ValueError(f"F-TIS expects one advantage per completion, got shape {tuple(advantages.shape)}.")
+    old = inputs.get("old_per_token_logps")
+    gen = inputs.get("ftis_gen_logps")
+    if gen is not None and not inputs["ftis_gen_valid"].any():
+        gen = None  # only own rows: ℓgen = ℓold
+    if gen is not None:
+        batch_time = per_token_logps.detach() if old is None else old
+        gen = torch.where(inputs["ftis_gen_valid"].unsqueeze(-1), gen.to(batch_time.dtype), batch_time)
+    group_max = inputs.get("ftis_group_max_len")
+    if group_max is None:  # a batch that did not come from this trainer's batch formation
+        group_max = mask.sum(-1)
+    terms = ftis_terms(
+        per_token_logps,
+        old,
+        gen,
+        advantages,
+        mask,
+        group_max_lengths=group_max,
+        text_level=inputs.get("ftis_text_level"),
+        **settings,
+    )
+    return terms, mask

@@ -1,20 +1,20 @@
 """`FTISTrainer`: TRL's `GRPOTrainer` with the F-TIS objective and peer rows from other models.
 
 The trainer is composed, like TRL's own async GRPO trainer: it keeps only the overrides of TRL's hooks and the glue
-between them, and owns four objects that own everything else, each with explicit dependencies and testable without a
+between them, and owns the objects that own everything else, each with explicit dependencies and testable without a
 trainer:
 
 * [`PeerRowLedger`] (`trl_ftis.ledger`): every count about peer rows, their warn-once bookkeeping, the per-step
   row-count metrics and their checkpoint state;
 * [`Admission`] (`trl_ftis.admission`): received rows in, [`AdmittedRow`]s out (or dropped and counted), rescoring
   with a [`RewardScorer`] (`trl_ftis.scoring`), the last statistics check;
-* [`RoundRunner`] (`trl_ftis.rounds`): the swarm round on the main process, in the loop or in its async worker, and
-  the lock the worker shares with the training loop;
+* [`RoundRunner`] (`trl_ftis.rounds`): the swarm round on the main process, run as its exchange mode
+  (`trl_ftis.exchange_modes`) runs it, and the lock a background worker shares with the training loop;
+* [`PeerMerge`] (`trl_ftis.peer_merge`): admitted peer rows into TRL's batch, the same count on every process;
 * the [`Swarm`] client (`trl_ftis.swarm`), connected with the credentials the config reads once, before the model is
   loaded.
 
-The checkpoint hooks save and restore what these owners hand over (`trl_ftis.checkpoint`). The collectives (sharing
-a round's rows out between the job's processes) and the merge into TRL's batch stay here.
+The checkpoint hooks save and restore what these owners hand over (`trl_ftis.checkpoint`).
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ from .generator_logps import (
 from .gpu_share import cap_gpu_memory
 from .ledger import PeerRowLedger
 from .loss_metrics import record_term_statistics
-from .micro_batches import chunk_size, chunked_loss, joined
+from .micro_batches import batch_terms, chunk_size, chunked_loss, joined
 from .model_card import ModelCardAtEndCallback, add_ftis_section, card_results
-from .objective import ess_weighted, ftis_terms, group_max_len, parse_variant, quantile_threshold, update_threshold
+from .objective import ess_weighted, group_max_len, parse_variant, quantile_threshold, update_threshold
 from .own_rows import (
     build_own_rows,
     completion_lengths,
@@ -67,14 +67,12 @@ from .own_rows import (
     sampling_settings,
     unmasked_completions,
 )
+from .peer_inbox import PeerInbox
 from .peer_merge import PeerMerge
 from .peer_rows import (
     AdmittedRow,
     PeerRow,
     ScoredRow,
-    check_rows,
-    row_type_problem,
-    take_rows,
 )
 from .peer_summary import peer_summary
 from .rounds import RoundRunner, connect_swarm
@@ -100,7 +98,7 @@ class FTISTrainer(GRPOTrainer):
     * The loss is the F-TIS objective (`trl_ftis.objective`): each token's advantage is multiplied by the truncated
       importance weight `min(exp(ℓθ - ℓgen), C)` (stop-gradient) and negative-advantage completions whose filter
       statistic exceeds `kl_threshold` get advantage 0. For the trainer's own rows `ℓgen = ℓold`, so with no peer
-      rows it trains exactly like `GRPOTrainer(loss_type="grpo", beta=0)`. It works with every TRL `loss_type` and
+      rows it trains exactly like `GRPOTrainer` with the same config. It works with every TRL `loss_type` and
       with `importance_sampling_level="sequence"` (GSPO: one weight and one statistic per completion), since each
       of TRL's losses is linear in the advantage (`docs/objective.md`, "Every TRL loss").
     * Peer rows (completions sampled by other models that share this model's tokenizer) join the next generation
@@ -108,25 +106,7 @@ class FTISTrainer(GRPOTrainer):
       (`exchange_url`). [`add_row_listener`] hands out this trainer's own rows (with their generator log-probs) in the
       same format.
 
-    Methods of [`~trl.GRPOTrainer`] (and [`~transformers.Trainer`]) it overrides, and why:
-
-    * `__init__`: requires an [`FTISConfig`], reads the swarm credentials (`FTISConfig.swarm_credentials`) and caps
-      GPU memory (`gpu_memory_fraction`) before the model is loaded, turns off a `cast_lm_head_to_fp32` that TRL
-      cannot apply (LoRA with tied embeddings), connects the main process to the swarm, and composes the ledger, the
-      admission and the round runner (see the module's docstring).
-    * `_generate_single_turn`: records the generator's log-probs during `generate` itself, when someone listens.
-    * `_calculate_rewards`: keeps the raw per-function rewards, which TRL does not store and the shared rows carry.
-    * `_generate_and_score_completions`: adds the F-TIS fields to TRL's batch, hands own rows to listeners, runs the
-      swarm round and merges peer rows.
-    * `_compute_loss`: hands the F-TIS hook a shallow copy of the batch (the buffered batch is reused across
-      `num_iterations`), then runs TRL's loss unchanged.
-    * `_get_per_token_logps_and_entropies`: the F-TIS hook: on its first call inside `_compute_loss` it replaces the
-      batch's advantages and ratio reference (see its docstring for the contract with TRL this relies on).
-    * `training_step`: logs the count of filtered peer rows once per optimizer step.
-    * `train`: with `resume_from_checkpoint`, restores the F-TIS state first (`trl_ftis.checkpoint`); closes the
-      swarm's transport and the async worker when training ends or fails (and reopens it for a second `train()`).
-    * `_save_checkpoint`: saves the F-TIS state (counters, swarm, queued peer rows) into each checkpoint.
-    * `create_model_card`: adds the F-TIS settings, the swarm's peers and their models to TRL's card.
+    The hooks of [`~trl.GRPOTrainer`] it overrides, and why: `docs/api.md`, "How FTISTrainer hooks into TRL".
 
     Metrics are logged under `ftis/own/...` and `ftis/peer/...`: `filtered_frac` (completions whose advantage the
     filter zeroed), `is_weight_mean`/`is_weight_max`/`is_weight_capped_frac` (the truncated weight, per token),
@@ -194,7 +174,6 @@ class FTISTrainer(GRPOTrainer):
             args = FTISConfig.from_grpo_config(args)
         self._variant = parse_variant(args.variant)
         self._ledger = PeerRowLedger(DROP_REASONS, STRIP_REASONS)
-        self._pending: list[AdmittedRow] = []  # admitted by add_peer_rows (or restored), for the next merge
         self._row_listeners: list[RowListener] = []
         self._loss_inputs: dict[str, Any] | None = None
         self._chunk_terms: list[tuple] | None = None  # while a micro-batch is computed in chunks (`micro_batches`)
@@ -270,6 +249,14 @@ class FTISTrainer(GRPOTrainer):
         )
         self._rounds = RoundRunner(
             config=args, swarm=swarm, admission=self._admission, ledger=self._ledger, scale_rewards=self.scale_rewards
+        )
+        self._inbox = PeerInbox(  # the rows of add_peer_rows
+            admission=self._admission,
+            ledger=self._ledger,
+            lock=self._rounds.lock,
+            vocab_limit=self.vocab_limit,
+            cross_tokenizer=args.cross_tokenizer,
+            bound=lambda: self._rounds.queue_bound(self._rounds.peer_row_cap(args.generation_batch_size)),
         )
         self._merge = PeerMerge(
             accelerator=self.accelerator,
@@ -374,32 +361,12 @@ class FTISTrainer(GRPOTrainer):
         """
         if self.tools or self.environment_factories:
             raise ValueError(MULTI_TURN_REFUSAL.format("add_peer_rows"))
-        rows = list(rows)
-        for row in rows:
-            problem = row_type_problem(row)
-            if problem is not None:
-                raise TypeError(problem)
-        foreign = [row for row in rows if row.foreign_tokenizer]
-        if foreign and not self.args.cross_tokenizer:
-            raise ValueError(
-                f"PeerRow from {foreign[0].sender!r} is in another tokenizer's tokens (foreign_tokenizer=True), but "
-                "cross_tokenizer is off: set FTISConfig(cross_tokenizer=True) to train on such rows."
-            )
-        own_tokens = [row for row in rows if not row.foreign_tokenizer]
-        if own_tokens:
-            check_rows(own_tokens, self.vocab_limit)
-        with self._rounds.lock:  # an async exchange worker admits rows too
-            kept = self._admission.admit(rows)
-            cap = self._rounds.peer_row_cap(self.args.generation_batch_size)
-            room = max(self._rounds.queue_bound(cap) - len(self._pending), 0)  # 4 steps' worth: memory stays bounded
-            self._ledger.count_trimmed((row.sender for row in kept[room:]), "queue_full")
-            self._pending.extend(kept[:room])
-        return min(len(kept), room)
+        return self._inbox.add(rows)
 
     @property
     def num_pending_peer_rows(self) -> int:
         """Peer rows queued for the next generation batch."""
-        return len(self._pending)
+        return len(self._inbox)
 
     def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
         """
@@ -490,8 +457,7 @@ class FTISTrainer(GRPOTrainer):
         own_rows = self._own_rows(inputs, output, num_generations) if listening else []
         for listener in self._row_listeners:
             listener(own_rows)
-        with self._rounds.lock:
-            rows, self._pending = take_rows(self._pending, self._rounds.peer_row_cap(len(inputs)))
+        rows = self._inbox.take(self._rounds.peer_row_cap(len(inputs)))
         if in_swarm:
             with self._clock.measure("exchange"):
                 rows = rows + self._exchange_round(own_rows, output)
@@ -658,41 +624,21 @@ class FTISTrainer(GRPOTrainer):
         return result
 
     def _apply_ftis(self, inputs: dict[str, Any], per_token_logps: torch.Tensor) -> None:
-        completion_mask = inputs["completion_mask"]
-        mask = completion_mask if inputs.get("tool_mask") is None else completion_mask * inputs["tool_mask"]
-        advantages = inputs["advantages"]
-        if advantages.dim() != 1:
-            raise ValueError(f"F-TIS expects one advantage per completion, got shape {tuple(advantages.shape)}.")
-        old = inputs.get("old_per_token_logps")
-        gen = inputs.get("ftis_gen_logps")
-        if gen is not None and not inputs["ftis_gen_valid"].any():
-            gen = None  # only own rows: ℓgen = ℓold
-        if gen is not None:
-            batch_time = per_token_logps.detach() if old is None else old
-            gen = torch.where(inputs["ftis_gen_valid"].unsqueeze(-1), gen.to(batch_time.dtype), batch_time)
-        group_max = inputs.get("ftis_group_max_len")
-        if group_max is None:  # a batch that did not come from this trainer's batch formation
-            group_max = mask.sum(-1)
-        args = self.args
+        args, advantages = self.args, inputs["advantages"]
         adaptive = args.kl_threshold_mode == "quantile"
         threshold = (
             self._adaptive_threshold if adaptive and self._adaptive_threshold is not None else args.kl_threshold
         )
-        terms = ftis_terms(
+        terms, mask = batch_terms(
+            inputs,
             per_token_logps,
-            old,
-            gen,
-            advantages,
-            mask,
             variant=self._variant,
             is_cap=args.is_cap,
             kl_threshold=threshold,
             kl_reduction=args.kl_reduction,
-            group_max_lengths=group_max,
             filter_mode=args.filter_mode,
             loss_type=self.loss_type,
             importance_sampling_level=self.importance_sampling_level,
-            text_level=inputs.get("ftis_text_level"),
         )
         source = inputs.get("ftis_source")
         if source is None:
@@ -786,7 +732,7 @@ class FTISTrainer(GRPOTrainer):
                 global_step=self.state.global_step,
                 ledger=self._ledger.state_dict(),
                 adaptive_threshold=self._adaptive_threshold,
-                pending_rows=self._pending,
+                pending_rows=self._inbox.rows,
                 swarm=self.swarm.state_dict() if self.swarm is not None else None,
                 **self._rounds.mode.state_dict(),  # the exchange mode's queue: `arrived_rows`, `arrived_created`
                 time=self._clock.state_dict(),
@@ -811,7 +757,7 @@ class FTISTrainer(GRPOTrainer):
                 self._clock.load_state_dict(parsed.time)
             if parsed.peer_value is not None:
                 self._value.load_state_dict(parsed.peer_value)
-            self._pending = self._admission.restore(parsed.pending_rows) + self._pending
+        self._inbox.restore(parsed.pending_rows)  # after the ledger: the drops of the admission count on top of it
         arrived = 0
         if parsed.arrived_rows and self.accelerator.is_main_process:  # the queue lives with the swarm client
             arrived = self._rounds.mode.load_state_dict(
