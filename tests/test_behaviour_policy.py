@@ -103,7 +103,9 @@ def test_a_receiver_says_when_a_senders_log_probs_are_not_the_distribution_it_sa
     assert len(said) == 1 and "'biased'" in said[0] and "top_k=50" in said[0]
 
 
-def test_a_rollout_functions_log_probs_travel_as_the_samplers(tokenizer, make_args):
+def test_a_rollout_functions_log_probs_travel_as_the_samplers(tokenizer, make_args, monkeypatch):
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # TRL's notice that rollout_func is experimental
+
     def rollout(prompts, trainer):
         prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         completion_ids = [[8 + k % 3, 9, tokenizer.eos_token_id] for k in range(len(prompts))]
