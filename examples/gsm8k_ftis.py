@@ -250,7 +250,8 @@ def main(script_args: GSM8KScriptArguments, training_args: FTISConfig, model_arg
         trainer.push_to_hub(dataset_name=script_args.dataset_name)
         trainer.accelerator.print(f"🤗 Model pushed to the Hub in https://huggingface.co/{trainer.hub_model_id}.")
 
-    trainer.end()  # finish the trackers and the process group
+    if hasattr(trainer, "end"):  # transformers >= 5.20: finish the trackers and the process group
+        trainer.end()
 
 
 if __name__ == "__main__":

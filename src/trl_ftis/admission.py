@@ -269,7 +269,10 @@ class Admission:
             others = [row for row in others if id(row) not in early]
         texts = [row.completion_text if isinstance(row.completion_text, str) else "" for row in others]
         encoded = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
-        decoded = tokenizer.batch_decode(encoded, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        # One row at a time: some transformers versions read a batch that starts with an empty row as one sequence.
+        decoded = [
+            tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False) for ids in encoded
+        ]
         special = set(self.control_ids.tolist())
         eos = self.eos_token_id
         problems: dict[int, str] = {}

@@ -186,7 +186,7 @@ def test_training_script_runs_two_steps_end_to_end(tmp_path, tiny_model_dir):
         "learning_rate": 1e-3,
         "bf16": False,
         "use_cpu": True,
-        "activation_checkpointing": False,
+        "gradient_checkpointing": False,
         "logging_steps": 1,
         "report_to": "none",
         "save_strategy": "no",
@@ -259,7 +259,7 @@ def test_training_script_runs_under_accelerate_launch(tmp_path, tiny_model_dir):
     config = {
         "model_name_or_path": str(tiny_model_dir), "dataset_path": str(train_file), "output_dir": str(output_dir),
         "max_steps": 1, "per_device_train_batch_size": 4, "num_generations": 4, "max_completion_length": 8,
-        "bf16": False, "activation_checkpointing": False, "report_to": "none", "save_strategy": "no",
+        "bf16": False, "gradient_checkpointing": False, "report_to": "none", "save_strategy": "no",
         "disable_tqdm": True, "logging_steps": 1,
     }  # fmt: skip
     config_path = tmp_path / "config.yaml"
