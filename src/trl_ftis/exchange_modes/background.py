@@ -4,12 +4,11 @@ what the previous step's round collected (one round of lag)."""
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..round_windows import LockStepWindow
-from .base import ExchangeWorker, RoundOutcome, no_arrivals
+from .base import ExchangeWorker, RoundOutcome, WorkerMode, no_arrivals
 
 if TYPE_CHECKING:
     from ..peer_rows import PeerRow
@@ -19,7 +18,7 @@ __all__ = ["Background"]
 logger = logging.getLogger(__name__)
 
 
-class Background:
+class Background(WorkerMode):
     """The background mode ([`ExchangeMode`](base.py)): this step's round is handed to an [`ExchangeWorker`], and
     the step trains on the previous round's rows (waiting for it only if it is not done yet). The rows are one round
     older than in lock-step: their age and the staleness metrics count it."""
@@ -27,13 +26,6 @@ class Background:
     name = "async"
     window = LockStepWindow
     horizontal = False
-
-    def __init__(self, runner):
-        self.runner = runner
-        self.worker: ExchangeWorker | None = None
-        self.worker_errors = 0
-        self.admission_seconds = 0.0
-        self.closing = threading.Event()
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
         if self.worker is None:
@@ -65,12 +57,6 @@ class Background:
     def wait(self) -> None:
         if self.worker is not None:
             self.worker.wait()
-
-    def close(self) -> None:
-        worker, self.worker = self.worker, None
-        if worker is not None:
-            worker.close()
-        self.closing = threading.Event()  # the worker is joined: nothing is abandoned any more
 
     def state_dict(self) -> dict[str, Any]:
         return no_arrivals()  # the round in flight is trained on at the next step of this run, not saved

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 if TYPE_CHECKING:
     from ..peer_rows import PeerRow, ScoredRow
 
-__all__ = ["ExchangeMode", "ExchangeWorker", "RoundAbandoned", "RoundOutcome"]
+__all__ = ["ExchangeMode", "ExchangeWorker", "RoundAbandoned", "RoundOutcome", "WorkerMode"]
 
 WORKER_THREAD = "ftis-exchange"
 
@@ -115,6 +115,24 @@ class ExchangeWorker:
             self._interrupt()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self._future = None
+
+
+class WorkerMode:
+    """What the modes with a background [`ExchangeWorker`] share: the worker (started by their first round), its
+    failure count, and closing it when `train()` ends."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.worker: ExchangeWorker | None = None
+        self.worker_errors = 0
+        self.admission_seconds = 0.0
+        self.closing = threading.Event()
+
+    def close(self) -> None:
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.close()
+        self.closing = threading.Event()  # the worker is joined: nothing is abandoned any more
 
 
 def no_arrivals() -> dict[str, Any]:

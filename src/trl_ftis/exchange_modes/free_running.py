@@ -5,14 +5,13 @@ own steps old) and admits them; a step that finds the worker still busy leaves i
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..arrivals import ArrivalQueue, Taken
 from ..round_windows import PerSenderWindow
-from .base import ExchangeWorker, RoundOutcome
+from .base import ExchangeWorker, RoundOutcome, WorkerMode
 
 if TYPE_CHECKING:
     from ..peer_rows import PeerRow, ScoredRow
@@ -22,7 +21,7 @@ __all__ = ["FreeRunning"]
 logger = logging.getLogger(__name__)
 
 
-class FreeRunning:
+class FreeRunning(WorkerMode):
     """The free-running mode ([`ExchangeMode`](base.py)). It owns the queue of arrived rows (saved with a checkpoint),
     the own rows not handed to the worker yet (it was busy), the metrics of a round settled outside a step, and the
     snapshots of the swarm's view as of the worker's last finished round."""
@@ -32,11 +31,7 @@ class FreeRunning:
     horizontal = False
 
     def __init__(self, runner):
-        self.runner = runner
-        self.worker: ExchangeWorker | None = None
-        self.worker_errors = 0
-        self.admission_seconds = 0.0
-        self.closing = threading.Event()  # a free round is never abandoned half-way: it only publishes and collects
+        super().__init__(runner)  # its closing is never set: a free round only publishes and collects
         # Bounded once the first round sets the cap.
         self.arrivals = ArrivalQueue(max_rows=0, max_staleness=runner.config.max_staleness)
         self._unsent: list[tuple[list[PeerRow], int]] = []
@@ -87,11 +82,6 @@ class FreeRunning:
         if self.worker is not None:
             self.worker.wait()
             self._settled_metrics.update(self.settle())
-
-    def close(self) -> None:
-        worker, self.worker = self.worker, None
-        if worker is not None:
-            worker.close()
 
     def state_dict(self) -> dict[str, Any]:
         return {"arrived_rows": self.arrivals.rows(), "arrived_created": self.arrivals.created()}
