@@ -4,7 +4,7 @@
     paper-size message (12 prompts x 12 completions x 200 tokens, vocabulary 49 152), the same with uniformly random
     ids and log-uniform log-probs (the pessimistic data of docs/wire-format.md), and a real message of the tiny task
     (rows sampled by a tiny trainer); plus the fixed overhead per completion.
-(b) One round as the receiving trainer sees it, with `trl_ftis.swarm.Swarm` instances (one receiver, P publishers) on
+(b) One round as the receiving trainer sees it, with `trl_ftis.swarm.client.Swarm` instances (one receiver, P publishers) on
     dir:// (a temporary directory) and Redis (a throwaway redis-server from tests/redis_server.py): encode and publish
     its own message; collect (poll, decode with its checks, message_to_rows) what P = 2, 8, 32 peers published; merge
     (group statistics, the receiver's prompt tokenization, build_peer_batch), for a small message per peer
@@ -179,7 +179,7 @@ def tiny_task_message(tokenizer, tmp: str):
     from trl_ftis import FTISConfig, FTISTrainer
     from trl_ftis.demo.tiny import build_tiny_llama
     from trl_ftis.exchange import tokenizer_fingerprint
-    from trl_ftis.swarm import rows_to_message
+    from trl_ftis.swarm.client import rows_to_message
     from trl_ftis.tasks.addition import addition_dataset, digit_match_reward, exact_answer_reward
 
     args = common.trainer_args(
@@ -208,7 +208,7 @@ def tiny_task_message(tokenizer, tmp: str):
 
 
 def bench_sizes(tokenizer, tmp: str) -> None:
-    from trl_ftis.swarm import rows_to_message
+    from trl_ftis.swarm.client import rows_to_message
 
     print(
         "\n(a) bytes on the wire (B/token = total bytes / completion tokens; fixed B/compl. = bytes that are not "
@@ -264,11 +264,11 @@ SETTINGS = {
 
 
 class PhaseClock:
-    """Times the functions a round calls by patching module attributes of trl_ftis.swarm (the benchmark's process
+    """Times the functions a round calls by patching module attributes of trl_ftis.swarm.client (the benchmark's process
     only; nothing in src/ changes)."""
 
     def __init__(self):
-        import trl_ftis.swarm as swarm_module
+        import trl_ftis.swarm.client as swarm_module
 
         self.timer = common.SectionTimer()
         for name, section in (
@@ -287,7 +287,7 @@ class RoundBench:
 
     def __init__(self, url: str, peers: int, setting: str, tokenizer, trainer, clock: PhaseClock, *, redis=False):
         from trl_ftis.exchange import tokenizer_fingerprint
-        from trl_ftis.swarm import Swarm
+        from trl_ftis.swarm.client import Swarm
 
         prompts, per_prompt, tokens, vocab, long_prompts = SETTINGS[setting]
         self.vocab = vocab or len(tokenizer)

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from trl_ftis.demo.tiny import build_char_tokenizer  # noqa: E402
 from trl_ftis.exchange import Message, encode_message, tokenizer_fingerprint  # noqa: E402
-from trl_ftis.swarm import LEAVE_PATIENCE, Swarm  # noqa: E402
+from trl_ftis.swarm.client import LEAVE_PATIENCE, Swarm  # noqa: E402
 
 
 def free_port() -> int:

@@ -1,10 +1,10 @@
 """Many peers: what one receiver's `Swarm.collect` costs as the swarm grows (issue 20).
 
-One receiver `trl_ftis.swarm.Swarm` faces S = 64, 128 and 256 simulated senders on memory:// and dir:// (a temporary
+One receiver `trl_ftis.swarm.client.Swarm` faces S = 64, 128 and 256 simulated senders on memory:// and dir:// (a temporary
 directory). Every round each sender publishes one realistic message: 64 rows (8 prompts x 8 completions) of 300 tokens
 each, Zipf token ids and fp32 log-probs (the generators of benchmarks/exchange.py), signed with a shared swarm secret
 (HMAC over the whole message, so verification costs what it does in a swarm). The rows of every sender are built once
-(`trl_ftis.swarm.rows_to_message`); each round's messages are encoded (`trl_ftis.exchange.encode_message`) and
+(`trl_ftis.swarm.client.rows_to_message`); each round's messages are encoded (`trl_ftis.exchange.encode_message`) and
 published before the receiver's collect, outside the measured time. The receiver has met every sender (its
 `known_peers` holds them all, as after a first round that took everyone), so every sender is a regular with its own
 allowance: the case where nothing but `max_rows` can bound the work. It does not wait (no expected peers): everything
@@ -12,7 +12,7 @@ is in the exchange when the round starts.
 
 Two row allowances, measured in the same run, round after round interleaved with every S and transport:
 
-* `max_rows=256`: what `trl_ftis.rounds` passes for `cap = 64` peer rows (`max(4 * cap, 64)`), the rows a trainer
+* `max_rows=256`: what `trl_ftis.swarm.rounds` passes for `cap = 64` peer rows (`max(4 * cap, 64)`), the rows a trainer
   can use;
 * `max_rows=None`: unbounded (the default `RoundBudget.max_rows`, 16 384 rows = 256 messages), for reference.
 
@@ -53,7 +53,7 @@ ROWS_PER_MESSAGE = 64
 PROMPTS = 8  # 8 prompts x 8 completions
 TOKENS = 300
 CAP = 64  # peer rows a step trains on
-ALLOWANCES = {"256": max(4 * CAP, 64), "None": None}  # max_rows as trl_ftis.rounds passes it, and unbounded
+ALLOWANCES = {"256": max(4 * CAP, 64), "None": None}  # max_rows as trl_ftis.swarm.rounds passes it, and unbounded
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -61,9 +61,9 @@ def git_line() -> str:
     def git(*args):
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
-    changed = git("diff", "--numstat", "HEAD", "--", "src/trl_ftis/swarm.py").split()
+    changed = git("diff", "--numstat", "HEAD", "--", "src/trl_ftis/swarm/client.py").split()
     state = f"+{changed[0]} -{changed[1]} lines not committed" if changed else "as committed"
-    return f"git rev {git('rev-parse', '--short', 'HEAD')} (src/trl_ftis/swarm.py: {state})"
+    return f"git rev {git('rev-parse', '--short', 'HEAD')} (src/trl_ftis/swarm/client.py: {state})"
 
 
 def sender_rows(sender: str, seed: int):
@@ -93,7 +93,7 @@ def sender_rows(sender: str, seed: int):
 
 
 def build_messages(count: int):
-    from trl_ftis.swarm import rows_to_message
+    from trl_ftis.swarm.client import rows_to_message
 
     senders = [f"peer-{k:03d}" for k in range(count)]
     messages = {
@@ -126,7 +126,7 @@ class Case:
 
     def __init__(self, transport: str, senders: list[str], allowance: str, tmp: str):
         from trl_ftis.exchange.transports import open_transport
-        from trl_ftis.swarm import Swarm
+        from trl_ftis.swarm.client import Swarm
 
         self.transport, self.senders, self.allowance = transport, senders, allowance
         self.max_rows = ALLOWANCES[allowance]

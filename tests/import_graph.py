@@ -33,13 +33,24 @@ def _tree(path: Path) -> ast.AST:
     return ast.parse(path.read_text(encoding="utf-8"))
 
 
-def from_imports(path: Path) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """The ids of the nodes inside `if TYPE_CHECKING:` blocks: imports there never run."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            found.update(id(inner) for child in node.body for inner in ast.walk(child))
+    return found
+
+
+def from_imports(path: Path, runtime: bool = False) -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     """`(target module, [(name, alias), ...])` of every `from ... import ...` in `path` that names a trl_ftis module,
-    with relative targets made absolute."""
+    with relative targets made absolute; `runtime=True` leaves out those under `if TYPE_CHECKING:`."""
     module = module_name(path)
     package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
-    for node in ast.walk(_tree(path)):
-        if isinstance(node, ast.ImportFrom):
+    tree = _tree(path)
+    skipped = _type_checking_only(tree) if runtime else set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and id(node) not in skipped:
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
@@ -69,12 +80,33 @@ def imported_names(path: Path) -> set[str]:
     return found
 
 
+def lazy_exports(package: str) -> dict[str, str]:
+    """A package's lazily exported names (its `_LAZY = {name: submodule}` literal, `trl_ftis._lazy`), as
+    `{name: module}`; empty for a package without one."""
+    path = MODULES.get(package)
+    if path is None or path.name != "__init__.py":
+        return {}
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_LAZY" for t in node.targets):
+            try:
+                return {name: f"{package}.{sub}" for name, sub in ast.literal_eval(node.value).items()}
+            except ValueError:
+                return {}
+    return {}
+
+
 def imported_modules(path: Path) -> set[str]:
-    """The trl_ftis modules `path` imports: `from trl_ftis.x import y` is module `x.y` when `y` is a submodule
-    (importing it runs `x.y`, not more of `x`), else module `x`."""
+    """The trl_ftis modules `path` imports when it runs: `from trl_ftis.x import y` is module `x.y` when `y` is a
+    submodule (importing it runs `x.y`, not more of `x`), module `x` and the submodule `x` loads `y` from when `x`
+    exports `y` lazily, else module `x`. Imports under `if TYPE_CHECKING:` never run and are left out."""
     found = {name for name, _ in plain_imports(path)}
-    for target, names in from_imports(path):
-        found.update(f"{target}.{name}" if f"{target}.{name}" in MODULES else target for name, _ in names)
+    for target, names in from_imports(path, runtime=True):
+        lazy = lazy_exports(target)
+        for name, _ in names:
+            if f"{target}.{name}" in MODULES:
+                found.add(f"{target}.{name}")
+            else:
+                found.update({target, lazy.get(name, target)})
     return {name for name in found if name in MODULES and name != module_name(path)}
 
 

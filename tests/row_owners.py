@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import torch
 
-from trl_ftis.admission import DROP_REASONS, STRIP_REASONS, Admission
-from trl_ftis.ledger import PeerRowLedger
-from trl_ftis.scoring import RewardScorer
+from trl_ftis.swarm.admission import DROP_REASONS, STRIP_REASONS, Admission
+from trl_ftis.swarm.ledger import PeerRowLedger
+from trl_ftis.swarm.scoring import RewardScorer
 
 
 def config(**overrides):

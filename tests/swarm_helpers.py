@@ -6,7 +6,7 @@ from transformers import TrainerCallback
 from trl_ftis import PeerRow
 from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
-from trl_ftis.swarm import Swarm
+from trl_ftis.swarm.client import Swarm
 
 
 def make_swarm(url, peer_id, tokenizer, **overrides):
@@ -33,7 +33,7 @@ def publish_raw(url, data, *, sender, round):
 def wire_message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", created=None, **fields):
     """`rows(sender, count, prompt=prompt)` as the wire `Message` of `round` (with `created` and any other `Message`
     fields set), for tests that encode, sign, tamper with or replay messages themselves."""
-    from trl_ftis.peer_messages import rows_to_message
+    from trl_ftis.swarm.peer_messages import rows_to_message
 
     built = rows_to_message(
         rows(sender, count=count, prompt=prompt),

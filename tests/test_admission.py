@@ -10,8 +10,8 @@ from row_owners import admission, digit_reward  # tests/ is on sys.path
 from swarm_helpers import rows
 
 from trl_ftis import PeerRow
-from trl_ftis.admission import RESERVED_REWARD_COLUMNS, statistics_problem
 from trl_ftis.peer_rows import AdmittedRow, ScoredRow, with_group_statistics
+from trl_ftis.swarm.admission import RESERVED_REWARD_COLUMNS, statistics_problem
 
 CHAT = [{"role": "user", "content": "1+2="}]
 

@@ -6,13 +6,13 @@ import logging
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 
 from trl_ftis.exchange.transports import open_transport
-from trl_ftis.swarm import LONELY_COLLECTS
+from trl_ftis.swarm.client import LONELY_COLLECTS
 
 
 def test_a_peer_alone_on_its_exchange_says_so_once_naming_it(tokenizer, tmp_path, caplog):
     url = f"dir://{tmp_path / 'mine'}"
     alone = make_swarm(url, "a", tokenizer, peer_timeout=0.0)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         for round in range(LONELY_COLLECTS + 3):
             alone.collect(round)
     said = [
@@ -27,7 +27,7 @@ def test_a_peer_that_met_another_says_nothing(tokenizer, tmp_path, caplog):
     url = f"dir://{tmp_path / 'shared'}"
     a, b = make_swarm(url, "a", tokenizer, peer_timeout=0.0), make_swarm(url, "b", tokenizer, peer_timeout=0.0)
     b.publish(rows("b"), 0)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         for round in range(LONELY_COLLECTS + 1):
             a.collect(round)
     assert "accepted no message from any other peer" not in caplog.text
@@ -54,7 +54,7 @@ def test_a_peer_without_credentials_says_it_receives_signed_messages_it_cannot_c
     signed = make_swarm(url, "locked", tokenizer, secret="only-mine")
     receiver = make_swarm(url, "open", tokenizer, peer_timeout=0.0)
     signed.publish(rows("locked"), 0)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         for round in range(3):
             receiver.collect(round)
     said = [
@@ -71,7 +71,7 @@ def test_a_peer_that_refuses_another_for_its_credentials_says_what_to_change(tok
     url = f"dir://{tmp_path / 'x'}"
     make_swarm(url, "open", tokenizer).publish(rows("open"), 0)
     locked = make_swarm(url, "locked", tokenizer, secret="only-mine", peer_timeout=0.0)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         result = locked.collect(0)
     assert result.refused["unsigned"] == 1
     said = [r.getMessage() for r in caplog.records if "Refused a message sent as 'open'" in r.getMessage()]
@@ -88,7 +88,7 @@ def test_a_refusal_for_credentials_is_said_while_the_round_still_waits_for_that_
     make_swarm(url, "open", tokenizer).publish(rows("open"), 0)
     locked = make_swarm(url, "locked", tokenizer, secret="only-mine", peer_timeout=600.0, expected_peers=["open"])
     results = []
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         waiting = threading.Thread(target=lambda: results.append(locked.collect(0)), daemon=True)
         waiting.start()
         deadline = time.monotonic() + 120
@@ -105,7 +105,7 @@ def test_a_peer_far_ahead_is_said_in_plain_words(tokenizer, tmp_path, caplog):
     url = f"dir://{tmp_path / 'x'}"
     make_swarm(url, "b", tokenizer, keep_rounds=100).publish(rows("b"), 40)
     me = make_swarm(url, "me", tokenizer, peer_timeout=0.0, expected_peers=["b"])
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         result = me.collect(0)
     assert result.refused["ahead"] == 1
     assert (

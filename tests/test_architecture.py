@@ -1,10 +1,15 @@
-"""The package layout is the architecture: each room imports only the rooms below it, and no module grows past one
-concern's size.
+"""The package layout is the architecture: each room imports only the rooms below it, through their front doors, and
+no module grows past one concern's size.
 
-Rooms, bottom to top: the core (`objective`, `config`, `trainer` and the objects it composes: `ledger`, `admission`,
-`scoring`, `rounds`, `checkpoint`; `peer_rows`, `generator_logps`, `rules`) and the swarm (`swarm`, `exchange/`),
-then the launcher (`launcher/`), the tasks (`tasks/`) and the demo (`demo/`). The core and the swarm never import the
-launcher, the tasks or the demo; the tasks never import the launcher or the demo.
+Rooms, bottom to top:
+
+* the core, at the top of the package: `config`, `objective`, `trainer` and the modules they alone need (`peer_rows`,
+  `own_rows`, `peer_merge`, `peer_inbox`, `micro_batches`, `collaboration`, `rules`, ...);
+* the exchange (`exchange/`: the wire format and the transports) and the swarm (`swarm/`: the client, the rounds
+  and their exchange modes, the admission of received rows, the ledger, the checkpointed state). The core reaches
+  the swarm only through `trl_ftis.swarm`'s own exports, never its modules;
+* then the launcher (`launcher/`), the tasks (`tasks/`) and the demo (`demo/`). The core, the exchange and the swarm
+  never import the launcher, the tasks or the demo; the tasks never import the launcher or the demo.
 
 Inside and across rooms: no module imports another module's private (underscore) names, and no two modules import
 each other, directly or through others (function-level imports count: a cycle hidden inside a function is still one).
@@ -17,37 +22,74 @@ import sys
 from pathlib import Path
 
 import pytest
-from import_graph import PACKAGE, PATHS, cycles, import_graph, imported_names, module_name, private_uses
+from import_graph import (
+    PACKAGE,
+    PATHS,
+    cycles,
+    import_graph,
+    imported_names,
+    lazy_exports,
+    module_name,
+    private_uses,
+)
 
 UPPER_ROOMS = ("trl_ftis.launcher", "trl_ftis.tasks", "trl_ftis.demo")
 FORBIDDEN = {
-    "core and swarm": UPPER_ROOMS,
+    "core": UPPER_ROOMS,
+    "exchange": (*UPPER_ROOMS, "trl_ftis.swarm"),
+    "swarm": UPPER_ROOMS,
     "tasks": ("trl_ftis.launcher", "trl_ftis.demo"),
     "launcher": ("trl_ftis.tasks", "trl_ftis.demo", "trl_ftis.trainer"),
 }
-MAX_MODULE_LINES = 1000
+SWARM = "trl_ftis.swarm"
+MAX_MODULE_LINES = 800
 MODULES = PATHS
 
 
 def _room(module: str) -> str | None:
-    for prefix, room in (("trl_ftis.tasks", "tasks"), ("trl_ftis.launcher", "launcher"), ("trl_ftis.demo", "demo")):
-        if module == prefix or module.startswith(prefix + "."):
-            return room
-    return None if module == "trl_ftis.cli" else "core and swarm"
+    for prefix in ("tasks", "launcher", "demo", "swarm", "exchange"):
+        if module == f"trl_ftis.{prefix}" or module.startswith(f"trl_ftis.{prefix}."):
+            return prefix
+    return None if module == "trl_ftis.cli" else "core"
+
+
+def _swarm_internals(names: set[str]) -> list[str]:
+    """What of `names` reaches past `trl_ftis.swarm`'s exports: one of its modules, or a name it does not export."""
+    exported = {f"{SWARM}.{name}" for name in lazy_exports(SWARM)}
+    return sorted(name for name in names if name.startswith(SWARM + ".") and name not in exported)
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_each_room_imports_only_rooms_below_it(path):
     room = _room(module_name(path))
     forbidden = FORBIDDEN.get(room, ())
-    bad = sorted(name for name in imported_names(path) if any(name == f or name.startswith(f + ".") for f in forbidden))
+    names = imported_names(path)
+    bad = sorted(name for name in names if any(name == f or name.startswith(f + ".") for f in forbidden))
     assert not bad, f"{path.relative_to(PACKAGE)} ({room}) imports {bad}"
+    if room == "core":
+        inside = _swarm_internals(names)
+        assert not inside, f"{path.relative_to(PACKAGE)} (core) imports the swarm's modules {inside}: use its exports"
+
+
+def test_the_core_reaches_the_swarm_through_its_exports_only(monkeypatch):
+    # The check itself: a core module importing a swarm module, or a name the swarm does not export, is caught.
+    assert {"Swarm", "RoundRunner", "StateCheckpoints", "EXCHANGE_MODE_NAMES"} <= set(lazy_exports(SWARM))
+    fake, read = PACKAGE / "trainer.py", Path.read_text
+    source = "from .swarm import Swarm\nfrom .swarm.rounds import RoundRunner\nfrom .swarm import _helper\n"
+    monkeypatch.setattr(
+        Path, "read_text", lambda self, encoding=None: source if self == fake else read(self, encoding)
+    )
+    assert _swarm_internals(imported_names(fake)) == [
+        f"{SWARM}._helper",
+        f"{SWARM}.rounds",
+        f"{SWARM}.rounds.RoundRunner",
+    ]
 
 
 def test_importing_the_core_loads_no_upper_room():
     code = (
         "import sys\n"
-        "import trl_ftis, trl_ftis.trainer, trl_ftis.config, trl_ftis.swarm, trl_ftis.exchange.transports\n"
+        "import trl_ftis, trl_ftis.trainer, trl_ftis.config, trl_ftis.swarm.client, trl_ftis.exchange.transports\n"
         "from trl_ftis import FTISConfig, FTISTrainer, PeerRow, ftis_loss\n"
         f"print(sorted(m for m in sys.modules if m.startswith({UPPER_ROOMS!r})))\n"
     )
@@ -64,7 +106,7 @@ def test_the_import_scanner_sees_relative_and_function_level_imports(tmp_path, m
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
-def test_no_module_over_a_thousand_lines(path):
+def test_no_module_over_eight_hundred_lines(path):
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_MODULE_LINES, f"{path.relative_to(PACKAGE)} has {lines} lines: split it by concern"
 
@@ -82,13 +124,13 @@ def test_there_is_no_import_cycle():
 def test_the_cycle_and_private_name_checks_catch_what_they_look_for(monkeypatch):
     # The checks themselves: a private name imported from a sibling, one reached through an imported module, and two
     # modules importing each other inside functions, must be caught.
-    trainer, swarm = PACKAGE / "trainer.py", PACKAGE / "swarm.py"
+    trainer, swarm = PACKAGE / "trainer.py", PACKAGE / "swarm" / "client.py"
     sources = {
-        trainer: "def f():\n    from .swarm import Swarm, _private_helper\n    from .exchange import keys\n"
+        trainer: "def f():\n    from .swarm.client import Swarm, _private_helper\n    from .exchange import keys\n"
         "    keys._ed25519()\n",
-        swarm: "def g():\n    from . import trainer\n",
+        swarm: "def g():\n    from .. import trainer\n",
     }
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: sources.get(self, ""))
-    assert private_uses(trainer) == ["trl_ftis.swarm._private_helper", "trl_ftis.exchange.keys._ed25519"]
-    assert ["trl_ftis.swarm", "trl_ftis.trainer"] in cycles(import_graph())
+    assert private_uses(trainer) == ["trl_ftis.swarm.client._private_helper", "trl_ftis.exchange.keys._ed25519"]
+    assert ["trl_ftis.swarm.client", "trl_ftis.trainer"] in cycles(import_graph())
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []

@@ -63,7 +63,7 @@ def test_sync_mode_logs_the_whole_round_as_blocking(tokenizer, make_args, url):
 
 def test_async_hides_a_slow_round_that_sync_waits_for(tokenizer, make_args, url, monkeypatch):
     """A round that takes 0.3 s (a slow exchange) costs a sync step 0.3 s; async overlaps it with the step."""
-    from trl_ftis.swarm import Swarm
+    from trl_ftis.swarm.client import Swarm
 
     collect = Swarm.collect
 

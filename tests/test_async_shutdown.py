@@ -13,7 +13,7 @@ from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 from test_async_exchange import async_trainer, worker_threads
 from transformers import TrainerCallback
 
-from trl_ftis.exchange_modes import ExchangeWorker
+from trl_ftis.swarm.exchange_modes import ExchangeWorker
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ def test_a_receiver_says_when_a_senders_log_probs_are_not_the_distribution_it_sa
     for round in range(2):
         biased.publish(rows("biased"), round)
         fine.publish(rows("fine"), round)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         taken = [row.sender for round in range(2) for row in me.collect(round).rows]
     assert taken.count("biased") == taken.count("fine") > 0  # kept: said, not dropped
     said = [r.getMessage() for r in caplog.records if "full softmax" in r.getMessage()]

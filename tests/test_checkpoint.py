@@ -11,7 +11,8 @@ from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
-from trl_ftis.checkpoint import (
+from trl_ftis.collaboration import PeerValue, StepClock
+from trl_ftis.swarm.checkpoint import (
     build_state,
     parse_state,
     read_state_file,
@@ -20,8 +21,7 @@ from trl_ftis.checkpoint import (
     rows_to_json,
     state_path,
 )
-from trl_ftis.collaboration import PeerValue, StepClock
-from trl_ftis.ledger import PeerRowLedger
+from trl_ftis.swarm.ledger import PeerRowLedger
 
 
 class Partner(TrainerCallback):
@@ -142,7 +142,7 @@ def test_a_checkpoint_without_ftis_state_resumes_with_a_warning(tokenizer, make_
     checkpoint = tmp_path / "out" / "checkpoint-2"
     state_path(checkpoint, 0).unlink()  # as GRPOTrainer saves it
     resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.checkpoint"):
         resumed.train(resume_from_checkpoint=str(checkpoint))
     assert "has no ftis_state_0.json" in caplog.text
     assert resumed.summary()["steps"] == 3 and resumed.summary()["rows_sent"] == 16  # only the step it ran
@@ -244,7 +244,7 @@ def test_reading_a_state_file_names_it_or_warns_when_there_is_none(tmp_path, cap
             read_state_file(tmp_path, 0)
         assert str(state_path(tmp_path, 0)) in str(error.value)
     else:
-        with caplog.at_level(logging.WARNING, logger="trl_ftis.checkpoint"):
+        with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.checkpoint"):
             assert read_state_file(tmp_path, 0) is None
         assert "has no ftis_state_0.json" in caplog.text
 

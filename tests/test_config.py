@@ -15,7 +15,7 @@ from swarm_helpers import make_swarm
 from trl import GRPOConfig
 
 from trl_ftis import FTISConfig, rules
-from trl_ftis.swarm import Swarm
+from trl_ftis.swarm.client import Swarm
 
 
 def _config(**fields) -> FTISConfig:
@@ -102,7 +102,7 @@ def test_the_round_defaults_come_from_the_rules():
         ("max_rounds_ahead", rules.DEFAULT_MAX_ROUNDS_AHEAD),
     ):
         assert getattr(config, name) == swarm[name].default == default, name
-    from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD
+    from trl_ftis.swarm.client import DEFAULT_MAX_ROUNDS_AHEAD
 
     assert DEFAULT_MAX_ROUNDS_AHEAD is rules.DEFAULT_MAX_ROUNDS_AHEAD
 

@@ -12,7 +12,7 @@ from tiny_trainers import exchange_trainer
 
 import trl_ftis
 from trl_ftis import FTISConfig
-from trl_ftis.exchange_modes import (
+from trl_ftis.swarm.exchange_modes import (
     EXCHANGE_MODE_NAMES,
     EXCHANGE_MODES,
     Background,
@@ -21,7 +21,7 @@ from trl_ftis.exchange_modes import (
     RoundOutcome,
     register_exchange_mode,
 )
-from trl_ftis.round_windows import LockStepWindow, PerSenderWindow
+from trl_ftis.swarm.round_windows import LockStepWindow, PerSenderWindow
 
 PACKAGE = Path(trl_ftis.__file__).parent
 MODE_BRANCH = re.compile(
@@ -29,7 +29,7 @@ MODE_BRANCH = re.compile(
 )
 
 
-@pytest.mark.parametrize("module", ["swarm.py", "rounds.py", "config.py"])
+@pytest.mark.parametrize("module", ["swarm/client.py", "swarm/rounds.py", "config.py"])
 def test_no_module_branches_on_the_exchange_modes_name(module):
     text = (PACKAGE / module).read_text()
     assert MODE_BRANCH.findall(text) == [], f"{module} branches on the exchange mode: move it into the mode's class"

@@ -11,8 +11,8 @@ from tiny_trainers import exchange_trainer
 from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
-from trl_ftis.arrivals import ArrivalQueue
-from trl_ftis.round_windows import PerSenderWindow
+from trl_ftis.swarm.arrivals import ArrivalQueue
+from trl_ftis.swarm.round_windows import PerSenderWindow
 
 
 def received(sender, round, count=2, index=0):
@@ -266,7 +266,7 @@ def test_free_running_rows_go_through_the_same_admission_and_budgets(tokenizer, 
 def test_joining_a_swarm_logs_one_line_saying_how_messages_are_authenticated(tokenizer, make_args, caplog, mode):
     import logging
 
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.rounds"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.rounds"):
         trainer = exchange_trainer(
             tokenizer, make_args, f"memory://auth-{uuid.uuid4().hex}", mode, swarm_secret="s3cret", max_steps=1
         )

@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 from swarm_helpers import make_swarm  # tests/ is on sys.path
 
 from trl_ftis import FTISTrainer, PeerRow
-from trl_ftis.admission import RESERVED_REWARD_COLUMNS
 from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
 from trl_ftis.peer_rows import MAX_ABS_ADVANTAGE
 from trl_ftis.rules import MAX_LOGP
-from trl_ftis.swarm import RoundResult, message_to_rows, rows_to_message
+from trl_ftis.swarm.admission import RESERVED_REWARD_COLUMNS
+from trl_ftis.swarm.client import RoundResult, message_to_rows, rows_to_message
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -84,7 +84,7 @@ def unpacked(sender, sent):
 
 
 class StandInSwarm:
-    """Stands in for `trl_ftis.swarm.Swarm` in the trainer's round: `collect` hands over the given rows once."""
+    """Stands in for `trl_ftis.swarm.client.Swarm` in the trainer's round: `collect` hands over the given rows once."""
 
     def __init__(self, received, peer_models=None):
         self.received = list(received)
@@ -740,7 +740,7 @@ def test_special_and_added_tokens_inside_a_completion_are_dropped_at_both_levels
     functions saw them stripped. Every special or added token is refused except a final end of sequence."""
     from tokenizers import AddedToken
 
-    from trl_ftis.admission import control_token_ids
+    from trl_ftis.swarm.admission import control_token_ids
 
     added = copy.deepcopy(tokenizer)
     added.add_tokens([AddedToken("<file_sep>", special=True), AddedToken("<|im_start|>", special=True)])
@@ -808,7 +808,7 @@ def test_a_rounds_texts_are_tokenised_up_to_its_budget(tokenizer, make_args):
 def test_invented_sender_ids_cannot_grow_the_per_peer_metrics_without_bound(tokenizer, make_args):
     """Issue 23: 78,428 metric names in 300 steps from invented ids. The first MAX_NAMED_PEERS peers get their own
     `ftis/peers/<peer>/...`; the rest are counted together under OTHER_PEERS, in the round and loss metrics alike."""
-    from trl_ftis.ledger import MAX_NAMED_PEERS, OTHER_PEERS
+    from trl_ftis.swarm.ledger import MAX_NAMED_PEERS, OTHER_PEERS
 
     senders = [f"x{k}" for k in range(MAX_NAMED_PEERS + 30)]
     received = [row for k, s in enumerate(senders) for row in unpacked(s, rows(s, 2, group=f"g{k}", prompt=KNOWN))]

@@ -215,7 +215,7 @@ def test_vllm_generation_joins_the_swarm_with_the_samplers_logps(
     import uuid
 
     from trl_ftis.exchange import tokenizer_fingerprint
-    from trl_ftis.swarm import Swarm
+    from trl_ftis.swarm.client import Swarm
 
     monkeypatch.setattr("trl.trainer.grpo_trainer.VLLMGeneration", StandInVLLMGeneration)
     StandInVLLMGeneration.built = []

@@ -5,13 +5,13 @@ import logging
 import pytest
 from swarm_helpers import rows  # tests/ is on sys.path
 
-from trl_ftis.admission import DROP_REASONS
-from trl_ftis.ledger import MAX_WARNED, PeerRowLedger
+from trl_ftis.swarm.admission import DROP_REASONS
+from trl_ftis.swarm.ledger import MAX_WARNED, PeerRowLedger
 
 
 def test_drops_are_counted_and_warned_about_once_per_peer_and_reason(caplog):
     ledger = PeerRowLedger(DROP_REASONS)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.ledger"):
         for _ in range(3):
             ledger.count("a", "too_long", 2)
         ledger.count("b", "too_long")
@@ -19,14 +19,14 @@ def test_drops_are_counted_and_warned_about_once_per_peer_and_reason(caplog):
     assert ledger.dropped == {"too_long": 7} and ledger.dropped_totals == {"too_long": 7}
     assert ledger.stripped == {"reserved_column": 4}  # changed and kept: not a drop
     messages = [record.getMessage() for record in caplog.records]
-    assert len(messages) == 3 and all(record.name == "trl_ftis.ledger" for record in caplog.records)
+    assert len(messages) == 3 and all(record.name == "trl_ftis.swarm.ledger" for record in caplog.records)
     assert DROP_REASONS["too_long"] in messages[0] and "ftis/peer_rows_dropped/too_long" in messages[0]
     assert ledger.warned("a", "too_long") and not ledger.warned("a", "bad_ids")
 
 
 def test_warnings_are_bounded_for_a_flood_of_sender_names(caplog):
     ledger = PeerRowLedger()
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.ledger"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.ledger"):
         for sender in range(MAX_WARNED + 500):
             ledger.count(f"s{sender}", "too_long")
     assert ledger.num_warned == MAX_WARNED == len(caplog.records)

@@ -8,8 +8,8 @@ from row_owners import admission  # tests/ is on sys.path
 from swarm_helpers import rows
 
 from trl_ftis.peer_rows import ScoredRow
-from trl_ftis.rounds import RoundRunner
-from trl_ftis.swarm import RoundResult
+from trl_ftis.swarm.client import RoundResult
+from trl_ftis.swarm.rounds import RoundRunner
 
 
 class StandInSwarm:

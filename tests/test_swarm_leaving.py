@@ -156,7 +156,7 @@ def test_leaving_while_the_redis_server_is_down_takes_about_a_second(tmp_path, t
     `LEAVE_PATIENCE` (1 s) at most, and ordinary publishes keep their retries."""
     from redis_server import RedisServerUnavailable, start_redis_server
 
-    from trl_ftis.swarm import LEAVE_PATIENCE
+    from trl_ftis.swarm.client import LEAVE_PATIENCE
 
     try:
         server_url, stop = start_redis_server(tmp_path)

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from peer_processes import (
     COMMON,
     PEER_SCRIPT,
@@ -288,7 +287,7 @@ def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     from trl_ftis import PeerRow
     from trl_ftis.demo.tiny import build_char_tokenizer
     from trl_ftis.exchange import encode_message, tokenizer_fingerprint
-    from trl_ftis.swarm import rows_to_message
+    from trl_ftis.swarm.client import rows_to_message
 
     exchange = tmp_path / "exchange"
     exchange.mkdir()

@@ -1,4 +1,4 @@
-"""The round protocol of `trl_ftis.swarm.Swarm` against hostile writers (issue 10): each attack first, then the fix.
+"""The round protocol of `trl_ftis.swarm.client.Swarm` against hostile writers (issue 10): each attack first, then the fix.
 
 Decode once and verify first; the round window (`stale`, `ahead`) instead of wall clocks; duplicates that cannot
 silence a peer; budgets that invented sender ids cannot break; per-peer keys (`trl-ftis keygen`); the temperature
@@ -33,7 +33,7 @@ from trl_ftis.exchange import wire as wire_module
 from trl_ftis.exchange.transports import MemoryTransport
 from trl_ftis.peer_rows import select_rows
 from trl_ftis.rules import MAX_TEMPERATURE, MIN_TEMPERATURE
-from trl_ftis.swarm import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget
+from trl_ftis.swarm.client import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget
 
 SECRET = "members-only"
 
@@ -51,7 +51,7 @@ def prompts(result, sender):
 def test_each_message_is_decoded_once_and_the_unauthenticated_header_is_never_parsed(
     tokenizer, memory_url, monkeypatch
 ):
-    import trl_ftis.swarm as swarm_module
+    import trl_ftis.swarm.client as swarm_module
 
     calls = []
     decode = swarm_module.decode_message
@@ -311,7 +311,7 @@ def test_a_late_joiner_catches_up_once_a_live_peer_shows_it_is_ahead(tokenizer, 
     second = joiner.collect(1)  # read now, but one message shows no progress yet
     assert second.rows == [] and second.refused["ahead"] == 1 and joiner.round_offset == 0
     live.publish(rows("live", prompt="r52"), 52)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.client"):
         third = joiner.collect(2)  # 52 after 51: a live peer 50 rounds ahead; the joiner moves to round 52
     assert prompts(third, "live") == ["r52"] * 4 and not third.refused
     assert joiner.round_offset == 50 and "moves to round 52" in caplog.text

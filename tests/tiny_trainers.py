@@ -31,7 +31,7 @@ def without_control_tokens(rows, tokenizer):
     end of sequence stays). Untrained tiny models write <pad>, <bos> or <unk> inside some completions, which
     receivers drop (`special_tokens`, tested in test_hostile_rows.py); tests about what peer rows do in the loss or the
     summary take the rows as a trained model would write them. Changes `rows` in place and returns them."""
-    from trl_ftis.admission import control_token_ids
+    from trl_ftis.swarm.admission import control_token_ids
 
     control = set(control_token_ids(tokenizer).tolist())
     digit = tokenizer.convert_tokens_to_ids("0")

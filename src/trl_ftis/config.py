@@ -14,7 +14,6 @@ from typing import Any
 from trl import GRPOConfig
 
 from .credentials import SwarmCredentials, read_swarm_credentials
-from .exchange_modes import EXCHANGE_MODE_NAMES, EXCHANGE_MODES
 from .objective import (
     FILTER_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -40,13 +39,14 @@ from .rules import (
     normalise_exchange_url,
     redact_url,
 )
+from .swarm import EXCHANGE_MODE_NAMES, EXCHANGE_MODES
 
 logger = logging.getLogger(__name__)
 
 COLLABORATION_MODES = ("vertical", "horizontal")
 # How peer rows weigh against own rows in the loss: as F-TIS weights them, or also by their source's ESS fraction.
 PEER_WEIGHTINGS = ("none", "ess")
-# The round inside the step, in a background worker one round late, or free-running: never waiting (rounds.py).
+# The round inside the step, in a background worker one round late, or free-running: never waiting (swarm/rounds.py).
 
 PRESETS: dict[str, dict[str, Any]] = {
     "paper": {

@@ -1,5 +1,5 @@
 """The rows a caller hands a trainer with `FTISTrainer.add_peer_rows`: [`PeerInbox`] checks them (a caller's
-programming errors raise before anything is queued), admits them (`trl_ftis.admission.Admission`: dropped and
+programming errors raise before anything is queued), admits them (`trl_ftis.swarm.admission.Admission`: dropped and
 counted, or kept as `AdmittedRow`s), queues at most a bounded number, and hands a step at most its cap, as whole
 groups. It owns the queue, which a checkpoint saves and a resumed run restores."""
 
@@ -62,6 +62,6 @@ class PeerInbox:
         return taken
 
     def restore(self, saved: list) -> None:
-        """Queue again, first, the rows a checkpoint saved (checked by `trl_ftis.checkpoint`), admitted again."""
+        """Queue again, first, the rows a checkpoint saved (checked by `trl_ftis.swarm.checkpoint`), admitted again."""
         with self.lock:
             self.rows = self.admission.restore(saved) + self.rows

@@ -16,6 +16,7 @@ import torch
 from accelerate.utils import gather_object
 
 from .collaboration import merge_counts
+from .objective import group_max_len
 from .own_rows import is_truncated
 from .peer_rows import UNMERGEABLE_FIELDS, AdmittedRow, ScoredRow, build_peer_batch, concat_rows, with_group_statistics
 
@@ -29,8 +30,8 @@ class PeerMerge:
 
     Args:
         accelerator: the trainer's `Accelerator` (collectives, device).
-        admission (`trl_ftis.admission.Admission`): its `guard_statistics`, the last guard.
-        ledger (`trl_ftis.ledger.PeerRowLedger`): drops, sources and row counts are counted there.
+        admission (`trl_ftis.swarm.admission.Admission`): its `guard_statistics`, the last guard.
+        ledger (`trl_ftis.swarm.ledger.PeerRowLedger`): drops, sources and row counts are counted there.
         value (`trl_ftis.collaboration.PeerValue`): rows and tokens merged, per source.
         lock: the round runner's lock (an async worker's admission writes the ledger too).
         log (`Callable[[str, float], None]`): appends a training metric.
@@ -130,6 +131,23 @@ class PeerMerge:
             if output.get("tool_mask") is not None:
                 loss_mask = loss_mask * output["tool_mask"]
             output["num_items_in_batch"] = accelerator.gather(loss_mask.sum()).sum()
+        return output
+
+    def own_fields(self, output: dict[str, Any], num_generations: int) -> dict[str, Any]:
+        """`output` (TRL's batch of this process's own rows) with the F-TIS fields that [`batch`] fills for peer
+        rows: each group's longest completion, no generator log-probs (`ℓgen = ℓold`), source 0, no age."""
+        completion_mask = output["completion_mask"]
+        batch, device = completion_mask.shape[0], completion_mask.device
+        # Groups may span processes, so the longest completion of a group is found on the gathered lengths.
+        lengths = self.accelerator.gather(completion_mask.sum(-1))
+        group_max = group_max_len(lengths, torch.arange(len(lengths), device=lengths.device) // num_generations)
+        start = self.accelerator.process_index * batch
+        output["ftis_group_max_len"] = group_max[start : start + batch].to(device)
+        output["ftis_gen_logps"] = torch.zeros(completion_mask.shape, dtype=torch.float32, device=device)
+        output["ftis_gen_valid"] = torch.zeros(batch, dtype=torch.bool, device=device)
+        output["ftis_source"] = torch.zeros(batch, dtype=torch.long, device=device)
+        output["ftis_age"] = torch.full((batch,), -1, dtype=torch.long, device=device)  # own rows: no age
+        output["ftis_text_level"] = torch.zeros(batch, dtype=torch.bool, device=device)
         return output
 
     def batch(self, output: dict[str, Any], rows: Sequence[ScoredRow]) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """The rules several parts of trl-ftis must agree on, each written once.
 
-`FTISConfig`, the round client (`trl_ftis.swarm`), the wire format, the transports and the launcher all import their
+`FTISConfig`, the round client (`trl_ftis.swarm.client`), the wire format, the transports and the launcher all import their
 rules from here, so that what one part accepts the others accept too (a peer id the config takes but the wire refuses
 would be a peer that silently never publishes). Standard library only: importing it is free.
 

@@ -4,17 +4,17 @@ The trainer is composed, like TRL's own async GRPO trainer: it keeps only the ov
 between them, and owns the objects that own everything else, each with explicit dependencies and testable without a
 trainer:
 
-* [`PeerRowLedger`] (`trl_ftis.ledger`): every count about peer rows, their warn-once bookkeeping, the per-step
+* [`PeerRowLedger`] (`trl_ftis.swarm.ledger`): every count about peer rows, their warn-once bookkeeping, the per-step
   row-count metrics and their checkpoint state;
-* [`Admission`] (`trl_ftis.admission`): received rows in, [`AdmittedRow`]s out (or dropped and counted), rescoring
-  with a [`RewardScorer`] (`trl_ftis.scoring`), the last statistics check;
-* [`RoundRunner`] (`trl_ftis.rounds`): the swarm round on the main process, run as its exchange mode
-  (`trl_ftis.exchange_modes`) runs it, and the lock a background worker shares with the training loop;
+* [`Admission`] (`trl_ftis.swarm.admission`): received rows in, [`AdmittedRow`]s out (or dropped and counted), rescoring
+  with a [`RewardScorer`] (`trl_ftis.swarm.scoring`), the last statistics check;
+* [`RoundRunner`] (`trl_ftis.swarm.rounds`): the swarm round on the main process, run as its exchange mode
+  (`trl_ftis.swarm.exchange_modes`) runs it, and the lock a background worker shares with the training loop;
 * [`PeerMerge`] (`trl_ftis.peer_merge`): admitted peer rows into TRL's batch, the same count on every process;
-* the [`Swarm`] client (`trl_ftis.swarm`), connected with the credentials the config reads once, before the model is
+* the [`Swarm`] client (`trl_ftis.swarm.client`), connected with the credentials the config reads once, before the model is
   loaded.
 
-The checkpoint hooks save and restore what these owners hand over (`trl_ftis.checkpoint`).
+The checkpoint hooks save and restore what these owners hand over (`trl_ftis.swarm.checkpoint`).
 """
 
 from __future__ import annotations
@@ -34,15 +34,6 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
-from .admission import DROP_REASONS, STRIP_REASONS, Admission
-from .checkpoint import (
-    build_state,
-    read_checked_state,
-    resolve_resume,
-    restore_limits,
-    warn_unread_states,
-    write_state_file,
-)
 from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report
 from .config import FTISConfig, SwarmCredentials
 from .console import apply_console_env
@@ -54,11 +45,10 @@ from .generator_logps import (
     ties_embeddings,
 )
 from .gpu_share import cap_gpu_memory
-from .ledger import PeerRowLedger
 from .loss_metrics import record_term_statistics
 from .micro_batches import batch_terms, chunk_size, chunked_loss, joined
 from .model_card import ModelCardAtEndCallback, add_ftis_section, card_results
-from .objective import ess_weighted, group_max_len, parse_variant, quantile_threshold, update_threshold
+from .objective import ess_weighted, parse_variant, quantile_threshold, update_threshold
 from .own_rows import (
     build_own_rows,
     completion_lengths,
@@ -75,10 +65,19 @@ from .peer_rows import (
     ScoredRow,
 )
 from .peer_summary import peer_summary
-from .rounds import RoundRunner, connect_swarm
 from .rules import MULTI_TURN_REFUSAL
-from .scoring import RewardScorer
-from .swarm import Swarm
+from .swarm import (
+    DROP_REASONS,
+    STRIP_REASONS,
+    Admission,
+    PeerRowLedger,
+    RewardScorer,
+    RoundRunner,
+    StateCheckpoints,
+    Swarm,
+    connect_swarm,
+    resolve_resume,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +257,15 @@ class FTISTrainer(GRPOTrainer):
             cross_tokenizer=args.cross_tokenizer,
             bound=lambda: self._rounds.queue_bound(self._rounds.peer_row_cap(args.generation_batch_size)),
         )
+        self._checkpoints = StateCheckpoints(
+            config=args,
+            ledger=self._ledger,
+            inbox=self._inbox,
+            rounds=self._rounds,
+            clock=self._clock,
+            value=self._value,
+            accelerator=self.accelerator,
+        )
         self._merge = PeerMerge(
             accelerator=self.accelerator,
             admission=self._admission,
@@ -292,7 +300,7 @@ class FTISTrainer(GRPOTrainer):
         self._rounds.swarm = swarm
 
     def _connect_swarm(self, args: FTISConfig, credentials: SwarmCredentials) -> Swarm:
-        """The main process's [`Swarm`] client (`trl_ftis.rounds.connect_swarm`)."""
+        """The main process's [`Swarm`] client (`trl_ftis.swarm.rounds.connect_swarm`)."""
         return connect_swarm(
             args,
             credentials,
@@ -371,7 +379,7 @@ class FTISTrainer(GRPOTrainer):
     def score_rows(self, rows: Sequence[PeerRow]) -> list[tuple[float, dict[str, float]]]:
         """
         Score rows with this trainer's reward functions, on the calling process only (no collectives); how this
-        differs from TRL's `_calculate_rewards` is listed in `trl_ftis.scoring.RewardScorer`.
+        differs from TRL's `_calculate_rewards` is listed in `trl_ftis.swarm.scoring.RewardScorer`.
 
         Args:
             rows (`Sequence[PeerRow]`):
@@ -451,7 +459,7 @@ class FTISTrainer(GRPOTrainer):
             self._recorder = None
 
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
-        output = self._add_ftis_fields(output, num_generations)
+        output = self._merge.own_fields(output, num_generations)
         if mode != "train":
             return output
         own_rows = self._own_rows(inputs, output, num_generations) if listening else []
@@ -463,21 +471,6 @@ class FTISTrainer(GRPOTrainer):
                 rows = rows + self._exchange_round(own_rows, output)
         with self._rounds.turn():
             return self._merge_peer_rows(output, rows)
-
-    def _add_ftis_fields(self, output: dict[str, Any], num_generations: int) -> dict[str, Any]:
-        completion_mask = output["completion_mask"]
-        batch, device = completion_mask.shape[0], completion_mask.device
-        # Groups may span processes, so the longest completion of a group is found on the gathered lengths.
-        lengths = self.accelerator.gather(completion_mask.sum(-1))
-        group_max = group_max_len(lengths, torch.arange(len(lengths), device=lengths.device) // num_generations)
-        start = self.accelerator.process_index * batch
-        output["ftis_group_max_len"] = group_max[start : start + batch].to(device)
-        output["ftis_gen_logps"] = torch.zeros(completion_mask.shape, dtype=torch.float32, device=device)
-        output["ftis_gen_valid"] = torch.zeros(batch, dtype=torch.bool, device=device)
-        output["ftis_source"] = torch.zeros(batch, dtype=torch.long, device=device)
-        output["ftis_age"] = torch.full((batch,), -1, dtype=torch.long, device=device)  # own rows: no age
-        output["ftis_text_level"] = torch.zeros(batch, dtype=torch.bool, device=device)
-        return output
 
     @torch.no_grad()
     def _completion_logps(self, model, batch: dict[str, Any], rows: slice | None = None) -> torch.Tensor:
@@ -723,57 +716,17 @@ class FTISTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # Written first: the Trainer's own files (trainer_state.json last) complete the checkpoint.
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        # Async: the swarm's state is read once its worker's round is done (the rows of that round are trained on at
-        # the next step of this run, but are not in the checkpoint); free-running: they are queued, and saved.
-        self._rounds.wait()
-        with self._rounds.lock:
-            state = build_state(
-                peer_id=self.args.peer_id,
-                global_step=self.state.global_step,
-                ledger=self._ledger.state_dict(),
-                adaptive_threshold=self._adaptive_threshold,
-                pending_rows=self._inbox.rows,
-                swarm=self.swarm.state_dict() if self.swarm is not None else None,
-                **self._rounds.mode.state_dict(),  # the exchange mode's queue: `arrived_rows`, `arrived_created`
-                time=self._clock.state_dict(),
-                peer_value=self._value.state_dict(),
-            )
-        write_state_file(folder, self.args.process_index, state)
+        self._checkpoints.save(folder, self.state.global_step, self._adaptive_threshold)
         return super()._save_checkpoint(model, trial)
 
     def load_ftis_state(self, checkpoint: str | os.PathLike) -> bool:
         """Restore the F-TIS state saved in the checkpoint folder `checkpoint` (done by `train(resume_from_checkpoint=
         ...)`). Returns whether a state was found; `ValueError` naming the file when it is not valid (then nothing is
-        restored). Queued rows are checked and admitted again (`trl_ftis.checkpoint` says what is checked)."""
-        queue = self._rounds.queue_bound(self._rounds.peer_row_cap(self.args.generation_batch_size))
-        limits = restore_limits(self.args, queue, self.swarm)
-        parsed = read_checked_state(checkpoint, self.args.process_index, limits, self.swarm)
-        if parsed is None:
-            return False
-        with self._rounds.lock:
-            self._ledger.load_state_dict(parsed.ledger)
+        restored). Queued rows are checked and admitted again (`trl_ftis.swarm.checkpoint` says what is checked)."""
+        parsed = self._checkpoints.restore(checkpoint)
+        if parsed is not None:
             self._adaptive_threshold = parsed.adaptive_threshold
-            if parsed.time is not None:
-                self._clock.load_state_dict(parsed.time)
-            if parsed.peer_value is not None:
-                self._value.load_state_dict(parsed.peer_value)
-        self._inbox.restore(parsed.pending_rows)  # after the ledger: the drops of the admission count on top of it
-        arrived = 0
-        if parsed.arrived_rows and self.accelerator.is_main_process:  # the queue lives with the swarm client
-            arrived = self._rounds.mode.load_state_dict(
-                {"arrived_rows": parsed.arrived_rows, "arrived_created": parsed.arrived_created},
-                local_rows=self.args.generation_batch_size,
-            )
-        if self.accelerator.is_main_process:
-            warn_unread_states(checkpoint, self.args.world_size)
-        logger.warning(  # a warning so that a restarted peer's log shows it by default
-            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s), %d arrived).",
-            parsed.global_step,
-            checkpoint,
-            len(parsed.pending_rows),
-            arrived,
-        )
-        return True
+        return parsed is not None
 
     # The only two Trainer methods that write training_args.bin (`torch.save(self.args)`; checkpoints, save_model,
     # push_to_hub): they run with `self.args` swapped for a copy without the secrets (FTISConfig.saving_redacted).

@@ -6,8 +6,8 @@ import uuid
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 
-from trl_ftis.round_budget import RoundBudget, RoundSpending
-from trl_ftis.round_windows import LockStepWindow, PerSenderWindow
+from trl_ftis.swarm.round_budget import RoundBudget, RoundSpending
+from trl_ftis.swarm.round_windows import LockStepWindow, PerSenderWindow
 
 ROUNDS = 24
 

@@ -254,12 +254,12 @@ def test_latest_checkpoint_skips_incomplete_ones(tmp_path):
 
 def test_the_checkpoint_rule_is_the_trainers(tmp_path):
     """The launcher does not import transformers, so it names the checkpoint folders itself: the same names, and the
-    same choice as `trl_ftis.checkpoint.last_complete_checkpoint`."""
+    same choice as `trl_ftis.swarm.checkpoint.last_complete_checkpoint`."""
     pytest.importorskip("transformers")
     from transformers.trainer import TRAINER_STATE_NAME
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-    from trl_ftis.checkpoint import last_complete_checkpoint
+    from trl_ftis.swarm.checkpoint import last_complete_checkpoint
 
     assert (CHECKPOINT_PREFIX, TRAINER_STATE_FILE) == (PREFIX_CHECKPOINT_DIR, TRAINER_STATE_NAME)
     for step, complete in ((5, True), (12, True), (50, False)):

@@ -11,7 +11,7 @@ from ..round_windows import LockStepWindow
 from .base import ExchangeWorker, RoundOutcome, WorkerMode, no_arrivals
 
 if TYPE_CHECKING:
-    from ..peer_rows import PeerRow
+    from ...peer_rows import PeerRow
 
 __all__ = ["Background"]
 

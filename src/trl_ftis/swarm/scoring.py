@@ -3,7 +3,7 @@
 [`RewardScorer`] is built by `FTISTrainer` from what TRL's `GRPOTrainer` set up (the reward functions, their
 processing classes, names and weights, the chat template arguments, the event loop of async reward functions); it
 needs no trainer, so it can be tested with plain functions and a tokenizer. The admission
-(`trl_ftis.admission.Admission.rescore`) and `FTISTrainer.score_rows` use it.
+(`trl_ftis.swarm.admission.Admission.rescore`) and `FTISTrainer.score_rows` use it.
 """
 
 from __future__ import annotations

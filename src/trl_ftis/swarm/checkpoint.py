@@ -5,7 +5,7 @@ swarm round). `FTISTrainer` adds one JSON file per process, `ftis_state_<process
 checkpoint folder before the Trainer's own files, and reads it back in `train(resume_from_checkpoint=...)`. This
 module saves and reads what the state's owners hand it, and needs no trainer:
 
-* the ledger's state ([`PeerRowLedger.state_dict`], `trl_ftis.ledger`): the counters behind `summary()`, the model
+* the ledger's state ([`PeerRowLedger.state_dict`], `trl_ftis.swarm.ledger`): the counters behind `summary()`, the model
   card and the per-reason drop metrics (rows sent, received, accepted, filtered, refused and dropped; rows trained on
   per peer; the peers that `ftis_source` indexes);
 * the loss's adaptive filter threshold (`kl_threshold_mode="quantile"`);
@@ -48,13 +48,13 @@ from typing import Any
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from .collaboration import PeerValue, StepClock
-from .exchange.limits import Limits
-from .files import plain_json, write_json_atomic
+from ..collaboration import PeerValue, StepClock
+from ..exchange.limits import Limits
+from ..files import plain_json, write_json_atomic
+from ..peer_rows import PeerRow
+from ..rules import MAX_LOGP
 from .ledger import LedgerState, PeerRowLedger
-from .peer_rows import PeerRow
 from .round_budget import RoundBudget
-from .rules import MAX_LOGP
 
 logger = logging.getLogger(__name__)
 
@@ -393,6 +393,72 @@ def trainer_step(checkpoint: str | os.PathLike) -> int | None:
     except (OSError, ValueError, AttributeError, RecursionError):
         return None
     return step if _count(step) else None
+
+
+# -- the trainer's checkpoints ---------------------------------------------------------------------------------------
+class StateCheckpoints:
+    """The F-TIS part of a trainer's checkpoints: [`save`] collects the owners' state into the checkpoint folder
+    before the Trainer writes its own files, [`restore`] checks a saved state whole and hands it back to the same
+    owners before a resume. The owners are given once: `ledger` ([`PeerRowLedger`]), `inbox` (the rows of
+    `add_peer_rows`: `rows`, `restore`), `rounds` (the round runner: its `lock`, its exchange mode's queue, its
+    swarm client), `clock` ([`StepClock`]) and `value` ([`PeerValue`]). The adaptive threshold is a number the loss
+    owns: it is passed to `save` and returned by `restore`."""
+
+    def __init__(self, *, config: Any, ledger: Any, inbox: Any, rounds: Any, clock: Any, value: Any, accelerator: Any):
+        self.config, self.ledger, self.inbox, self.rounds = config, ledger, inbox, rounds
+        self.clock, self.value, self.accelerator = clock, value, accelerator
+
+    def save(self, folder: str | os.PathLike, global_step: int, adaptive_threshold: float | None) -> None:
+        """Write this process's state file into `folder`."""
+        # Async: the swarm's state is read once its worker's round is done (the rows of that round are trained on at
+        # the next step of this run, but are not in the checkpoint); free-running: they are queued, and saved.
+        self.rounds.wait()
+        with self.rounds.lock:
+            swarm = self.rounds.swarm
+            state = build_state(
+                peer_id=self.config.peer_id,
+                global_step=global_step,
+                ledger=self.ledger.state_dict(),
+                adaptive_threshold=adaptive_threshold,
+                pending_rows=self.inbox.rows,
+                swarm=swarm.state_dict() if swarm is not None else None,
+                **self.rounds.mode.state_dict(),  # the exchange mode's queue: `arrived_rows`, `arrived_created`
+                time=self.clock.state_dict(),
+                peer_value=self.value.state_dict(),
+            )
+        write_state_file(folder, self.accelerator.process_index, state)
+
+    def restore(self, checkpoint: str | os.PathLike) -> CheckpointState | None:
+        """Restore the state saved in the checkpoint folder `checkpoint` into the owners and return it (`None` when
+        the checkpoint has none); `ValueError` naming the file when it is not valid, and then nothing is restored."""
+        config, rounds, swarm = self.config, self.rounds, self.rounds.swarm
+        limits = restore_limits(config, rounds.queue_bound(rounds.peer_row_cap(config.generation_batch_size)), swarm)
+        parsed = read_checked_state(checkpoint, self.accelerator.process_index, limits, swarm)
+        if parsed is None:
+            return None
+        with rounds.lock:
+            self.ledger.load_state_dict(parsed.ledger)
+            if parsed.time is not None:
+                self.clock.load_state_dict(parsed.time)
+            if parsed.peer_value is not None:
+                self.value.load_state_dict(parsed.peer_value)
+        self.inbox.restore(parsed.pending_rows)  # after the ledger: the drops of the admission count on top of it
+        arrived = 0
+        if self.accelerator.is_main_process:  # the arrival queue lives with the swarm client
+            if parsed.arrived_rows:
+                arrived = rounds.mode.load_state_dict(
+                    {"arrived_rows": parsed.arrived_rows, "arrived_created": parsed.arrived_created},
+                    local_rows=config.generation_batch_size,
+                )
+            warn_unread_states(checkpoint, self.accelerator.num_processes)
+        logger.warning(  # a warning so that a restarted peer's log shows it by default
+            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s), %d arrived).",
+            parsed.global_step,
+            checkpoint,
+            len(parsed.pending_rows),
+            arrived,
+        )
+        return parsed
 
 
 # -- files ---------------------------------------------------------------------------------------------------------

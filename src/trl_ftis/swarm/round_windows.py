@@ -1,13 +1,13 @@
-"""The round window a [`trl_ftis.swarm.Swarm`] reads messages through: which messages are fresh, whom a collect
+"""The round window a [`trl_ftis.swarm.client.Swarm`] reads messages through: which messages are fresh, whom a collect
 waits for, and how a peer that fell behind catches up. One policy object per kind, given to the swarm by the trainer's
-exchange mode (`trl_ftis.exchange_modes`):
+exchange mode (`trl_ftis.swarm.exchange_modes`):
 
 * [`LockStepWindow`]: one shared round. A message is fresh from `max_staleness` rounds behind this peer's round to
   `max_rounds_ahead` ahead; a collect waits for the expected peers (each must deliver something new) and stops
   waiting for one that missed a deadline until it sends again; a peer that finds the swarm far ahead moves its round
   forward ([`LockStepWindow.align`]).
 * [`PerSenderWindow`]: no shared clock (free-running). Each sender's messages are taken in order of its own (start,
-  step) only ([`trl_ftis.sender_order.SenderOrder`]) and judged against that sender's newest; nothing is waited for,
+  step) only ([`trl_ftis.swarm.sender_order.SenderOrder`]) and judged against that sender's newest; nothing is waited for,
   and an expected peer is missing once silent for `peer_timeout` seconds.
 
 A window owns its state (the lock-step one: the expected peers not waited for, each sender's newest round and start
@@ -27,7 +27,7 @@ from .round_budget import RoundResult, RoundSpending
 from .sender_order import SenderOrder
 
 if TYPE_CHECKING:
-    from .exchange import Message
+    from ..exchange import Message
 
 __all__ = [
     "EVIDENCE_CLOCK_SLACK",
@@ -61,7 +61,7 @@ class LockStepWindow:
 
     is_old: Callable | None = None  # no sender order: `reading_order` sorts by the shared window only
 
-    def __init__(self, swarm):  # the `trl_ftis.swarm.Swarm` that reads through this window
+    def __init__(self, swarm):  # the `trl_ftis.swarm.client.Swarm` that reads through this window
         self.swarm = swarm
         # Expected peers that missed a deadline are not waited for until they send again: a dead peer costs one
         # timeout, not one per round.
@@ -309,7 +309,7 @@ class PerSenderWindow:
 
     waits = False
 
-    def __init__(self, swarm):  # the `trl_ftis.swarm.Swarm` that reads through this window
+    def __init__(self, swarm):  # the `trl_ftis.swarm.client.Swarm` that reads through this window
         self.swarm = swarm
         self.order = SenderOrder(swarm.max_staleness, swarm.peer_timeout, MAX_KNOWN_PEERS)
         self.is_old = self.order.is_old  # replays and leftovers are read last, not skipped (their epoch may be newer)

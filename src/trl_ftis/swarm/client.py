@@ -15,7 +15,7 @@ The round protocol (`docs/swarm.md`, "The round protocol"):
 * rounds are the only clock: a message is taken when its round is in `[round - max_staleness,
   round + max_rounds_ahead]` (reasons `stale`, `ahead`), whatever its `created` time says; a peer that finds the
   swarm far ahead of it (it joined late, stalled or resumed an older checkpoint) moves its round forward to the
-  swarm's, once live peers show it (`trl_ftis.round_windows.LockStepWindow.align`);
+  swarm's, once live peers show it (`trl_ftis.swarm.round_windows.LockStepWindow.align`);
 * a message is used once: identical bytes delivered again are refused (`duplicate`), and nothing else is, so no
   one can pre-empt a peer's own message by sending first under its name;
 * every round has a budget ([`RoundBudget`]): what each sender, all newcomers together, and all senders together
@@ -36,14 +36,10 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
-from .exchange.transports import Transport, open_transport
-from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
-from .peer_rows import PeerRow
-from .reading_order import reading_order
-from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
-from .round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND, LockStepWindow
-from .rules import (
+from ..exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
+from ..exchange.transports import Transport, open_transport
+from ..peer_rows import PeerRow
+from ..rules import (
     CREDENTIAL_HINT,
     CREDENTIAL_REASONS,
     DEFAULT_MAX_ROUNDS_AHEAD,
@@ -55,6 +51,10 @@ from .rules import (
     check_temperature,
     redact_url,
 )
+from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
+from .reading_order import reading_order
+from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
+from .round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND, LockStepWindow
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -67,7 +67,7 @@ __all__ = [
     "RoundBudget",
     "RoundResult",
     "Swarm",
-    "message_to_rows",  # re-exported from trl_ftis.peer_messages
+    "message_to_rows",  # re-exported from trl_ftis.swarm.peer_messages
     "rows_to_message",
 ]
 
@@ -122,7 +122,7 @@ class Swarm:
             (replayed, or left in a reused exchange), are refused before their body is read. Without `run_id`, catch-up
             evidence ([`LockStepWindow.align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK` seconds before this
             peer started.
-        window: the round window's policy class, built with this swarm (`trl_ftis.round_windows`):
+        window: the round window's policy class, built with this swarm (`trl_ftis.swarm.round_windows`):
             [`LockStepWindow`] (the default: one shared round, waiting and catch-up) or [`PerSenderWindow`]
             (`exchange_mode="free"`: each sender in its own order; [`collect`] never waits; a sender's message is
             fresh while it is at most `max_staleness` of that sender's steps older than the newest message it
@@ -225,7 +225,7 @@ class Swarm:
 
     def _keys(self, private_key, public_keys):
         """The key arguments loaded (from files when they are paths) and checked against each other."""
-        from .exchange import keys
+        from ..exchange import keys
 
         if isinstance(private_key, (str, os.PathLike)):
             private_key = keys.load_private_key(private_key)

@@ -9,7 +9,7 @@ summary and model card; the checkpoint saves [`PeerRowLedger.state_dict`] and re
 changes nothing).
 
 The ledger is not thread-safe by itself: with `exchange_mode="async"` its writers hold the round runner's lock
-(`trl_ftis.rounds.RoundRunner.lock`).
+(`trl_ftis.swarm.rounds.RoundRunner.lock`).
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ class PeerRowLedger:
 
     Args:
         drop_reasons (`Mapping[str, str]`, *optional*):
-            Reason -> the text its warning shows (the trainer passes `trl_ftis.admission.DROP_REASONS`); a reason
+            Reason -> the text its warning shows (the trainer passes `trl_ftis.swarm.admission.DROP_REASONS`); a reason
             without one is shown by name.
         strip_reasons (`Mapping[str, str]`, *optional*):
-            The same for rows changed and kept (`trl_ftis.admission.STRIP_REASONS`).
+            The same for rows changed and kept (`trl_ftis.swarm.admission.STRIP_REASONS`).
     """
 
     def __init__(self, drop_reasons: Mapping[str, str] | None = None, strip_reasons: Mapping[str, str] | None = None):

@@ -1,12 +1,12 @@
 """The order in which a receiver examines one poll's envelopes ([`reading_order`]): what a round reads first when it
-cannot read everything, decided from the transport's untrusted hints only ([`trl_ftis.round_budget.RoundBudget`])."""
+cannot read everything, decided from the transport's untrusted hints only ([`trl_ftis.swarm.round_budget.RoundBudget`])."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from .exchange.transports import Envelope
+from ..exchange.transports import Envelope
 from .round_budget import sender_rank
 
 __all__ = ["reading_order"]
@@ -35,7 +35,7 @@ def reading_order(
 
     When the round's rows run out before the poll does, the senders read are another subset every round, so
     every sender is read over rounds. Hints only order the work: a lying hint costs its writer, never another
-    sender, anything but a place. Free-running (`is_old` given: [`trl_ftis.sender_order.SenderOrder.is_old`]), there
+    sender, anything but a place. Free-running (`is_old` given: [`trl_ftis.swarm.sender_order.SenderOrder.is_old`]), there
     is no window around `round`, and envelopes whose round hint is not above their sender's newest accepted round
     count as outside it: read last, they are refused unless their sender restarted (a newer epoch)."""
     free = is_old is not None  # no shared round: the receiver's round says nothing

@@ -8,7 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from ..peer_rows import PeerRow, ScoredRow
+    from ...peer_rows import PeerRow, ScoredRow
 
 __all__ = ["ExchangeMode", "ExchangeWorker", "RoundAbandoned", "RoundOutcome", "WorkerMode"]
 
@@ -32,14 +32,14 @@ class RoundAbandoned(Exception):
 
 class ExchangeMode(Protocol):
     """How a trainer's rounds meet its training steps: one class per mode, registered by name in
-    `trl_ftis.exchange_modes.EXCHANGE_MODES` and built once by the round runner (`trl_ftis.rounds.RoundRunner`),
+    `trl_ftis.swarm.exchange_modes.EXCHANGE_MODES` and built once by the round runner (`trl_ftis.swarm.rounds.RoundRunner`),
     which it drives. A mode uses the runner's round (`run_round`: publish, collect, admit, score) and bounds; it owns
     its own state (a worker thread, a queue of arrived rows)."""
 
     name: ClassVar[str]
     """The `exchange_mode` value that selects it."""
     window: ClassVar[type]
-    """The round window the swarm client reads through (`trl_ftis.round_windows`): a shared round with waiting and
+    """The round window the swarm client reads through (`trl_ftis.swarm.round_windows`): a shared round with waiting and
     catch-up, or each sender in its own order when rounds are each sender's own steps."""
     horizontal: ClassVar[bool]
     """Whether `collaboration_mode="horizontal"` works with it: the step's own rows are normalised with the same
@@ -65,7 +65,7 @@ class ExchangeMode(Protocol):
         """What a checkpoint keeps of the mode: `arrived_rows` and `arrived_created` (empty when it queues nothing)."""
 
     def load_state_dict(self, state: dict[str, Any], *, local_rows: int) -> int:
-        """Restore [`state_dict`] (checked by `trl_ftis.checkpoint` first); returns the rows queued again."""
+        """Restore [`state_dict`] (checked by `trl_ftis.swarm.checkpoint` first); returns the rows queued again."""
 
 
 class ExchangeWorker:

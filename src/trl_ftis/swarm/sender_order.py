@@ -1,10 +1,10 @@
 """Free-running exchange (`exchange_mode="free"`): each sender's messages taken in order, its window, its liveness.
 
-[`SenderOrder`] owns what a free-running [`trl_ftis.swarm.Swarm`] knows of each sender: its newest start (epoch) and
+[`SenderOrder`] owns what a free-running [`trl_ftis.swarm.client.Swarm`] knows of each sender: its newest start (epoch) and
 the round of the newest message accepted from it in that start, and when it was last heard from. A message is taken
 only when it is newer than both (a newer epoch: the sender restarted, perhaps from an older checkpoint), so replays of
 a run's own genuine messages are refused however old or many they are, and never count as signs of life. What one
-collect took is kept in its [`trl_ftis.round_budget.RoundSpending`] (`free_taken`, `free_newest`).
+collect took is kept in its [`trl_ftis.swarm.round_budget.RoundSpending`] (`free_taken`, `free_newest`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 
-from .exchange import Message
+from ..exchange import Message
 from .round_budget import RoundResult, RoundSpending
 
 __all__ = ["SenderOrder"]

@@ -3,7 +3,7 @@ rewards can be recomputed with the receiver's own reward functions.
 
 [`Admission`] is an object with explicit dependencies (the config, the tokenizer, a prompt renderer, the vocabulary
 and context limits, a [`RewardScorer`] and the [`PeerRowLedger`] it counts drops in), composed by `FTISTrainer` and
-shared by `add_peer_rows`, the swarm round (`trl_ftis.rounds`) and the merge; it can be built and tested without a
+shared by `add_peer_rows`, the swarm round (`trl_ftis.swarm.rounds`) and the merge; it can be built and tested without a
 trainer. It never rewrites a received [`PeerRow`]: what it keeps comes out as a frozen [`AdmittedRow`], in this
 trainer's tokens, with safe columns and its prompt rendered once (`prompt_ids`, used again by the merge).
 """
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from .peer_rows import (
+from ..peer_rows import (
     MAX_ABS_ADVANTAGE,
     AdmittedRow,
     PeerRow,
@@ -31,7 +31,7 @@ from .peer_rows import (
 from .scoring import RESERVED_REWARD_COLUMNS, RewardScorer
 
 if TYPE_CHECKING:
-    from .config import FTISConfig
+    from ..config import FTISConfig
     from .ledger import PeerRowLedger
 
 logger = logging.getLogger(__name__)

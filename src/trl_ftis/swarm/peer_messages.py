@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .exchange import Limits, Message, WireCompletion, WireGroup
-from .peer_rows import PeerRow
-from .rules import MAX_LOGP
+from ..exchange import Limits, Message, WireCompletion, WireGroup
+from ..peer_rows import PeerRow
+from ..rules import MAX_LOGP
 
 
 def rows_to_message(

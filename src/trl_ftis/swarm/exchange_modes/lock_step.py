@@ -10,7 +10,7 @@ from ..round_windows import LockStepWindow
 from .base import RoundOutcome, no_arrivals
 
 if TYPE_CHECKING:
-    from ..peer_rows import PeerRow
+    from ...peer_rows import PeerRow
 
 __all__ = ["LockStep"]
 

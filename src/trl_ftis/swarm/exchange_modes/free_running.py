@@ -14,7 +14,7 @@ from ..round_windows import PerSenderWindow
 from .base import ExchangeWorker, RoundOutcome, WorkerMode
 
 if TYPE_CHECKING:
-    from ..peer_rows import PeerRow, ScoredRow
+    from ...peer_rows import PeerRow, ScoredRow
 
 __all__ = ["FreeRunning"]
 

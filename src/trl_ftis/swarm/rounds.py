@@ -5,7 +5,7 @@ normalise them, in the training loop or in a background worker.
 [`PeerRowLedger`] and the `scale_rewards` setting), composed by `FTISTrainer` and testable without a trainer. It runs
 on the main process of a job; sharing rows out between the job's processes (the collectives) stays with the trainer.
 It also owns the lock that keeps a background worker's admission (tokenizer, reward functions, ledger) apart from the
-training loop's use of them, and the trainer's exchange mode (`trl_ftis.exchange_modes`), built once from
+training loop's use of them, and the trainer's exchange mode (`trl_ftis.swarm.exchange_modes`), built once from
 `exchange_mode`, which decides how rounds meet steps. [`connect_swarm`] builds the trainer's [`Swarm`] from its config
 and credentials.
 """
@@ -24,11 +24,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .arrivals import Taken
-from .exchange import Limits, tokenizer_fingerprint
-from .exchange_modes import EXCHANGE_MODES, RoundAbandoned, RoundOutcome
-from .objective import group_max_len
-from .peer_rows import (
+from ..exchange import Limits, tokenizer_fingerprint
+from ..objective import group_max_len
+from ..peer_rows import (
     MAX_ABS_ADVANTAGE,
     AdmittedRow,
     PeerRow,
@@ -38,12 +36,14 @@ from .peer_rows import (
     select_rows,
     with_group_statistics,
 )
-from .rules import exchange_scheme
-from .swarm import RoundBudget, RoundResult, Swarm
+from ..rules import exchange_scheme
+from .arrivals import Taken
+from .client import RoundBudget, RoundResult, Swarm
+from .exchange_modes import EXCHANGE_MODES, RoundAbandoned, RoundOutcome
 
 if TYPE_CHECKING:
+    from ..config import FTISConfig, SwarmCredentials
     from .admission import Admission
-    from .config import FTISConfig, SwarmCredentials
     from .ledger import PeerRowLedger
 
 logger = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ class RoundRunner:
     """
     The exchange of rows with the swarm, once per generation batch, on the main process.
 
-    How a round meets the training step is the exchange mode's (`trl_ftis.exchange_modes`, built once from
+    How a round meets the training step is the exchange mode's (`trl_ftis.swarm.exchange_modes`, built once from
     `exchange_mode`): `sync` runs the round inside the step, `async` in a background worker one round ahead, `free`
     never waits and trains on a queue of arrived rows. The runner gives every mode the same round ([`run_round`]:
     publish, collect, admit, select, score, normalise) and bounds, and measures the training loop's waits: [`lock`]

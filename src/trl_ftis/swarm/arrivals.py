@@ -5,11 +5,11 @@ decoded by the swarm, not admitted yet), and [`ArrivalQueue`] keeps it until a s
 fresh rows, newest first and shared fairly between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row
 cap, and admits only those: a step's cost is set by the rows it trains on. Rows left over join a later step while
 they are fresh. A row's age is counted in its sender's own steps: the sender's newest delivered round
-([`trl_ftis.swarm.Swarm.sender_rounds`]) minus the row's round. Rows older than `max_staleness` of them, or from
+([`trl_ftis.swarm.client.Swarm.sender_rounds`]) minus the row's round. Rows older than `max_staleness` of them, or from
 rounds after the sender's newest (it restarted from an older checkpoint since), are dropped as `stale`; when more
 rows arrive than the queue holds, the oldest go first (`queue_full`).
 
-The queue is owned by the [`trl_ftis.rounds.RoundRunner`] and used by the training loop only (the worker's results
+The queue is owned by the [`trl_ftis.swarm.rounds.RoundRunner`] and used by the training loop only (the worker's results
 are added by the loop when it takes them), so it needs no lock.
 """
 
@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from .peer_rows import PeerRow, select_rows
+from ..peer_rows import PeerRow, select_rows
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,9 @@ class ArrivalQueue:
 
     def __init__(self, max_rows: int, max_staleness: int):
         if max_rows < 0 or max_staleness < 0:
-            raise ValueError(f"ArrivalQueue needs max_rows >= 0 and max_staleness >= 0, got {max_rows}, {max_staleness}")
+            raise ValueError(
+                f"ArrivalQueue needs max_rows >= 0 and max_staleness >= 0, got {max_rows}, {max_staleness}"
+            )
         self.max_rows = int(max_rows)
         self.max_staleness = int(max_staleness)
         self._arrivals: list[Arrival] = []

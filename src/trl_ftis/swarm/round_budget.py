@@ -1,6 +1,6 @@
 """What one swarm round may cost and what it produced: [`RoundBudget`] (the bounds), [`RoundSpending`] (one collect's
 spending against them), [`RoundResult`] and [`PeerRoundStats`] (its outcome), and [`sender_rank`] (the order in which a
-receiver reads senders it cannot all read). Used by [`trl_ftis.swarm.Swarm`], which re-exports the public types."""
+receiver reads senders it cannot all read). Used by [`trl_ftis.swarm.client.Swarm`], which re-exports the public types."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from .exchange import Message
-from .peer_rows import PeerRow
+from ..exchange import Message
+from ..peer_rows import PeerRow
 
 ROW_MISSES = (
     4  # senders whose decoded message did not fit: then no newcomer (or, first come first served, no one) is read
@@ -32,7 +32,7 @@ class RoundBudget:
     `sender_hint` decides whose allowance an envelope draws from and in which order envelopes are examined: it is
     never trusted, and a message whose signed sender differs from its hint is refused (`sender_hint`).
 
-    The order ([`trl_ftis.reading_order.reading_order`]): regulars first, then everyone else; within each, one
+    The order ([`trl_ftis.swarm.reading_order.reading_order`]): regulars first, then everyone else; within each, one
     envelope per sender hint at a time (each sender's round hint nearest this peer's round first, the newest on a tie; the newest when
     free-running), the senders in an order drawn afresh every round from this peer's id, the round and the hint;
     envelopes whose round hint is outside the round window, or missing, come last. (Except when half the regulars
