@@ -11,7 +11,8 @@ What it does in the driver's steps:
    launcher runs it) with the peer's `slurm` resources.
 2. `poll`: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
    accounting work), prints each peer's log lines as they arrive in `<run_dir>/logs/<id>.log`, prefixed like the
-   local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit`.
+   local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit` (`slurm_watch.JobWatch` reads the
+   states and exit codes and decides what they mean).
 3. `stop`: on a failing peer (non-zero exit, or its job ending FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ... before the
    peer finished), on Ctrl-C / SIGTERM / SIGHUP, and after success, every job still in the queue is cancelled: running
    peers get SIGTERM (`scancel --signal=TERM`) and `grace` seconds to exit, then everything left, the Redis job
@@ -32,7 +33,6 @@ import re
 import secrets
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -50,7 +50,6 @@ from .commands import (
     shell_quote,
     write_cmd_file,
 )
-from .restart import restart_command
 from .schema import SwarmConfig
 from .slurm_cli import (
     describe_resources,
@@ -66,8 +65,9 @@ from .slurm_cli import (
 )
 from .slurm_jobs import PeerJob, RedisJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources
-from .summary import describe_code
+from .slurm_watch import TERMINAL_STATES, JobWatch, SlurmJob, exit_path, node_exit_paths, read_exit_code
 
+# Re-exported, as callers import them from here: TERMINAL_STATES (slurm_watch), job_outcome, scancel, squeue (slurm_cli).
 __all__ = [
     "TERMINAL_STATES",
     "LogTail",
@@ -83,22 +83,6 @@ __all__ = [
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol")
 SLURM_DIR = "slurm"  # <run_dir>/slurm: submitit's folders, exit files, the Redis job's files, jobs.txt
 REDIS_LOG = "redis.server.log"  # in <run_dir>/logs
-# States in which a job no longer runs (squeue -t all lists them for MinJobAge seconds, then forgets the job).
-TERMINAL_STATES = frozenset(
-    {
-        "COMPLETED",
-        "CANCELLED",
-        "FAILED",
-        "TIMEOUT",
-        "NODE_FAIL",
-        "PREEMPTED",
-        "BOOT_FAIL",
-        "DEADLINE",
-        "OUT_OF_MEMORY",
-        "REVOKED",
-        "SPECIAL_EXIT",
-    }
-)
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -229,29 +213,6 @@ def redis_job_url(address: dict, host: str) -> str:
     return f"redis://{user}{host}:{int(address['port'])}/0{swarm}"
 
 
-@dataclass
-class _Job(PeerState):
-    """One submitted job: a peer's (`command` set) or the Redis job's (`command` None)."""
-
-    name: str = ""
-    resources: SlurmResources = field(default_factory=SlurmResources)
-    status: str = "not submitted"
-    job_id: str | None = None
-    state: str | None = None  # last state squeue showed
-    node: str | None = None
-    reason: str | None = None
-    submitted: float | None = None  # time.monotonic()
-    # `started`: time.monotonic() when first seen RUNNING (summary: wall time); `started_at`: the log's mtime at
-    # submission (summary: a peer summary file older than this is stale); `pid` stays None (no local process).
-    ended_seen: float | None = None  # when its job was first seen ended without an exit file
-    gone: bool = False  # SLURM no longer runs it (terminal state, or forgotten)
-    attempted: bool = False  # sbatch was called for it (it may exist even if its id never came back)
-
-    @property
-    def active(self) -> bool:
-        return self.job_id is not None and not self.gone
-
-
 class LogTail:
     """New complete lines of a file that another machine appends to (re-opened at each poll: NFS close-to-open)."""
 
@@ -295,8 +256,6 @@ class SlurmBackend:
     verb = "submit"
     POLL = 0.25  # seconds between log and exit-file checks
     poll_interval = POLL
-    SQUEUE_EVERY = 1.0  # seconds between squeue calls
-    ENDED_GRACE = 5.0  # seconds to wait for a peer's exit file once its job has ended (shared filesystems lag)
     QUEUE_WAIT = 120.0  # seconds to wait, after scancel, for SLURM to end the jobs
 
     def __init__(self, config: SwarmConfig):
@@ -306,7 +265,7 @@ class SlurmBackend:
         self.root = config.run_dir / SLURM_DIR
         self.commands = build_commands(config)
         self.runs = [
-            _Job(
+            SlurmJob(
                 command=command,
                 name=peer_job_name(config, self.token, peer.id),
                 resources=peer.slurm or SlurmResources(),
@@ -314,7 +273,7 @@ class SlurmBackend:
             for peer, command in zip(config.peers, self.commands)
         ]
         self.redis = (
-            _Job(command=None, name=redis_job_name(config, self.token), resources=config.redis.resources)
+            SlurmJob(command=None, name=redis_job_name(config, self.token), resources=config.redis.resources)
             if config.redis is not None
             else None
         )
@@ -322,9 +281,7 @@ class SlurmBackend:
         self.tails = {run.command.id: LogTail(run.command.log_path) for run in self.runs}
         self.console: Console | None = None
         self.signals: Signals | None = None
-        self.stop_started: float | None = None
-        self.next_squeue = 0.0
-        self.squeue_warned = 0.0
+        self.watch = JobWatch(config, self.root, config.run_dir / "logs" / REDIS_LOG)
         self.secret: Path | None = None  # the Redis password file (mode 0600), when the Redis job has one
 
     # ---- before submitting -----------------------------------------------------------------------------------
@@ -357,39 +314,6 @@ class SlurmBackend:
 
     # ---- files -----------------------------------------------------------------------------------------------
 
-    def _exit_path(self, peer_id: str) -> Path:
-        return self.root / f"{peer_id}.exit"
-
-    def _read_exit(self, peer_id: str) -> dict | None:
-        try:
-            data = json.loads(self._exit_path(peer_id).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
-
-    def _failed_node(self, peer_id: str) -> tuple[int, int] | None:
-        """(node rank, exit code) of a non-first node of a multi-node peer that exited non-zero."""
-        for path in self.root.glob(f"{peer_id}.node*.exit"):
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-                rank = int(path.name[len(peer_id) + len(".node") : -len(".exit")])
-            except (OSError, ValueError):
-                continue
-            if isinstance(data, dict) and data.get("exit_code") not in (0, None):
-                return rank, data["exit_code"]
-        return None
-
-    def _submitit_log_tail(self, job: _Job, folder: Path, lines: int = 12) -> list[str]:
-        out: list[str] = []
-        for suffix in ("out", "err"):
-            path = folder / f"{job.job_id}_0_log.{suffix}"
-            try:
-                text = path.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            out += [f"({path.name}) {line}" for line in text.splitlines()[-lines:]]
-        return out
-
     def _prepare(self):
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         (self.config.run_dir / "logs").mkdir(exist_ok=True)
@@ -403,11 +327,11 @@ class SlurmBackend:
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
 
-    def _record_job(self, job: _Job, what: str):
+    def _record_job(self, job: SlurmJob, what: str):
         with open(self.root / "jobs.txt", "a", encoding="utf-8") as handle:
             handle.write(f"{job.job_id} {job.name} {what}\n")
 
-    def _submit(self, job: _Job, function, folder: Path):
+    def _submit(self, job: SlurmJob, function, folder: Path):
         import submitit
 
         executor = submitit.SlurmExecutor(folder=folder)
@@ -415,6 +339,7 @@ class SlurmBackend:
         if not job.started_at:
             job.started_at = time.time()
         job.attempted = True
+        job.folder = folder
         try:
             with signals_blocked():
                 submitted = executor.submit(function)
@@ -468,7 +393,7 @@ class SlurmBackend:
         while True:
             if self.signals.received:
                 return self.signals.outcome()
-            failure = self._poll_states(only_redis=True)
+            failure = self.watch.poll_states([job], self.console)
             if failure is not None:
                 return failure
             if job.state == "RUNNING" and running_since is None:
@@ -524,7 +449,7 @@ class SlurmBackend:
             # A peer summary file older than this is stale: the log's mtime comes from the clock of the filesystem
             # the job writes to as well, so a skewed clock on this machine cannot make a fresh summary look stale.
             run.started_at = command.log_path.stat().st_mtime
-            for stale in [self._exit_path(command.id), *self.root.glob(f"{command.id}.node*.exit")]:
+            for stale in [exit_path(self.root, command.id), *node_exit_paths(self.root, command.id)]:
                 stale.unlink(missing_ok=True)
             function = PeerJob(
                 peer_id=command.id,
@@ -532,7 +457,7 @@ class SlurmBackend:
                 env=dict(command.env),
                 cwd=str(command.cwd),
                 log_path=str(command.log_path),
-                exit_path=str(self._exit_path(command.id)),
+                exit_path=str(exit_path(self.root, command.id)),
                 secret_path=str(self.secret) if self.secret else None,
                 nodes=run.resources.nodes,
             )
@@ -551,163 +476,31 @@ class SlurmBackend:
             )
         return None
 
-    def _append_job_to_cmd_file(self, run: _Job, folder: Path):
+    def _append_job_to_cmd_file(self, run: SlurmJob, folder: Path):
         lines = [
             "",
             f"# SLURM job {run.name}: sbatch {options_text(run.resources)}",
             *(f"# setup: {redact_shell_line(line)}" for line in run.resources.setup),
             f"# submitit folder (batch script, stdout/stderr of the job): {folder}",
-            f"# exit status: {self._exit_path(run.command.id)}",
+            f"# exit status: {exit_path(self.root, run.command.id)}",
         ]
         with open_private(run.command.cmd_path, "a", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
 
     # ---- supervision -----------------------------------------------------------------------------------------
 
-    def _record_exit(self, run: _Job, code: int, when: float):
-        if run.returncode is not None:
-            return
-        run.returncode, run.ended = code, when
-        if not run.started:
-            run.started = run.submitted or when
-        if self.stop_started is not None and when >= self.stop_started:
-            run.status = "stopped"
-        else:
-            run.status = "ok" if code == 0 else "failed"
-
-    def _check_exit_files(self) -> Outcome | None:
-        for run in self.runs:
-            if run.job_id is None or run.returncode is not None:
-                continue
-            node_failure = self._failed_node(run.command.id) if run.resources.nodes > 1 else None
-            if node_failure is not None and self.stop_started is None:
-                rank, code = node_failure
-                run.note = f"node {rank} of its job exited with code {code}"
-                self.say(f"peer {run.command.id}: node {rank} exited with code {describe_code(code)}; stopping")
-                return Outcome(1, f"peer {run.command.id} (node {rank}) exited with code {code}")
-            data = self._read_exit(run.command.id)
-            if data is None:
-                continue
-            code = data["exit_code"]
-            self._record_exit(run, code, time.monotonic())
-            if self.stop_started is not None:
-                continue
-            if code != 0:
-                state = job_outcome(run.job_id)[0]
-                why = ""
-                if state in ("TIMEOUT", "DEADLINE", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY"):
-                    run.note = f"job {run.job_id} {state}"
-                    why = f", job {state}" + (
-                        ": it reached its time limit (`slurm.time`)" if state == "TIMEOUT" else ""
-                    )
-                if self.config.on_failure == "continue":
-                    self.say(
-                        f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); the "
-                        f"others go on (on_failure: continue): restart it with "
-                        f"`{restart_command(self.config, [run.command.id])}`"
-                    )
-                    continue
-                self.say(
-                    f"peer {run.command.id} exited with code {describe_code(code)} (job {run.job_id}{why}); "
-                    f"cancelling the other jobs (resume the swarm from its checkpoints with "
-                    f"`{restart_command(self.config)}`)"
-                )
-                return Outcome(1, f"peer {run.command.id} exited with code {code}{why}")
-            self.say(f"peer {run.command.id} finished (exit code 0)")
-        return None
-
-    def _jobs(self) -> list[_Job]:
+    def _jobs(self) -> list[SlurmJob]:
         return [*self.runs, *([self.redis] if self.redis is not None else [])]
-
-    def _poll_states(self, only_redis: bool = False, force: bool = False) -> Outcome | None:
-        now = time.monotonic()
-        if now < self.next_squeue and not force:
-            return None
-        self.next_squeue = now + self.SQUEUE_EVERY
-        jobs = [job for job in ([self.redis] if only_redis else self._jobs()) if job is not None and job.active]
-        if not jobs:
-            return None
-        states = squeue(job.job_id for job in jobs)
-        if states is None:
-            if now - self.squeue_warned > 60:
-                self.squeue_warned = now
-                self.say("squeue failed (is slurmctld reachable?); retrying")
-            return None
-        for job in jobs:
-            state, node, reason = states.get(job.job_id, (None, None, None))
-            what = "the Redis job" if job.command is None else f"peer {job.command.id}"
-            if state is not None and (state, reason) != (job.state, job.reason) and state not in TERMINAL_STATES:
-                if state == "PENDING":
-                    why = f" ({reason})" if reason and reason != "None" else ""
-                    self.say(f"{what}: job {job.job_id} pending{why}")
-                elif state == "RUNNING" and job.state != "RUNNING":
-                    job.started = job.started or time.monotonic()
-                    job.node = node
-                    self.say(f"{what}: job {job.job_id} running on {node}")
-                elif state not in ("RUNNING", "COMPLETING"):
-                    self.say(f"{what}: job {job.job_id} {state} ({reason})")
-                if job.status in ("pending", "running"):
-                    job.status = "running" if state == "RUNNING" else "pending"
-            if state is not None:
-                job.state, job.reason = state, reason
-                job.node = node or job.node
-            if state is None or state in TERMINAL_STATES:
-                failure = self._job_ended(job, state)
-                if failure is not None:
-                    return failure
-        return None
-
-    def _job_ended(self, job: _Job, state: str | None) -> Outcome | None:
-        """A job SLURM no longer runs. For a peer whose exit file has not arrived, allow ENDED_GRACE seconds (a
-        shared filesystem may show it late), then count it as failed."""
-        now = time.monotonic()
-        if job.command is not None:
-            if job.returncode is not None:
-                job.gone = True
-                return None
-            if self._read_exit(job.command.id) is not None:
-                return None  # _check_exit_files records it
-            if job.ended_seen is None:
-                job.ended_seen = now
-            # While stopping, a missing exit status changes nothing (the peer counts as stopped): no need to wait.
-            if now - job.ended_seen < self.ENDED_GRACE and self.stop_started is None:
-                return None
-        job.gone = True
-        final, code, sig = job_outcome(job.job_id)
-        final = final or state or "gone from the queue"
-        job.state = final
-        if job.ended is None:
-            job.ended = now
-            job.started = job.started or job.submitted or now
-        if job.returncode is None and code is not None:
-            job.returncode = -sig if sig else code
-        if self.stop_started is not None:
-            job.status = "stopped"
-            return None
-        job.status = "failed"
-        folder = self.root / ("redis-job" if job.command is None else job.command.id)
-        if job.command is None:
-            self.say(f"the Redis job {job.job_id} ended ({final}); see {self.config.run_dir / 'logs' / REDIS_LOG}")
-            for line in self._submitit_log_tail(job, folder):
-                self.say(line)
-            return Outcome(1, f"the Redis job {job.job_id} ended ({final})")
-        job.note = f"job {job.job_id} ended {final} before the peer reported an exit code"
-        self.say(
-            f"peer {job.command.id}: job {job.job_id} ended {final} before the peer finished; cancelling the rest"
-        )
-        for line in self._submitit_log_tail(job, folder):
-            self.console.peer(job.command.id, line)
-        return Outcome(1, f"peer {job.command.id}: job {job.job_id} ended {final}")
 
     def poll(self) -> Outcome | None:
         self._tail_logs()
-        failure = self._check_exit_files()
+        failure = self.watch.check_exit_files(self.runs, self.console)
         if failure is not None:
             self._tail_logs()
             return failure
         if all(run.returncode is not None for run in self.runs):  # non-zero ones only with on_failure: continue
             return finished_outcome([run.command.id for run in self.runs if run.returncode])
-        failure = self._poll_states()
+        failure = self.watch.poll_states(self._jobs(), self.console)
         if failure is not None:
             self._tail_logs()
             return failure
@@ -736,14 +529,14 @@ class SlurmBackend:
 
     def _refresh(self):
         """Exit files and job states now (no failure handling: the swarm is stopping)."""
-        self._check_exit_files()
-        self._poll_states(force=True)
+        self.watch.check_exit_files(self.runs, self.console)
+        self.watch.poll_states(self._jobs(), self.console, force=True)
 
     def stop(self, grace: float) -> None:
         """Cancel every job still in the queue: SIGTERM to running peers and `grace` seconds to exit, then
         `scancel` for everything left (the Redis job too), then wait until SLURM lists none of them as active."""
         self.grace = grace
-        self.stop_started = time.monotonic()
+        self.watch.mark_stopping()
         self._refresh()
         unfinished = [run for run in self.runs if run.active and run.returncode is None]
         running = [run for run in unfinished if run.state == "RUNNING"]
@@ -813,9 +606,9 @@ class SlurmBackend:
         self._tail_logs(final=True)
         for run in self.runs:
             if run.returncode is None:
-                data = self._read_exit(run.command.id)
-                if data is not None:
-                    self._record_exit(run, data["exit_code"], run.ended or time.monotonic())
+                code = read_exit_code(self.root, run.command.id)
+                if code is not None:
+                    self.watch.record_exit(run, code, run.ended or time.monotonic())
             if run.status in ("pending", "running"):
                 run.status = "stopped"
                 run.ended = run.ended or time.monotonic()
@@ -827,7 +620,7 @@ class SlurmBackend:
         return list(self.runs)
 
     def summary_row(self, state: PeerState, row: dict) -> dict:
-        assert isinstance(state, _Job)
+        assert isinstance(state, SlurmJob)
         row["job_id"] = state.job_id
         row["node"] = state.node
         row["slurm_state"] = state.state
