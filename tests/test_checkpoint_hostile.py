@@ -1,26 +1,39 @@
 """A crafted `ftis_state_<n>.json` (checkpoints are shared and pushed to the Hub): refused whole, naming the file and
 the field, before any step; rows that are well formed but fail this trainer's admission are dropped and counted, as
-received rows are. A genuine checkpoint still resumes as before (`test_checkpoint.py`)."""
+received rows are. A genuine checkpoint still resumes as before (`test_checkpoint.py`).
+
+One genuine checkpoint is trained per module ([`genuine`]); each test that resumes from it gets its own copy of the
+folder and of the exchange ([`checkpoint`]). Every crafted state is checked without a trainer, by the check a resume
+runs ([`read_checked_state`] with the limits a resumed trainer passes it); a few are also resumed by a real trainer,
+which must raise before any step and restore nothing."""
 
 import json
+import shutil
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from swarm_helpers import make_swarm, rows
 from test_checkpoint import make_trainer  # tests/ is on sys.path
+from transformers.trainer import TRAINER_STATE_NAME
 
+import trl_ftis.swarm.checkpoint as checkpoints
 from trl_ftis import PeerRow
-from trl_ftis.checkpoint import (
+from trl_ftis.collaboration import PeerValue, StepClock
+from trl_ftis.demo.tiny import tiny_grpo_config
+from trl_ftis.exchange.transports import open_transport
+from trl_ftis.swarm.checkpoint import (
     RowLimits,
     StateLimits,
     parse_state,
+    read_checked_state,
     read_state_file,
     rows_from_json,
     rows_to_json,
     state_path,
 )
-from trl_ftis.collaboration import PeerValue, StepClock
-from trl_ftis.ledger import PeerRowLedger
+from trl_ftis.swarm.ledger import PeerRowLedger
 
 
 def record(**fields):
@@ -93,17 +106,118 @@ CRAFTED = {
 }
 
 
-@pytest.fixture
-def checkpoint(tokenizer, make_args, tmp_path):
-    """A genuine checkpoint of step 2, its exchange and its state file (as JSON)."""
+# -- one genuine checkpoint per module ------------------------------------------------------------------------------
+def module_make_args(config_class=None, **overrides):
+    """The config conftest's `make_args` builds (its test settings, then `overrides`; `output_dir` given), for the
+    module-scoped [`genuine`], which cannot use that function-scoped fixture (the two are compared in
+    `test_the_genuine_checkpoint_is_trained_with_the_tests_settings`)."""
+    settings = {"max_steps": 2, "per_device_train_batch_size": 16, "learning_rate": 1e-3, **overrides}
+    return tiny_grpo_config(settings.pop("output_dir"), config_class=config_class, **settings)
+
+
+@dataclass(frozen=True)
+class Genuine:
+    """The module's genuine checkpoint, only ever read: tests write into copies ([`checkpoint`], [`state_folder`])."""
+
+    folder: Path
+    """`checkpoint-2` of a 2-step run that saved every 2 steps."""
+    url: str
+    """The exchange that run trained in."""
+    state_text: str
+    """Its state file."""
+    limits: StateLimits
+    """What a trainer resuming from it (as the tests here build it) passes to [`read_checked_state`]."""
+
+
+def copy_exchange(url):
+    """A new memory exchange holding the messages `url` holds (what a restarted peer reads again): a test may train in
+    it without changing `url`."""
+    copied = f"memory://hostile-{uuid.uuid4().hex}"
+    with open_transport(url) as source, open_transport(copied) as target:
+        while envelopes := source.poll():
+            for envelope in envelopes:
+                assert envelope.error is None
+                target.publish(envelope.data, sender=envelope.sender_hint, round=envelope.round_hint)
+    return copied
+
+
+@pytest.fixture(scope="module")
+def genuine(tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("genuine") / "out"
     url = f"memory://hostile-{uuid.uuid4().hex}"
-    make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=2, save_steps=2).train()
-    path = state_path(tmp_path / "out" / "checkpoint-2", 0)
-    return url, path, json.loads(path.read_text())
+    make_trainer(tokenizer, module_make_args, url, out, max_steps=2, save_steps=2).train()
+    folder = out / "checkpoint-2"
+    # The limits `StateCheckpoints.restore` computes and passes to the check, for a trainer built as the resuming
+    # tests build theirs (in an exchange of its own: the module's stays as the run left it).
+    resumed = make_trainer(tokenizer, module_make_args, f"memory://hostile-{uuid.uuid4().hex}", out, max_steps=3)
+    check, passed = checkpoints.read_checked_state, []
+
+    def spy(checkpoint, process_index, limits, swarm=None):
+        passed.append(limits)
+        return check(checkpoint, process_index, limits, swarm)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(checkpoints, "read_checked_state", spy)
+        assert resumed._checkpoints.restore(folder) is not None  # the genuine state passes
+    (limits,) = passed
+    return Genuine(folder, url, state_path(folder, 0).read_text(), limits)
 
 
+@pytest.fixture
+def checkpoint(genuine, tmp_path):
+    """A copy of the genuine checkpoint (as `tmp_path/out/checkpoint-2`) and of its exchange, for one test to write into
+    and resume from: the exchange's URL, the state file's path and the state (as JSON)."""
+    folder = shutil.copytree(genuine.folder, tmp_path / "out" / genuine.folder.name)
+    path = state_path(folder, 0)
+    return copy_exchange(genuine.url), path, json.loads(path.read_text())
+
+
+def state_folder(genuine, folder, state):
+    """A checkpoint folder holding `state` as its state file and the genuine `trainer_state.json` (so the file's
+    `global_step` is checked against the checkpoint's): what the check reads. The state file's path."""
+    folder.mkdir()
+    shutil.copy(genuine.folder / TRAINER_STATE_NAME, folder)
+    path = state_path(folder, 0)
+    path.write_text(json.dumps(state))
+    return path
+
+
+def test_the_genuine_checkpoint_is_trained_with_the_tests_settings(make_args, tmp_path):
+    settings = {"output_dir": str(tmp_path), "exchange_url": "memory://x", "peer_id": "me", "max_steps": 3}
+    assert module_make_args(**settings).to_dict() == make_args(**settings).to_dict()
+
+
+def test_the_check_passes_the_genuine_state(genuine, tokenizer, tmp_path):
+    """The harness of the crafted states refuses them for what was crafted: the genuine state passes it."""
+    state = json.loads(genuine.state_text)
+    swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
+    path = state_folder(genuine, tmp_path / "checkpoint-2", state)
+    parsed = read_checked_state(path.parent, 0, genuine.limits, swarm)
+    assert parsed.global_step == 2 and state["swarm"] is not None
+    assert swarm.state_dict()["seen"] == state["swarm"]["seen"]  # the swarm's part was loaded
+
+
+# -- crafted states ------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("craft, message", list(CRAFTED.values()), ids=list(CRAFTED))
-def test_a_crafted_state_is_refused_naming_file_and_field_before_any_step(
+def test_a_crafted_state_is_refused_naming_file_and_field(genuine, tokenizer, tmp_path, craft, message):
+    """Without a trainer: the check a resume runs first ([`read_checked_state`], with the limits the trainer passes and
+    a swarm client to load the swarm's part into) refuses the file whole, naming it and the field, and the swarm
+    client is unchanged."""
+    path = state_folder(genuine, tmp_path / "checkpoint-2", craft(json.loads(genuine.state_text)))
+    swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
+    before = swarm.state_dict()
+    with pytest.raises(ValueError, match=message) as error:
+        read_checked_state(path.parent, 0, genuine.limits, swarm)
+    assert str(path) in str(error.value)
+    assert swarm.state_dict() == before
+
+
+END_TO_END = ("too_long_arrived", "global_step_of_another_checkpoint", "round_offset_far_ahead")
+"""Crafted states a real trainer resumes from: a row, a number of the state's own, the swarm's part."""
+
+
+@pytest.mark.parametrize("craft, message", [CRAFTED[name] for name in END_TO_END], ids=END_TO_END)
+def test_a_crafted_state_is_refused_before_any_step_and_nothing_is_restored(
     tokenizer, make_args, tmp_path, checkpoint, craft, message
 ):
     url, path, state = checkpoint
@@ -118,6 +232,7 @@ def test_a_crafted_state_is_refused_naming_file_and_field_before_any_step(
     assert resumed._rounds.mode.state_dict()["arrived_rows"] == []  # nothing restored, nothing trained
 
 
+# -- well-formed rows ----------------------------------------------------------------------------------------------
 def test_a_well_formed_row_this_trainer_cannot_use_is_dropped_and_counted(tokenizer, make_args, tmp_path, checkpoint):
     """What the admission decides (ids outside this model's vocabulary, a prompt this trainer cannot render: an empty
     one, a chat role its template does not know) drops the row and counts it, as for a received row: a resume with

@@ -150,6 +150,14 @@ class PeerMerge:
         output["ftis_text_level"] = torch.zeros(batch, dtype=torch.bool, device=device)
         return output
 
+    def own_statistics(self, output: dict[str, Any], statistics: tuple[list, list], rows: int) -> None:
+        """Horizontal mode: this process's share (`rows` own rows) of the advantages and longest completions the
+        round computed over the groups mixed with peer rows, written into `output`."""
+        start, (advantages, group_max) = self.accelerator.process_index * rows, statistics
+        device = output["advantages"].device
+        output["advantages"] = torch.tensor(advantages[start : start + rows], device=device)
+        output["ftis_group_max_len"] = torch.tensor(group_max[start : start + rows], device=device)
+
     def batch(self, output: dict[str, Any], rows: Sequence[ScoredRow]) -> dict[str, Any]:
         """`output`'s tensors with `rows` appended (re-padded), the F-TIS fields, TRL's vLLM ratio of 1 for them, and
         their batch-time and reference log-probs where TRL keeps those."""

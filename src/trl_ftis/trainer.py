@@ -542,11 +542,7 @@ class FTISTrainer(GRPOTrainer):
         for name, value in metrics.items():
             self._metrics["train"][name].append(value)
         if own_statistics is not None:  # horizontal mode
-            start = accelerator.process_index * len(own_rows)
-            advantages, group_max = own_statistics
-            device = output["advantages"].device
-            output["advantages"] = torch.tensor(advantages[start : start + len(own_rows)], device=device)
-            output["ftis_group_max_len"] = torch.tensor(group_max[start : start + len(own_rows)], device=device)
+            self._merge.own_statistics(output, own_statistics, len(own_rows))
         return self._merge.equal_share(rows)
 
     def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[AdmittedRow]) -> dict[str, Any]:
