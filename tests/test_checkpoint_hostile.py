@@ -193,8 +193,7 @@ def test_the_check_passes_the_genuine_state(genuine, tokenizer, tmp_path):
     swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
     path = state_folder(genuine, tmp_path / "checkpoint-2", state)
     parsed = read_checked_state(path.parent, 0, genuine.limits, swarm)
-    assert parsed.global_step == 2 and state["swarm"] is not None
-    assert swarm.state_dict()["seen"] == state["swarm"]["seen"]  # the swarm's part was loaded
+    assert parsed.global_step == 2 and parsed.swarm == state["swarm"] is not None  # `swarm` took it
 
 
 # -- crafted states ------------------------------------------------------------------------------------------------

@@ -129,28 +129,29 @@ def test_bad_private_key_files(tmp_path):
 GOOD = public_key_text(generate_keypair()[1])
 
 
-@pytest.mark.parametrize(
-    "name,content,fragment",
-    [
-        ("keys.json", "[1, 2]", "expected a mapping"),
-        ("keys.json", "{}", "holds no keys"),
-        ("keys.json", "{not json", "not valid JSON"),
-        ("keys.json", json.dumps({"../etc": GOOD}), "peer id '../etc'"),
-        ("keys.json", json.dumps({"a b": GOOD}), "peer id 'a b'"),
-        ("keys.json", json.dumps({"peer-a": 5}), "entry 'peer-a': expected a base64 string, got int"),
-        ("keys.json", json.dumps({"peer-a": "not base64!"}), "entry 'peer-a': 'not base64!' is not valid base64"),
-        ("keys.json", json.dumps({"peer-a": base64.b64encode(b"x" * 31).decode()}), "decodes to 31 bytes"),
-        ("keys.json", json.dumps({"peer-a": base64.b64encode(b"x" * 64).decode()}), "decodes to 64 bytes"),
-        ("keys.json", json.dumps({"peer-a": GOOD, "peer-b": GOOD}), "entries 'peer-a' and 'peer-b' have the same"),
-        ("keys.json", '{"peer-a": "GOOD", "peer-a": "GOOD"}'.replace("GOOD", GOOD), "duplicate key 'peer-a'"),
-        ("keys.yaml", f"peer-a: {GOOD}\npeer-a: {GOOD}\n", "duplicate key 'peer-a'"),
-        ("keys.yaml", "- a\n- b\n", "expected a mapping"),
-        ("keys.yaml", "peer-a: [unclosed\n", "not valid YAML"),
-        ("keys.yaml", "", "expected a mapping"),
-        ("keys.yml", f"7: {GOOD}\n", "a peer id must be a string"),
-        ("keys.json", b"\xff\xfe".decode("latin-1"), "not valid JSON"),
-    ],
-)
+BAD_KEY_FILES = [
+    ("keys.json", "[1, 2]", "expected a mapping"),
+    ("keys.json", "{}", "holds no keys"),
+    ("keys.json", "{not json", "not valid JSON"),
+    ("keys.json", json.dumps({"../etc": GOOD}), "peer id '../etc'"),
+    ("keys.json", json.dumps({"a b": GOOD}), "peer id 'a b'"),
+    ("keys.json", json.dumps({"peer-a": 5}), "entry 'peer-a': expected a base64 string, got int"),
+    ("keys.json", json.dumps({"peer-a": "not base64!"}), "entry 'peer-a': 'not base64!' is not valid base64"),
+    ("keys.json", json.dumps({"peer-a": base64.b64encode(b"x" * 31).decode()}), "decodes to 31 bytes"),
+    ("keys.json", json.dumps({"peer-a": base64.b64encode(b"x" * 64).decode()}), "decodes to 64 bytes"),
+    ("keys.json", json.dumps({"peer-a": GOOD, "peer-b": GOOD}), "entries 'peer-a' and 'peer-b' have the same"),
+    ("keys.json", '{"peer-a": "GOOD", "peer-a": "GOOD"}'.replace("GOOD", GOOD), "duplicate key 'peer-a'"),
+    ("keys.yaml", f"peer-a: {GOOD}\npeer-a: {GOOD}\n", "duplicate key 'peer-a'"),
+    ("keys.yaml", "- a\n- b\n", "expected a mapping"),
+    ("keys.yaml", "peer-a: [unclosed\n", "not valid YAML"),
+    ("keys.yaml", "", "expected a mapping"),
+    ("keys.yml", f"7: {GOOD}\n", "a peer id must be a string"),
+    ("keys.json", b"\xff\xfe".decode("latin-1"), "not valid JSON"),
+]
+
+
+# The ids name the case, not the random key inside it: every pytest-xdist worker collects the same tests.
+@pytest.mark.parametrize("name,content,fragment", BAD_KEY_FILES, ids=[f"{n}:{f}" for n, _, f in BAD_KEY_FILES])
 def test_bad_public_key_files_name_the_file_and_the_entry(tmp_path, name, content, fragment):
     path = tmp_path / name
     path.write_text(content, encoding="latin-1" if "\xff" in content else "utf-8")
