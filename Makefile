@@ -51,14 +51,19 @@ test test-slow test-all: export HF_HUB_OFFLINE := 1
 test test-slow test-all: export TRANSFORMERS_OFFLINE := 1
 test test-slow test-all: export HF_DATASETS_OFFLINE := 1
 
+# The suite runs on TEST_WORKERS pytest-xdist workers (`TEST_WORKERS=0`: in this process, one test at a time); the
+# tests of the throwaway SLURM cluster share one worker (tests/conftest.py).
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+
 test: install $(VENV)/.test-services
-	$(PY) -m pytest $(ARGS)
+	$(PYTEST) $(ARGS)
 
 test-slow: install $(VENV)/.test-services
-	$(PY) -m pytest -m slow $(ARGS)
+	$(PYTEST) -m slow $(ARGS)
 
 test-all: install $(VENV)/.test-services
-	$(PY) -m pytest -m "slow or not slow" $(ARGS)
+	$(PYTEST) -m "slow or not slow" $(ARGS)
 
 # TRL's own GRPOTrainer tests run against FTISTrainer, compared with stock GRPOTrainer's outcome (docs/testing.md).
 # Needs a git copy of huggingface/trl (TRL_GIT) and the trl-suite harness (TRL_SUITE); about 22 min on 2 cores.

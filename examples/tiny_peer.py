@@ -98,6 +98,14 @@ class TinyPeerArguments:
             "together, whatever their start-up times (0: at once)."
         },
     )
+    start_file: str | None = field(
+        default=None,
+        metadata={
+            "help": "Once the model is built, write `<start_file>.<peer_id>.ready` and wait until `start_file` exists "
+            "before training: whoever starts the peers starts their training together, however long each one's "
+            "start-up takes on a busy machine (unset: at once)."
+        },
+    )
 
 
 class StepDelay(TrainerCallback):
@@ -163,6 +171,10 @@ def main() -> None:
         held_out_eval = add_held_out_evaluation(trainer, lambda m: greedy_correct(m, tokenizer, held_out))
     if peer_args.start_at > time.time():
         time.sleep(peer_args.start_at - time.time())
+    if peer_args.start_file:
+        Path(f"{peer_args.start_file}.{training_args.peer_id}.ready").touch()
+        while not Path(peer_args.start_file).exists():
+            time.sleep(0.05)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
 

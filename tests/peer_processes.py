@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +64,18 @@ def start_peer(tmp_path, peer_id, exchange, *, hidden_size, steps=3, env=None, l
         )
     log = open(tmp_path / f"{peer_id}.log", log_mode)
     return subprocess.Popen(command, cwd=ROOT, env=peer_env(**(env or {})), stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_together(start_file, peers, processes, timeout=600):
+    """Wait until every one of `peers` (started with `start_file=start_file`) has built its model, then let them all
+    start training at once: whatever each one's start-up took on a busy machine, their runs overlap."""
+    deadline = time.monotonic() + timeout
+    while not all(Path(f"{start_file}.{peer}.ready").exists() for peer in peers):
+        exited = {peer: process.poll() for peer, process in zip(peers, processes, strict=True)}
+        assert not any(code is not None for code in exited.values()), f"a peer exited before its start: {exited}"
+        assert time.monotonic() < deadline, f"the peers {peers} were not ready within {timeout} s"
+        time.sleep(0.1)
+    Path(start_file).touch()
 
 
 def rows_taken(result):
