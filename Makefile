@@ -52,7 +52,7 @@ test test-slow test-all: export TRANSFORMERS_OFFLINE := 1
 test test-slow test-all: export HF_DATASETS_OFFLINE := 1
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (`TEST_WORKERS=0`: in this process, one test at a time); the
-# tests of the throwaway SLURM cluster share one worker (tests/conftest.py).
+# tests of the throwaway SLURM cluster share one worker (their module puts them in one xdist_group).
 TEST_WORKERS ?= 2
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
 

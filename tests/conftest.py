@@ -103,11 +103,3 @@ def memory_url(request):
     """A fresh in-process exchange."""
     return f"memory://{request.module.__name__}-{uuid.uuid4().hex}"
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    # `make test` runs the suite on two pytest-xdist workers (`--dist loadgroup`); the tests of the throwaway SLURM
-    # cluster share one worker, so that the cluster starts once and never twice side by side.
-    for item in items:
-        if "slurm_cluster" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -32,6 +32,10 @@ from trl_ftis.launcher.slurm_jobs import PeerJob, answers_ping
 from trl_ftis.launcher.slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, parse_slurm_time
 from trl_ftis.launcher.summary import SUMMARY_FIELDS, format_summary_table
 
+# `make test` runs on two pytest-xdist workers (`--dist loadgroup`): this module's tests share one, so that the
+# throwaway SLURM cluster starts once and never twice side by side.
+pytestmark = pytest.mark.xdist_group("slurm")
+
 ROOT = Path(__file__).resolve().parents[2]
 PEER = str(ROOT / "tests" / "fixtures" / "swarm_peer.py")
 TINY_PEER = str(ROOT / "examples" / "tiny_peer.py")
