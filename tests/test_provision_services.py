@@ -13,6 +13,13 @@ SCRIPT = Path(__file__).resolve().parent / "provision_services.sh"
 BASH = shutil.which("bash")
 
 
+def _signals_as_in_a_terminal():
+    # A shell cannot trap a signal that was ignored when it started, and a suite started in the background (`make test
+    # &`, some CI runners) hands its processes SIGINT ignored: the script is run here as from a terminal.
+    for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(number, signal.SIG_DFL)
+
+
 def _run(path: str) -> subprocess.CompletedProcess:
     env = {"PATH": path, "FTIS_PROVISION": "0"}  # never install from a test
     return subprocess.run([BASH, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60, check=False)
@@ -100,7 +107,13 @@ def test_a_signal_during_the_install_removes_the_policy_and_stops_apt(tmp_path, 
     services)."""
     env, policy, log = _fake_machine(tmp_path, "hang")
     started = tmp_path / "bin" / "started"
-    process = subprocess.Popen([BASH, str(SCRIPT), str(log)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [BASH, str(SCRIPT), str(log)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        preexec_fn=_signals_as_in_a_terminal,  # noqa: PLW1509 - the child only resets signal dispositions
+    )
     try:
         deadline = time.monotonic() + 60
         while not started.exists():  # the fake apt-get is running (the policy written before it)
