@@ -52,9 +52,10 @@ test test-slow test-all: export TRANSFORMERS_OFFLINE := 1
 test test-slow test-all: export HF_DATASETS_OFFLINE := 1
 
 # The suite runs on TEST_WORKERS pytest-xdist workers (`TEST_WORKERS=0`: in this process, one test at a time); the
-# tests of the throwaway SLURM cluster share one worker (their module puts them in one xdist_group).
+# tests of the throwaway SLURM cluster share one worker (their module puts them in one xdist_group). The 25 slowest
+# tests are listed at the end: the default suite's budget is 6 minutes on 2 cores (docs/testing.md).
 TEST_WORKERS ?= 2
-PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 test: install $(VENV)/.test-services
 	$(PYTEST) $(ARGS)

@@ -12,7 +12,7 @@ import subprocess
 import time
 
 import pytest
-from peer_processes import peer_env, start_peer, summary  # tests/ is on sys.path
+from peer_processes import start_peer, start_together, summary  # tests/ is on sys.path
 
 ROWS = 16  # rows a tiny peer publishes per round (per_device_train_batch_size)
 
@@ -49,13 +49,14 @@ def test_a_killed_peer_restarted_with_resume_rejoins_and_both_finish(tmp_path):
     common = dict(
         steps=8,
         expected_peers=["a", "b"],
-        peer_timeout=45,  # longer than a restart; also what the last round of the peer that ends second waits
+        peer_timeout=180,  # a waits for b while b restarts: longer than a restart takes on any machine, however busy
         save_strategy="steps",
         save_steps=2,
         resume_from_checkpoint="last",  # the same command starts and restarts a peer
     )
-    a = start_peer(tmp_path, "a", exchange, hidden_size=64, **common)
-    b = start_peer(tmp_path, "b", exchange, hidden_size=32, **common)
+    a = start_peer(tmp_path, "a", exchange, hidden_size=64, start_file=str(tmp_path / "start"), **common)
+    b = start_peer(tmp_path, "b", exchange, hidden_size=32, start_file=str(tmp_path / "start"), **common)
+    start_together(tmp_path / "start", ["a", "b"], [a, b])
     wait_for(lambda: (tmp_path / "b" / "checkpoint-2" / "trainer_state.json").exists(), 300, a, b)
     b.send_signal(signal.SIGKILL)
     b.wait(timeout=30)
@@ -146,9 +147,10 @@ def rounds_of(exchange, peer):
 def test_the_exchange_folder_deleted_or_read_only_mid_run(tmp_path, fault):
     exchange = tmp_path / "exchange"
     url = f"dir://{exchange}"
-    common = dict(steps=60, expected_peers=["a", "b"], peer_timeout=5)
+    common = dict(steps=60, expected_peers=["a", "b"], peer_timeout=5, start_file=str(tmp_path / "start"))
     a = start_peer(tmp_path, "a", url, hidden_size=64, **common)
     b = start_peer(tmp_path, "b", url, hidden_size=32, **common)
+    start_together(tmp_path / "start", ["a", "b"], [a, b])
     wait_for(lambda: rounds_of(exchange, "a") >= 2, 300, a, b)
     if fault == "deleted":
         shutil.rmtree(exchange)

@@ -305,9 +305,10 @@ def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     )
     (exchange / "0000000000.stranger.1.ftis").write_bytes(encode_message(stranger))  # unsigned
     secret = {"FTIS_SWARM_SECRET": "let-me-in"}
-    common = dict(expected_peers=["a", "b"], peer_timeout=60)
+    common = dict(expected_peers=["a", "b"], peer_timeout=60, start_file=str(tmp_path / "start"))
     a = start_peer(tmp_path, "a", f"dir://{exchange}", hidden_size=64, env=secret, **common)
     b = start_peer(tmp_path, "b", f"dir://{exchange}", hidden_size=32, env=secret, **common)
+    start_together(tmp_path / "start", ["a", "b"], [a, b])  # however long each start-up takes, no round times out
     assert a.wait(timeout=300) == 0, (tmp_path / "a.log").read_text()[-3000:]
     assert b.wait(timeout=300) == 0, (tmp_path / "b.log").read_text()[-3000:]
     for peer, other in (("a", "b"), ("b", "a")):
