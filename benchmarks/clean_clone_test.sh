@@ -25,6 +25,7 @@ while [ $# -gt 0 ]; do
 done
 
 repo=$(git rev-parse --show-toplevel)
+full_commit=$(git -C "$repo" rev-parse HEAD)  # every run checks out this commit, whatever is committed meanwhile
 commit=$(git -C "$repo" rev-parse --short HEAD)
 changed=$(git -C "$repo" status --porcelain --untracked-files=no | wc -l)
 suffix=$([ "$load" = 1 ] && echo "-under-load" || true)
@@ -44,8 +45,8 @@ trap '[ -n "$hog" ] && kill "$hog" 2>/dev/null' EXIT
     failed=0
     for run in $(seq 1 "$runs"); do
         folder=$(mktemp -d "${TMPDIR:-/tmp}/ftis-clean-clone.XXXXXX")
-        git clone --quiet "$repo" "$folder/repo"
-        echo "## run $run of $runs: git clone $repo $folder/repo && cd $folder/repo && make test"
+        git clone --quiet "$repo" "$folder/repo" && git -C "$folder/repo" checkout --quiet "$full_commit"
+        echo "## run $run of $runs: git clone $repo $folder/repo && git checkout $commit && cd $folder/repo && make test"
         start=$(date +%s)
         (cd "$folder/repo" && make test)
         code=$?
