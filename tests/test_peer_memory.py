@@ -84,7 +84,7 @@ def _start(tokenizer):
 
 def test_add_peer_rows_queues_a_bounded_number_and_a_step_merges_its_cap(tokenizer, make_args):
     trainer = tiny_trainer(tokenizer, make_args(max_steps=1, max_peer_ratio=0.5), hidden_size=32)
-    bound = trainer._rounds.queue_bound(trainer._rounds.peer_row_cap(trainer.args.generation_batch_size))
+    bound = trainer._rounds.queue_rows(trainer.args.generation_batch_size)
     assert bound == 64  # 4 x (0.5 x 16 own rows), at least 64
     queued = trainer.add_peer_rows(peer_rows(tokenizer, 100))
     assert queued == trainer.num_pending_peer_rows == 64

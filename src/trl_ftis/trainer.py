@@ -255,7 +255,7 @@ class FTISTrainer(GRPOTrainer):
             lock=self._rounds.lock,
             vocab_limit=self.vocab_limit,
             cross_tokenizer=args.cross_tokenizer,
-            bound=lambda: self._rounds.queue_bound(self._rounds.peer_row_cap(args.generation_batch_size)),
+            bound=lambda: self._rounds.queue_rows(args.generation_batch_size),
         )
         self._checkpoints = StateCheckpoints(
             config=args,

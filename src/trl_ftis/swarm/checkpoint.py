@@ -432,7 +432,7 @@ class StateCheckpoints:
         """Restore the state saved in the checkpoint folder `checkpoint` into the owners and return it (`None` when
         the checkpoint has none); `ValueError` naming the file when it is not valid, and then nothing is restored."""
         config, rounds, swarm = self.config, self.rounds, self.rounds.swarm
-        limits = restore_limits(config, rounds.queue_bound(rounds.peer_row_cap(config.generation_batch_size)), swarm)
+        limits = restore_limits(config, rounds.queue_rows(config.generation_batch_size), swarm)
         parsed = read_checked_state(checkpoint, self.accelerator.process_index, limits, swarm)
         if parsed is None:
             return None

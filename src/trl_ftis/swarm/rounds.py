@@ -187,6 +187,11 @@ class RoundRunner:
             return max(4 * cap, 64)
         return self.swarm.budget.max_rows if self.swarm is not None else RoundBudget().max_rows
 
+    def queue_rows(self, local_rows: int) -> int:
+        """The rows a queue of peer rows holds for steps of `local_rows` own rows (`queue_bound` of their cap): the
+        inbox of `add_peer_rows`, the free-running arrival queue, and each queue a checkpoint may restore."""
+        return self.queue_bound(self.peer_row_cap(local_rows))
+
     def admit_taken(self, taken: Taken) -> list[ScoredRow]:
         """The rows a step took from the queue, admitted, rescored and normalised as a lock-step round's, each with
         its age; never raises because of the rows (an unexpected error drops them all, `internal_error`)."""

@@ -91,7 +91,7 @@ class FreeRunning(WorkerMode):
         newest the queue holds for steps of `local_rows` own rows. They are not admitted yet: like every arrived
         row, they are when a step takes them. Returns the rows queued."""
         runner = self.runner
-        self.arrivals.max_rows = runner.queue_bound(runner.peer_row_cap(local_rows))
+        self.arrivals.max_rows = runner.queue_rows(local_rows)
         rows = list(state.get("arrived_rows") or [])[-self.arrivals.max_rows :]
         created = list(state.get("arrived_created") or [])
         created = created[-len(rows) :] if rows and len(created) >= len(rows) else [time.time()] * len(rows)
