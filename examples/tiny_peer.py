@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -103,9 +104,12 @@ class TinyPeerArguments:
         metadata={
             "help": "Once the model is built, write `<start_file>.<peer_id>.ready` and wait until `start_file` exists "
             "before training: whoever starts the peers starts their training together, however long each one's "
-            "start-up takes on a busy machine (unset: at once)."
+            "start-up takes on a busy machine; it gives up after 15 minutes (unset: at once)."
         },
     )
+
+
+START_FILE_PATIENCE = 900  # seconds a peer waits for its `start_file`
 
 
 class StepDelay(TrainerCallback):
@@ -173,7 +177,10 @@ def main() -> None:
         time.sleep(peer_args.start_at - time.time())
     if peer_args.start_file:
         Path(f"{peer_args.start_file}.{training_args.peer_id}.ready").touch()
+        deadline = time.monotonic() + START_FILE_PATIENCE  # a starter that died never leaves this peer waiting forever
         while not Path(peer_args.start_file).exists():
+            if time.monotonic() > deadline:
+                sys.exit(f"{peer_args.start_file} did not appear within {START_FILE_PATIENCE} s: not training")
             time.sleep(0.05)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     trainer.save_model(training_args.output_dir)
