@@ -476,9 +476,10 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
     # phi from the mean gain across the budget, and at the end; per received row.
     print(f"\nphi (mean gain across the budget's snapshots; ratio of mean gains over seeds; bootstrap {BOOTSTRAP})")
     print(
-        "| arm | phi | 95% interval | width | phi at the end (last 3 snapshots) | peer rows in loss a step | phi per received row |"
+        "| arm | phi | 95% interval | width | phi at the end (last 3 snapshots) | peer rows in loss a step | "
+        "of which the filter zeroed | phi per received row |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     result["phi"] = {}
     for arm in SWARM_ARMS:
         slot, peers, p = ARMS[arm]
@@ -494,12 +495,19 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
         received = [runs[(s, slot, peer)]["peer_rows_in_loss"] / runs[(s, slot, peer)]["steps"] for s in complete
                     for peer in peers if runs.get((s, slot, peer), {}).get("peer_rows_in_loss") is not None]  # fmt: skip
         per_step = statistics.fmean(received) if received else math.nan
+        # Peer rows admitted (above) are those left after the drops before the filter (special tokens, ...); the
+        # filter then zeroes some of them (`rows_filtered` of `ftis_summary.json`; records made before it was kept
+        # lack it, and the table says "not recorded").
+        judged = [runs.get((s, slot, peer), {}) for s in complete for peer in peers]
+        zeroed = [r["rows_filtered"] / r["steps"] for r in judged if r.get("rows_filtered") is not None]
+        filtered = statistics.fmean(zeroed) if zeroed and len(zeroed) == len(judged) else None
         per_row = phi * (p - 1) * OWN_ROWS / per_step if phi is not None and per_step > 0 else math.nan
         result["phi"][arm] = {"phi": phi, "low": low, "high": high, "end": end_phi, "rows_a_step": per_step,
-                              "per_received_row": per_row, "triples": triples}  # fmt: skip
+                              "filtered_a_step": filtered, "per_received_row": per_row, "triples": triples}  # fmt: skip
+        zeroed_text = "not recorded" if filtered is None else f"{filtered:.2f}"
         print(
             f"| {arm} | {phi:.2f} | [{low:.2f}, {high:.2f}] | {high - low:.2f} | {end_phi:.2f} | {per_step:.1f} of "
-            f"{(p - 1) * OWN_ROWS} | {per_row:.2f} |"
+            f"{(p - 1) * OWN_ROWS} | {zeroed_text} | {per_row:.2f} |"
         )
     wide = {arm: v for arm, v in result["phi"].items() if v["high"] - v["low"] > DECISIVE_WIDTH}
     for arm, v in wide.items():

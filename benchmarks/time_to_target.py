@@ -415,6 +415,8 @@ def peer(spec_path: str) -> None:
         "dropped": summary.get("dropped"),
         "peer_row_ages": summary.get("peer_row_ages"),
         "peer_rows_in_loss": (summary.get("peer_value") or {}).get("rows_in_loss"),
+        # Peer rows the F-TIS filter zeroed (after admission; `dropped` counts rows refused before the filter).
+        "rows_filtered": summary.get("rows_filtered"),
         "snapshots": snapshots,
         "first_prompts": first_prompts,
         # Mean over logged steps of the peer rows' ESS fraction and (peer_weighting="ess") of the scale it applied.

@@ -138,7 +138,9 @@ def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
                 run_id = f"{seed}-{slot}"
                 records.append({"kind": "run", "run_id": run_id, "seed": seed, "rate_key": "chosen", "slot": slot,
                                 "peer": peer, "model": "big", "steps": 80, "cpu_seconds": 36.0,
-                                "peer_rows_in_loss": 80 * 32 * (p - 1) * 0.5})  # fmt: skip
+                                "peer_rows_in_loss": 80 * 32 * (p - 1) * 0.5,
+                                # only copy-4's records keep the filter's count: the others print "not recorded"
+                                **({"rows_filtered": 80 * 3} if arm == "copy-4" else {})})  # fmt: skip
                 for index in range(20):
                     step = 4 * (index + 1)
                     records.append({"kind": "checkpoint", "run_id": run_id, "seed": seed, "rate_key": "chosen",
@@ -158,6 +160,10 @@ def test_peer_gain_grid_analysis_on_made_up_curves(capsys, monkeypatch):
     assert result["phi"]["hetero-4"]["phi"] == pytest.approx(0.0, abs=1e-9)
     # Half the rows of the design reached the loss: phi per received row is twice phi.
     assert result["phi"]["copy-2"]["per_received_row"] == pytest.approx(2 * 0.5)
+    # The rows the filter zeroed, a step, where every judged record kept them; "not recorded" where none did.
+    assert result["phi"]["copy-4"]["filtered_a_step"] == pytest.approx(3.0)
+    assert result["phi"]["copy-2"]["filtered_a_step"] is None
+    assert "| 48.0 of 96 | 3.00 |" in out and "| 16.0 of 32 | not recorded |" in out
     # Target 0.351: A_1 first at or above it at step 44 (0.355), A_2 at 24 (0.36), A_4 at 16 (0.36).
     assert result["steps"]["A_1"]["mean"] == 44 and result["steps"]["A_2"]["mean"] == 24
     assert result["ratios"]["beta_2: A_1 / A_2"]["ratio"] == pytest.approx(44 / 24)
