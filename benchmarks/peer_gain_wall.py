@@ -411,9 +411,9 @@ def main() -> None:
         CONFIG.update(zip(("hidden", "layers", "digits"), options.config, strict=True))
     if options.evaluate:
         return evaluate_worker(options.evaluate)
-    options.cache.mkdir(parents=True, exist_ok=True)
-    checkpoint = warm_model(options.cache)
     if options.warm:
+        options.cache.mkdir(parents=True, exist_ok=True)
+        warm_model(options.cache)
         return None
     if options.config and options.stage != "quick":
         raise SystemExit("--config is for a candidate's warm-up (--warm) and smoke tests (--stage quick); CONFIG is "
@@ -422,6 +422,8 @@ def main() -> None:
     raw = pilot_file(pilot_steps) if options.stage == "pilot" else RESULTS / f"peer_gain_wall-{options.stage}.jsonl"
     records = peer_gain.load(raw)
     rule = graded_rule() if options.stage == "grid" else None
+    if options.summary_only:  # the records only: the warm model, the runs and their evaluation take minutes
+        return report(records, rule, options.stage)
     steps = {"quick": 10, "pilot": pilot_steps, "grid": rule and rule["budget"]}[options.stage]
     seeds = {"quick": (990,), "pilot": PILOT_SEEDS, "grid": GRID_SEEDS}[options.stage]
     if steps is None:
@@ -433,28 +435,33 @@ def main() -> None:
     rates = {arm: choice[arm]["rate"] if arm in choice else 2e-4 for arm in ARMS}
     if rule is not None:
         rates = graded_rates(rates, rule["lower_rate"])
-    if not options.summary_only:
-        began = time.time()
-        done = {(r["seed"], r["slot"]) for r in records if r["kind"] == "run"}
-        with open(raw, "a") as sink:
-            for index, seed in enumerate(seeds):
-                for slot in ("alone", "copies") if index % 2 == 0 else ("copies", "alone"):
-                    if (seed, slot) in done:
-                        continue
-                    if options.minutes is not None and time.time() - began > 60 * options.minutes:
-                        break
-                    got = run_slot(slot, seed, rates, checkpoint, options.work / f"{options.stage}-{seed}" / slot,
-                                   index, steps)  # fmt: skip
-                    sink.writelines(json.dumps(record) + "\n" for record in got)
-                    sink.flush()
-                    records += got
-                    print(f"seed {seed} {slot}: " + ", ".join(f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s"
-                                                              for r in got), flush=True)  # fmt: skip
-            records += evaluate_pending(records, sink, checkpoint)
+    options.cache.mkdir(parents=True, exist_ok=True)
+    checkpoint = warm_model(options.cache)
+    began = time.time()
+    done = {(r["seed"], r["slot"]) for r in records if r["kind"] == "run"}
+    with open(raw, "a") as sink:
+        for index, seed in enumerate(seeds):
+            for slot in ("alone", "copies") if index % 2 == 0 else ("copies", "alone"):
+                if (seed, slot) in done:
+                    continue
+                if options.minutes is not None and time.time() - began > 60 * options.minutes:
+                    break
+                got = run_slot(slot, seed, rates, checkpoint, options.work / f"{options.stage}-{seed}" / slot,
+                               index, steps)  # fmt: skip
+                sink.writelines(json.dumps(record) + "\n" for record in got)
+                sink.flush()
+                records += got
+                print(f"seed {seed} {slot}: " + ", ".join(f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s"
+                                                          for r in got), flush=True)  # fmt: skip
+        records += evaluate_pending(records, sink, checkpoint)
+    return report(records, rule, options.stage)
+
+
+def report(records: list[dict], rule: dict | None, stage: str) -> None:
+    """The summary of `records` (and, for the pilot, the rule it gives): reads records only, runs nothing."""
     summarise(records, rule["offset"] if rule else None)
-    if options.stage == "pilot":
-        rule = pilot_rule(records)
-        print(f"pilot rule (benchmarks/peer_gain.md, part B): {rule}")
+    if stage == "pilot":
+        print(f"pilot rule (benchmarks/peer_gain.md, part B): {pilot_rule(records)}")
 
 
 if __name__ == "__main__":
