@@ -515,6 +515,22 @@ def test_model_card_names_ftis_and_the_paper(tokenizer, dataset, make_args):
     trainer.create_model_card(model_name="tiny-ftis")
     card = (Path(trainer.args.output_dir) / "README.md").read_text()
     assert "F-TIS" in card and "2605.22537" in card and "ftis" in card
+    # The Quick start loads this run's model: from where it is saved, without a Hub id (TRL wrote model="None").
+    assert 'model="None"' not in card and f'model="{trainer.args.output_dir}"' in card
+
+
+def test_the_quick_start_names_the_hub_id_else_the_output_directory():
+    from types import SimpleNamespace
+
+    from trl_ftis.model_card import with_quick_start_model
+
+    text = 'generator = pipeline("text-generation", model="None", device_map="auto")'
+    local = with_quick_start_model(text, SimpleNamespace(hub_model_id=None, output_dir="runs/big"))
+    assert local == 'generator = pipeline("text-generation", model="runs/big", device_map="auto")'
+    hub = with_quick_start_model(text, SimpleNamespace(hub_model_id="me/tiny-ftis", output_dir="runs/big"))
+    assert 'model="me/tiny-ftis"' in hub
+    named = text.replace("None", "me/tiny-ftis")
+    assert with_quick_start_model(named, SimpleNamespace(hub_model_id=None, output_dir="o")) == named  # TRL's own
 
 
 def test_a_run_that_saves_no_checkpoint_writes_its_model_card_at_the_end(tokenizer, dataset, make_args):

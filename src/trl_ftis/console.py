@@ -21,9 +21,12 @@ from .dependency_warnings import quiet_dependency_warnings
 from .rules import CONSOLE_DICTS, CONSOLE_ENV, CONSOLE_LINES
 
 
-def step_line(step: int, max_steps: int, logs: Mapping[str, Any], elapsed: float) -> str | None:
-    """`step 3/30  reward 0.412  peer rows 128  filtered 4  w 0.97  12s` for a training step's logs (`None` for logs
-    without a reward: evaluation, the end-of-training totals)."""
+def step_line(
+    step: int, max_steps: int, logs: Mapping[str, Any], elapsed: float, *, first_step: int = 0
+) -> str | None:
+    """`step 3/30  reward 0.412  peer rows 128  filtered 4  w 0.97  12s  eta 1m52s` for a training step's logs
+    (`None` for logs without a reward: evaluation, the end-of-training totals). `elapsed` is the time since training
+    began at step `first_step` (a resumed run's checkpoint step); the ETA ([`eta`]) is left out when it is unknown."""
     if "reward" not in logs:
         return None
     parts = [f"step {step}/{max_steps}", f"reward {logs['reward']:.3f}"]
@@ -33,7 +36,32 @@ def step_line(step: int, max_steps: int, logs: Mapping[str, Any], elapsed: float
     if "ftis/peer/is_weight_mean" in logs:
         parts.append(f"w {logs['ftis/peer/is_weight_mean']:.2f}")
     parts.append(f"{elapsed:.0f}s")
+    left = eta(step, max_steps, elapsed, first_step)
+    if left is not None:
+        parts.append(f"eta {format_duration(left)}")
     return "  ".join(parts)
+
+
+def eta(step: int, max_steps: int, elapsed: float, first_step: int = 0) -> float | None:
+    """Seconds until `max_steps`, at the mean step time of this run so far (the steps since `first_step`, so that a
+    resumed run does not count the checkpoint's steps as done in no time); `None` without a known end, before the
+    first step of this run, or once there is nothing left."""
+    done = step - first_step
+    if max_steps <= 0 or done <= 0 or step >= max_steps:
+        return None
+    return elapsed / done * (max_steps - step)
+
+
+def format_duration(seconds: float) -> str:
+    """`45s`, `1m20s`, `2h13m`: short enough for a step line."""
+    seconds = round(max(seconds, 0.0))
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 class StepLineCallback(TrainerCallback):
@@ -42,14 +70,17 @@ class StepLineCallback(TrainerCallback):
     def __init__(self, prefix: str = "", write: Callable[[str], None] | None = None):
         self.prefix, self.write = prefix, write or (lambda line: print(line, flush=True))
         self.started = time.time()
+        self.first_step = 0
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = time.time()  # seconds of training, not of the set-up before it
+        self.first_step = state.global_step  # a resumed run starts at its checkpoint's step: the ETA counts from it
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
             return
-        line = step_line(state.global_step, state.max_steps, logs, time.time() - self.started)
+        elapsed = time.time() - self.started
+        line = step_line(state.global_step, state.max_steps, logs, elapsed, first_step=self.first_step)
         if line is not None:
             self.write(self.prefix + line)
 

@@ -6,6 +6,7 @@ peers and counts and the swarm's peer models), so it is built and tested without
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -215,6 +216,14 @@ def _card_peer(peer: Any) -> str:
     return f"`{peer}`" if is_peer_id(peer) else _card_cell(peer)
 
 
+def with_quick_start_model(text: str, args: Any) -> str:
+    """TRL's card with its Quick start loading this run's model: TRL fills in the trainer's Hub id, `None` unless it
+    pushes to the Hub, and a reader copying `model="None"` gets an error. The config's `hub_model_id`, else the
+    output directory (where the model is saved, which `pipeline` loads from)."""
+    where = getattr(args, "hub_model_id", None) or str(args.output_dir)
+    return text.replace('model="None"', f"model={json.dumps(where)}")
+
+
 def model_card_name(args: Any) -> str:
     """The model name TRL's `GRPOTrainer._save_checkpoint` gives the card: the Hub id's last part, else the output
     directory's name."""
@@ -237,8 +246,10 @@ class ModelCardAtEndCallback(TrainerCallback):
 
 def add_ftis_section(path: Path, model_name: str, **section) -> None:
     """Add the F-TIS section ([`ftis_model_card_section`] of `section` and `model_name`) to the model card TRL wrote
-    at `path`, before its citations, and unlink a local base model ([`without_base_model_link`])."""
+    at `path`, before its citations, unlink a local base model ([`without_base_model_link`]) and name the model the
+    Quick start loads ([`with_quick_start_model`])."""
     text = without_base_model_link(path.read_text(encoding="utf-8"), model_name)
+    text = with_quick_start_model(text, section["args"])
     added = ftis_model_card_section(model_name=model_name, **section)
     marker = "## Citations"
     text = text.replace(marker, added + marker, 1) if marker in text else text + "\n" + added

@@ -253,6 +253,18 @@ def test_paper_swarm_peers_build_the_paper_ftis_config(name, staged, tmp_path):
     assert len(set(seeds)) == 2  # vertical: each peer draws its own prompts
 
 
+def test_what_the_examples_say_about_the_dropout_default_is_true():
+    """`FTISConfig`'s own default is TRL's (`disable_dropout=False`); the paper preset is what sets it to True, so a
+    LoRA peer of a paper swarm sets `disable_dropout: false` against the preset, not against FTISConfig."""
+    assert FTISConfig(output_dir="o", use_cpu=True, report_to=[]).disable_dropout is False
+    assert FTISConfig(output_dir="o", use_cpu=True, report_to=[], preset="paper").disable_dropout is True
+    files = [*PAPER_DIR.glob("*.yaml"), PAPER_DIR / "README.md", *(ROOT / "examples" / "configs").glob("*.yaml")]
+    for path in files:
+        text = " ".join(path.read_text().lower().split())
+        assert "ftisconfig defaults to disable_dropout=true" not in text, path
+        assert "ftisconfig's default would switch" not in text, path
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_paper_swarm_args_are_known_to_the_script(name):
     """Every top-level and peer arg is a field of the script's dataclasses (a typo would crash the peer)."""

@@ -592,6 +592,17 @@ def test_the_table_shows_waiting_and_accuracy_and_hints_at_free_running_when_spe
     assert wait_hint([fast, control]) is None  # a control never waits: not a swarm peer
 
 
+def test_the_peer_rows_worth_column_says_it_counts_rows_not_a_value():
+    """`peer_value.rows_worth` is the effective sample size of the received rows in own rows: 95.96 for 96 received
+    rows read like a value under `worth`; the header says what it counts, and the guide explains it."""
+    assert dict((field, header) for header, field in TABLE_COLUMNS)["peer_rows_worth"] == "ess rows"
+    row = {"id": "a", "status": "ok", "exit_code": 0, "wall_time_s": 1.0, "note": None, "peer_rows_worth": 95.96}
+    header = format_summary_table([row]).splitlines()[0]
+    assert header.endswith("ess rows  accuracy") and "worth" not in header
+    guide = " ".join((Path(__file__).resolve().parents[2] / "docs" / "swarm-launcher.md").read_text().split())
+    assert "`ess rows`, the effective sample size" in guide
+
+
 def test_a_peer_and_its_control_are_compared_pair_by_pair_on_the_same_problems():
     from trl_ftis.launcher.summary import control_lines, paired_difference
 

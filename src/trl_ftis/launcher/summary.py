@@ -66,12 +66,14 @@ TABLE_COLUMNS = (
     ("reward", "reward"),
     ("gen", "generation_share"),
     ("wait", "wait_share"),
-    ("worth", "peer_rows_worth"),
+    ("ess rows", "peer_rows_worth"),
     ("accuracy", "accuracy"),
 )
 """The table's columns after peer, status, exit and wall: (header, row field), short so that a table fits 120
-columns. `wait` is the share of the peer's training time spent waiting on the exchange; `accuracy` is before -> after
-when the peer's script evaluates (as `examples/tiny_peer.py` does)."""
+columns. `wait` is the share of the peer's training time spent waiting on the exchange; `ess rows` counts rows, not a
+value: the effective sample size of the received peer rows in own rows (`peer_value.rows_worth`: how close to the
+peer's own sampling they were, at most the rows trained on); `accuracy` is before -> after when the peer's script
+evaluates (as `examples/tiny_peer.py` does)."""
 ACCURACY_ITEMS = "accuracy_items_after"
 """A peer summary's per-problem correctness after training (0/1, the same problems for every peer, as
 `examples/tiny_peer.py` writes it): a peer and its control are compared pair by pair ([`paired_difference`])."""
