@@ -66,6 +66,9 @@ def connect_swarm(
         # A folder on this machine or a shared filesystem: its permissions decide who can write, as for any file.
         described += " (a folder exchange: fine where only you can write the folder; set swarm_secret otherwise)"
     logger.warning("Peer %r: message authentication: %s.", config.peer_id, described)
+    waiting = no_waiting_warning(config)
+    if waiting is not None:
+        logger.warning("%s", waiting)
     return Swarm(
         config.exchange_url,
         peer_id=config.peer_id,
@@ -94,6 +97,24 @@ def connect_swarm(
             max_completion_length=(16 if config.cross_tokenizer else 4) * config.max_completion_length,
             max_rows=max(config.max_peer_message_rows, config.generation_batch_size),
         ),
+    )
+
+
+def no_waiting_warning(config: FTISConfig) -> str | None:
+    """What a peer says when it starts, once, when its rounds wait for no one: a lock-step mode (`sync`, `async`)
+    without `expected_peers` (other than itself) or `num_expected_peers`. Its rounds then take whatever has arrived,
+    so a slower peer's rows can miss their round, silently. `None` otherwise, and for a mode that never waits by
+    design (`free`: its window's `waits` is the constant `False`; a lock-step window's depends on the settings)."""
+    if EXCHANGE_MODES[config.exchange_mode].window.waits is False:
+        return None
+    others = set(config.expected_peers or []) - {config.peer_id}
+    if others or config.num_expected_peers:
+        return None
+    return (
+        f"Peer {config.peer_id!r}: exchange_mode={config.exchange_mode!r} with neither expected_peers nor "
+        "num_expected_peers: each round waits for no one and takes whatever has arrived, so a slower peer's rows can "
+        "miss their round. Set expected_peers to the swarm's peer ids (--expected_peers a b) or num_expected_peers "
+        "to the number of other peers, so that each round waits for them (up to peer_timeout)."
     )
 
 
