@@ -4,6 +4,8 @@ logged as `eval_accuracy` and kept in `ftis_summary.json` for the launcher to co
 import json
 from pathlib import Path
 
+import pytest
+
 from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 
 from trl_ftis.evaluation import add_held_out_evaluation
@@ -11,8 +13,8 @@ from trl_ftis.rules import SUMMARY_FILE
 
 
 def test_the_held_out_evaluation_runs_before_at_checkpoints_and_at_the_end(tokenizer, make_args, tmp_path):
-    # Before training, the checkpoints at steps 1 and 2, the end.
-    answers = iter([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]])
+    # Before training and at the checkpoints at steps 1 and 2; the end is step 2 again: its result is reused.
+    answers = iter([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]])
     modes = []
 
     def evaluate(model):
@@ -23,9 +25,9 @@ def test_the_held_out_evaluation_runs_before_at_checkpoints_and_at_the_end(token
     trainer = tiny_trainer(tokenizer, args, hidden_size=32)
     held_out = add_held_out_evaluation(trainer, evaluate)
     trainer.train()
-    assert modes == [False] * 4  # evaluated in eval mode (training mode restored after: it trained on)
+    assert modes == [False] * 3  # evaluated in eval mode (training mode restored after: it trained on)
     logged = [entry["eval_accuracy"] for entry in trainer.state.log_history if "eval_accuracy" in entry]
-    assert logged == [0.25, 0.5, 0.5, 0.75]
+    assert logged == [0.25, 0.5, 0.75]
     summary = json.loads((Path(args.output_dir) / SUMMARY_FILE).read_text())  # written after the last evaluation
     assert (summary["accuracy_before"], summary["accuracy_after"]) == (0.25, 0.75)
     assert summary["accuracy_items_after"] == [1, 1, 1, 0]
@@ -38,6 +40,35 @@ def test_the_held_out_evaluation_runs_before_at_checkpoints_and_at_the_end(token
     assert len(own) == 2 and 0 < own[0] < own[1]
     assert own[1] == summary["own_generation"]["tokens"] < trainer.state.num_input_tokens_seen
     assert [point["tokens"] for point in summary["curve"] if "reward" in point] == own
+
+
+def test_every_few_steps_each_evaluation_keeps_its_problems_and_the_training_clock(tokenizer, make_args):
+    seen = []
+
+    def evaluate(model):
+        seen.append(len(seen))
+        return [len(seen) % 2 == 0, True, False]
+
+    args = make_args(max_steps=4, logging_steps=1)
+    trainer = tiny_trainer(tokenizer, args, hidden_size=32)
+    held_out = add_held_out_evaluation(trainer, evaluate, every=2)
+    trainer.train()
+    evaluations = held_out.results()["accuracy_evaluations"]
+    assert [e["step"] for e in evaluations] == [0, 2, 4]  # before, every 2 steps; the end (step 4) not twice
+    assert [e["items"] for e in evaluations] == ["010", "110", "010"]
+    assert held_out.results()["accuracy_items_after"] == [0, 1, 0]
+    # Each evaluation's seconds are the training clock at that step: the sum of the steps' own times up to it, so
+    # the evaluation ran after the step clock closed its step and is not counted in it.
+    step_times = {
+        entry["step"]: entry["ftis/time/step"] for entry in trainer.state.log_history if "ftis/time/step" in entry
+    }
+    assert evaluations[0]["seconds"] == 0.0
+    for evaluation in evaluations[1:]:
+        expected = sum(seconds for step, seconds in step_times.items() if step <= evaluation["step"])
+        assert evaluation["seconds"] == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert evaluations[-1]["seconds"] == pytest.approx(trainer.collaboration()["time_seconds"]["step"], abs=1e-5)
+    with pytest.raises(ValueError, match="every"):
+        add_held_out_evaluation(trainer, evaluate, every=0)
 
 
 def test_a_runs_curve_puts_reward_and_accuracy_on_time_and_token_axes():

@@ -283,11 +283,12 @@ class FTISTrainer(GRPOTrainer):
             if self.mask_truncated_completions
             else None,
         )
-        self.add_callback(SummaryCallback(self.summary, self.accelerator.is_main_process))
-        self.add_callback(ModelCardAtEndCallback(self.create_model_card))
+        # The clock first: a held-out evaluation inserted before the summary then runs after the step is closed.
         self.add_callback(
             StepClockCallback(self._clock, lambda name, value: self._metrics["train"][name].append(value))
         )
+        self.add_callback(SummaryCallback(self.summary, self.accelerator.is_main_process))
+        self.add_callback(ModelCardAtEndCallback(self.create_model_card))
         apply_console_env(self)  # the launcher's peers: one line a step, no dependency deprecation notices
 
     @property
