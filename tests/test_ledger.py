@@ -24,6 +24,30 @@ def test_drops_are_counted_and_warned_about_once_per_peer_and_reason(caplog):
     assert ledger.warned("a", "too_long") and not ledger.warned("a", "bad_ids")
 
 
+def test_a_rare_special_token_drop_is_counted_without_a_console_warning(caplog):
+    """A sampled model writes its padding or unknown token inside a completion now and then (every tiny swarm did:
+    1 row in 64): each receiver drops such a row, and counts it, but a warning per peer would be noise in every swarm.
+    Most of a sender's rows dropped for it (a mismatched end-of-sequence token, an injected marker) still warns."""
+    ledger = PeerRowLedger(DROP_REASONS)
+    pool = rows("small", 64)
+    with caplog.at_level(logging.INFO, logger="trl_ftis.swarm.ledger"):
+        kept = ledger.sift(pool, ["special_tokens"] + [None] * 63)
+    assert len(kept) == 63 and ledger.dropped == {"special_tokens": 1}
+    assert ledger.step_row_counts()["ftis/peer_rows_dropped/special_tokens"] == 1.0
+    assert [record.levelno for record in caplog.records] == [logging.INFO]
+    assert "ftis/peer_rows_dropped/special_tokens" in caplog.records[0].getMessage()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trl_ftis.swarm.ledger"):
+        ledger.sift(pool, ["special_tokens"] + [None] * 63)  # said once per peer and reason
+        ledger.sift(pool[:16], ["special_tokens"] * 16)  # all of them: worth a warning
+        ledger.sift(rows("big", 16), ["too_long"] + [None] * 15)  # any other reason warns as before
+    assert [(record.levelno, record.getMessage().split(":")[0]) for record in caplog.records] == [
+        (logging.WARNING, "Dropped 16 peer row(s) from 'small'"),
+        (logging.WARNING, "Dropped 1 peer row(s) from 'big'"),
+    ]
+    assert ledger.dropped_totals == {"special_tokens": 18, "too_long": 1}
+
+
 def test_warnings_are_bounded_for_a_flood_of_sender_names(caplog):
     ledger = PeerRowLedger()
     with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.ledger"):

@@ -32,6 +32,15 @@ MAX_WARNED = 1000
 """(peer, reason) pairs warned about: bounded like the swarm's warnings."""
 MAX_NAMED_PEERS = 64
 """Peers with metrics of their own (`ftis/peers/<peer>/...`); the rest are counted together as [`OTHER_PEERS`]."""
+QUIET_DROPS = frozenset({"special_tokens", "text_special_tokens"})
+"""Drop reasons that honest peers hit now and then: a sampled model writes its padding or unknown token inside a
+completion (untrained and tiny models do, about 1 row in 500 after the tiny warm-up), which every receiver drops
+(`trl_ftis.swarm.admission`). A rare such drop is counted like any other (`ftis/peer_rows_dropped/<reason>`, the
+summary's `dropped`) and logged at info level: a console warning for it would be noise in every swarm. When it takes
+more than [`RARE_SHARE`] of a sender's rows at once (a mismatched end-of-sequence token, injected markers), it is
+warned about as any drop is."""
+RARE_SHARE = 0.1
+"""At most this share of a sender's rows in one admission stage (and always a single row) is a rare drop."""
 OTHER_PEERS = "(others)"
 """The name every peer beyond [`MAX_NAMED_PEERS`] is counted under (no valid peer id has parentheses)."""
 
@@ -46,6 +55,12 @@ class LedgerState:
     counters: dict[str, dict[str, int]]
     row_count_keys: list[str]
     sources: list[str]
+
+
+def is_rare_drop(count: int, of: int | None) -> bool:
+    """Whether dropping `count` of a sender's `of` rows is rare: a single row, or at most [`RARE_SHARE`] of them
+    (unknown `of`: only a single row)."""
+    return count <= max(1, int(RARE_SHARE * (of or 0)))
 
 
 class PeerRowLedger:
@@ -72,11 +87,22 @@ class PeerRowLedger:
         self.sources: list[str] = []  # index k >= 1 in `ftis_source` is sources[k - 1]
         self._round_named: set[str] = set()  # senders named in the round metrics (main process), see `peer_name`
         self._warned: set[tuple[str, str]] = set()
+        self._noted: set[tuple[str, str]] = set()  # rare quiet drops said at info level (`QUIET_DROPS`)
 
     # -- drops ------------------------------------------------------------------------------------------------------
-    def count(self, sender: Any, reason: str, count: int = 1, *, stripped: bool = False, detail: str = "") -> None:
+    def count(
+        self,
+        sender: Any,
+        reason: str,
+        count: int = 1,
+        *,
+        stripped: bool = False,
+        detail: str = "",
+        of: int | None = None,
+    ) -> None:
         """Count `count` rows of `sender` dropped for `reason` (or, with `stripped`, changed and kept); warn the first
-        time for each (peer, reason), for at most [`MAX_WARNED`] pairs."""
+        time for each (peer, reason), for at most [`MAX_WARNED`] pairs. `of`: the sender's rows they were among; a
+        rare drop for a reason of [`QUIET_DROPS`] is logged at info level instead ([`is_rare_drop`])."""
         if stripped:
             self.stripped[reason] += count
         else:
@@ -84,10 +110,13 @@ class PeerRowLedger:
             self.dropped_totals[reason] += count
         kind = "stripped" if stripped else "dropped"
         key = (str(sender)[:200], f"{kind}/{reason}")
-        if key in self._warned or len(self._warned) >= MAX_WARNED:
+        quiet = not stripped and reason in QUIET_DROPS and is_rare_drop(count, of)
+        said = self._noted if quiet else self._warned
+        if key in said or len(said) >= MAX_WARNED:
             return
-        self._warned.add(key)
-        logger.warning(
+        said.add(key)
+        logger.log(
+            logging.INFO if quiet else logging.WARNING,
             "%s %d peer row(s) from %r: %s%s. Counted in ftis/peer_rows_%s/%s; not logged again for this peer and "
             "reason.",
             "Changed" if stripped else "Dropped",
@@ -117,14 +146,15 @@ class PeerRowLedger:
         """The rows whose problem is `None`; the others (anything with a `sender`) are counted by (sender, reason).
         `details` adds a text to the warning of a (sender, reason)."""
         details = details or {}
-        kept, counts = [], Counter()
+        kept, counts, senders = [], Counter(), Counter()
         for row, problem in zip(rows, problems, strict=True):
+            senders[str(row.sender)] += 1
             if problem is None:
                 kept.append(row)
             else:
                 counts[(str(row.sender), problem)] += 1
         for (sender, reason), count in counts.items():
-            self.count(sender, reason, count, detail=details.get((sender, reason), ""))
+            self.count(sender, reason, count, detail=details.get((sender, reason), ""), of=senders[sender])
         return kept
 
     def count_trimmed(self, senders: Iterable[Any], reason: str = "batch_split") -> None:
