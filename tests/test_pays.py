@@ -10,6 +10,7 @@ import pytest
 
 from trl_ftis import cli
 from trl_ftis.pays import (
+    VERDICT_WORDS,
     Hardware,
     factors_from_summaries,
     format_report,
@@ -138,8 +139,12 @@ def test_factors_assumed_from_the_peer_alone(tmp_path):
     step_full = 1.0 - 0.1 - 0.2 + 4 * 0.2  # the peer's step without exchange, with 4x the generation
     assert hardware.f == pytest.approx(0.8 / step_full)
     assert hardware.q is None
-    assert set(hardware.assumed) == {"s", "f", "q"}
-    assert "assumed" in format_report(hardware, (0.8, 0.6, 1.0), (2.0, 1.5, 2.5))
+    assert set(hardware.assumed) == {"s", "f", "q", "g", "t"}
+    report = format_report(hardware, (0.8, 0.6, 1.0), (2.0, 1.5, 2.5))
+    assert "assumed" in report and "No verdict" in report.splitlines()[0]
+    # With assumed factors no verdict word is printed anywhere, only what to run to get one.
+    assert not any(word in report for word in VERDICT_WORDS)
+    assert "controls: [alone, alone-rows]" in report
 
 
 def test_summaries_that_cannot_be_read_are_refused_by_name(tmp_path):
@@ -189,11 +194,21 @@ def test_pays_command(tmp_path, capsys):
     full = write_summary(tmp_path / "full", steps=10, step=12.0, generation=6.0, exchange=0.0, own_rows=640)
     assert cli.main(["pays", str(peer), str(full), "--phi", "0.8", "0.6", "1.0", "--beta", "2"]) == 0
     out = capsys.readouterr().out
-    hardware = Hardware(peers=2, f=0.5, s=3.0, r=0.1)
+    # The A_N run measures f, t and the step ratio; s (A_N's generation over A_N/P's), g and q need an A_N/P run.
+    hardware = Hardware(peers=2, f=0.5, s=2.0, r=0.1, t=(1.0 - 0.2 - 0.1) / 0.6, step=1.0 / 1.2)
     expected = wall_ratios(hardware, 0.8, 2.0)["vs_full"]
-    assert f"wall time swarm / A_N (as many rows a step): {expected:.2f}" in out
-    assert "q = A_N/P step / A_N step" in out and "assumed: training in proportion to rows" in out
-    assert "from a generation share f >= " in out
+    assert f"against training alone on as many rows a step as it trains on (A_N): {expected:.2f}x" in out
+    assert "q = " in out and "assumed: training in proportion to rows" in out
+    assert "s = 2.00  generation a step of A_N over A_N/P (assumed)" in out
+    assert "No verdict: g, s, q were assumed" in out and not any(word in out for word in VERDICT_WORDS)
+    assert "break-even: " in out
+    # With every factor measured (an A_N/P run too) and phi and beta given, the verdict is printed.
+    own = write_summary(tmp_path / "own", steps=10, step=6.0, generation=2.0, exchange=0.0, own_rows=320)
+    assert cli.main(["pays", str(peer), str(full), str(own), "--phi", "0.8", "0.6", "1.0", "--beta", "2"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("this swarm peer: predicted wall time") and first.endswith(
+        ("pays", "does not pay", "not distinguishable")
+    )
     assert cli.main(["pays", str(peer), "--phi", "0.8", "1.0", "0.6", "--beta", "2"]) == 2
     assert "LOW <= EST <= HIGH" in capsys.readouterr().err
     assert cli.main(["pays", str(peer), "--phi", "0.8", "--beta", "0"]) == 2
@@ -244,11 +259,13 @@ def test_pays_command_with_the_measured_learning_factors(tmp_path, capsys):
     out = capsys.readouterr().out
     phi, beta = MEASURED_LEARNING[("hetero", 2)]["phi"], MEASURED_LEARNING[("hetero", 2)]["beta"]
     assert "phi and beta as measured here for --partners hetero at P = 2" in out
-    assert f"phi = {phi[0]:.2f} [{phi[1]:.2f}, {phi[2]:.2f}], beta = {beta[0]:.2f}" in out
+    assert f"phi = {phi[0]:.2f} [{phi[1]:.2f}, {phi[2]:.2f}]  a peer row's value in own rows (assumed)" in out
+    assert f"beta = {beta[0]:.2f} [{beta[1]:.2f}, {beta[2]:.2f}]  steps of A_N/P over A_N (assumed)" in out
+    assert not any(word in out for word in VERDICT_WORDS)  # this library's phi is no measurement of your task
     # A value given by the user wins over the measured one.
     assert cli.main(["pays", str(peer), "--partners", "copy", "--phi", "0.5"]) == 0
     out = capsys.readouterr().out
-    assert "beta as measured here" in out and "phi = 0.50 [0.50, 0.50], beta = 1.44" in out
+    assert "beta as measured here" in out and "phi = 0.50 [0.50, 0.50]" in out and "beta = 1.44" in out
     # Both given: nothing is taken from the measurement, and the output does not say it was.
     assert cli.main(["pays", str(peer), "--partners", "copy", "--phi", "0.5", "--beta", "2"]) == 0
     assert "as measured here" not in capsys.readouterr().out

@@ -7,12 +7,16 @@ Wall time to a target accuracy is steps x seconds per step. The two factors come
   P x B rows a step; **A_N/P** generates and trains on B, the peer's own generation. With A_N's step as the unit:
 
   * f: the generation share of an A_N step;
-  * s: the generation scaling gen(P x B) / gen(B) (s = P when generation grows in proportion to the rows, s = 1
-    when it is latency-bound, as for tiny models on a CPU);
+  * s: the generation scaling gen(P x B) / gen(B), measured as A_N's generation a step over A_N/P's (s = P when
+    generation grows in proportion to the rows, s = 1 when it is latency-bound, as for tiny models on a CPU);
   * r: the exchange's share of the swarm peer's step;
-  * q: the A_N/P step over the A_N step.
+  * q: the A_N/P step over the A_N step;
+  * g and t: how much slower the swarm peer generates its own rows than A_N/P does, and trains on its P x B rows
+    than A_N does, next to a partner (1 when it runs as fast as alone; shared cores and memory make them larger).
 
-  Then the swarm peer's step is `(1 - f + f / s) / (1 - r)` A_N steps ([`step_ratio`]).
+  Then the swarm peer's step is `((1 - f) t + f g / s) / (1 - r)` A_N steps ([`step_ratio`]); with every factor
+  measured from the same runs this is the measured step ratio, split into its parts, and where a swarm run and an
+  A_N run are both given the measured ratio is used as it is (`Hardware.step`).
 
 * **Steps depend on learning alone.** beta = steps(A_N/P) / steps(A_N) says how much P times the rows a step cut the
   steps to the target; phi is the value of a peer row relative to an own row. A peer's P x B rows are then worth
@@ -22,8 +26,10 @@ Wall time to a target accuracy is steps x seconds per step. The two factors come
 
 [`wall_ratios`] multiplies them: the swarm's wall time over A_N's, over A_N/P's, and over the better of the two (the
 user's real alternative). [`wall_ratio_range`] gives their range over intervals of phi and beta (and, where known, of
-the hardware factors). [`factors_from_summaries`] reads f, s, r and q from runs' `ftis_summary.json` files, saying
-which factor was measured and which assumed. `trl-ftis pays RUN_DIR ...` prints the result.
+the hardware factors). [`factors_from_summaries`] reads the factors from runs' `ftis_summary.json` files, and
+[`hardware_from_measured`] from a launcher run's controls (`trl_ftis.joining`), saying which factor was measured
+and which assumed; with any factor assumed, [`format_report`] gives no verdict, only what to run to get one.
+`trl-ftis pays RUN_DIR ...` prints the result.
 
 Every formula here is checked against hand-computed values in `tests/test_pays.py`; `benchmarks/peer_gain.py`
 measures phi and beta, `benchmarks/frontier.py` the hardware factors of a few configurations of this CPU.
@@ -42,10 +48,12 @@ from typing import Any
 from .rules import SUMMARY_FILE
 
 __all__ = [
+    "VERDICT_WORDS",
     "Hardware",
     "break_even_share",
     "factors_from_summaries",
     "format_report",
+    "hardware_from_measured",
     "measured_learning",
     "step_ratio",
     "steps_ratio",
@@ -95,6 +103,9 @@ class Hardware:
     s: float
     r: float = 0.0
     q: float | None = None
+    g: float = 1.0
+    t: float = 1.0
+    step: float | None = None
     assumed: tuple[str, ...] = field(default=())
 
     def __post_init__(self):
@@ -110,6 +121,18 @@ class Hardware:
             raise ValueError(f"r (exchange share of the swarm step) must be in [0, 1), got {self.r!r}")
         if self.q is not None and not 0.0 < self.q <= 1.0:
             raise ValueError(f"q (A_N/P step over A_N step) must be in (0, 1], got {self.q!r}")
+        for name in ("g", "t"):
+            if not 0.0 < getattr(self, name) < 100.0:
+                raise ValueError(
+                    f"{name} (slowdown next to a partner) must be in (0, 100), got {getattr(self, name)!r}"
+                )
+        if self.step is not None and not 0.0 < self.step < 100.0:
+            raise ValueError(f"step (measured swarm step over A_N step) must be in (0, 100), got {self.step!r}")
+
+    @property
+    def step_ratio(self) -> float:
+        """The swarm peer's step over A_N's: measured where given, else [`step_ratio`] of the factors."""
+        return self.step if self.step is not None else step_ratio(self.f, self.s, self.r, g=self.g, t=self.t)
 
     @property
     def alone_step_ratio(self) -> float:
@@ -118,12 +141,13 @@ class Hardware:
         return self.q if self.q is not None else self.f / self.s + (1.0 - self.f) / self.peers
 
 
-def step_ratio(f: float, s: float, r: float = 0.0) -> float:
-    """The swarm peer's step over A_N's: it generates 1/P of the rows (saving `f (1 - 1/s)`), trains on as many, and
-    spends the share `r` of its own step in the exchange."""
+def step_ratio(f: float, s: float, r: float = 0.0, *, g: float = 1.0, t: float = 1.0) -> float:
+    """The swarm peer's step over A_N's: it generates 1/P of the rows (A_N/P's generation, f / s of an A_N step, `g`
+    times slower next to a partner), trains on as many as A_N (the rest of A_N's step, `t` times slower), and spends
+    the share `r` of its own step in the exchange."""
     if not 0.0 <= r < 1.0:
         raise ValueError(f"r must be in [0, 1), got {r!r}")
-    return (1.0 - f + f / s) / (1.0 - r)
+    return ((1.0 - f) * t + f * g / s) / (1.0 - r)
 
 
 def steps_ratio(phi: float, beta: float, peers: int) -> float:
@@ -144,7 +168,7 @@ def wall_ratios(hardware: Hardware, phi: float, beta: float) -> dict[str, float]
     """The swarm peer's wall time to the target over A_N's (`vs_full`), over A_N/P's (`vs_own`) and over the better
     of the two (`vs_best`), with the factors: `step` (step ratio to A_N), `steps` (steps ratio to A_N) and
     `alone_wall` (A_N/P's wall time over A_N's, beta x q)."""
-    step = step_ratio(hardware.f, hardware.s, hardware.r)
+    step = hardware.step_ratio
     steps = steps_ratio(phi, beta, hardware.peers)
     alone_wall = beta * hardware.alone_step_ratio
     swarm = step * steps
@@ -191,15 +215,18 @@ def break_even_share(
     s: float | None = None,
     r: float = 0.0,
     q: float | None = None,
+    g: float = 1.0,
+    t: float = 1.0,
     resolution: int = 200,
 ) -> float | None:
     """The smallest generation share f (on a grid of `resolution` steps over [0, 1)) at which the whole predicted
     range of the swarm's wall time over the better alone run is below 1, for phi and beta in their intervals, the
-    generation scaling `s` (default P: generation in proportion to the rows), exchange share `r` and A_N/P step `q`
-    (default: assumed from f and s); `None` when no f below 1 makes joining pay."""
+    generation scaling `s` (default P: generation in proportion to the rows), exchange share `r`, slowdowns `g` and
+    `t` next to a partner and A_N/P step `q` (default: assumed from f and s); `None` when no f below 1 makes joining
+    pay."""
     for i in range(resolution):
         f = i / resolution
-        setting = Hardware(peers=peers, f=f, s=float(peers) if s is None else s, r=r, q=q)
+        setting = Hardware(peers=peers, f=f, s=float(peers) if s is None else s, r=r, q=q, g=g, t=t)
         if wall_ratio_range(setting, phi, beta, points=5)["vs_best"][1] < 1.0:
             return f
     return None
@@ -261,15 +288,28 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     }
 
 
+def _arm(run: Mapping[str, Any]):
+    from .joining import ArmRun
+
+    return ArmRun(
+        steps=run["steps"],
+        step_seconds=run["step"],
+        generation_seconds=run["generation"],
+        exchange_seconds=run["exchange"],
+        own_rows=run["own_rows"],
+    )
+
+
 def factors_from_summaries(paths: Iterable[str | Path], peers: int | None = None) -> tuple[Hardware, dict[str, Any]]:
     """The hardware factors from runs' summaries: exactly one swarm peer (a run that trained on peer rows), and
-    optionally alone runs of the same model and task: one generating P x B rows a step (A_N: gives f and s) and one
-    generating B (A_N/P: gives q).
+    optionally alone runs of the same model and task: one generating P x B rows a step (A_N) and one generating B
+    (A_N/P). Each factor is measured as `trl_ftis.joining.hardware_factors` defines it (s: A_N's generation a step
+    over A_N/P's) where its runs are given, and assumed otherwise ([`hardware_from_measured`]).
 
     From the swarm peer alone: r (exchange / step), B (own rows a step) and P (rows trained / own rows, rounded;
-    `peers` overrides it). Without an A_N run, s is assumed to be P (generation in proportion to the rows) and A_N's
-    step is predicted from the peer's (its generation x s, the exchange taken out); without an A_N/P run, q is
-    predicted as in [`Hardware.alone_step_ratio`]. Returns the factors and what was read (`runs`, `assumed`)."""
+    `peers` overrides it). Returns the factors and what was read (`runs`, `assumed`)."""
+    from .joining import hardware_factors
+
     runs = [read_summary(p) for p in paths]
     swarm = [run for run in runs if run["peer_rows"] > 0]
     alone = [run for run in runs if run["peer_rows"] == 0]
@@ -291,65 +331,146 @@ def factors_from_summaries(paths: Iterable[str | Path], peers: int | None = None
         )
     if len(full) > 1 or len(same) > 1:
         raise ValueError("give at most one A_N run and one A_N/P run")
+    swarm_arm = _arm(peer)
+    factors = hardware_factors(swarm_arm, _arm(same[0]) if same else None, _arm(full[0]) if full else None)
+    hardware = hardware_from_measured(factors, peers, swarm_arm)
+    return hardware, {"runs": runs, "assumed": list(hardware.assumed)}
+
+
+def hardware_from_measured(factors: Mapping[str, float | None], peers: int, swarm=None) -> Hardware:
+    """[`Hardware`] from measured factors (`trl_ftis.joining.hardware_factors`, or their means over seeds), each
+    missing one assumed and named in `assumed`: g and t as 1 (no slowdown next to a partner), s as P (generation
+    in proportion to the rows), f from the swarm peer's own step (`swarm`, a `trl_ftis.joining.ArmRun`: A_N's step
+    predicted as the peer's training plus s times its generation), q from f and s
+    ([`Hardware.alone_step_ratio`]). The measured swarm / A_N step ratio is kept as `step` where there is one."""
+
+    def measured(name: str, low: float = 0.0) -> float | None:
+        value = factors.get(name)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok and value > low else None
+
     assumed = []
-    r = peer["exchange"] / peer["step"]
-    if full:
-        step_full = full[0]["step"]
-        f = full[0]["generation"] / step_full
-        s = max(full[0]["generation"] / peer["generation"], 1.0) if peer["generation"] > 0 else float(peers)
-    else:
+    r = measured("r", low=-1.0)
+    if r is None:
+        raise ValueError("r (the swarm peer's exchange share) was not measured: no swarm run")
+    g, t, s = measured("g"), measured("t"), measured("s")
+    if g is None:
+        g = 1.0
+        assumed.append("g")
+    if t is None:
+        t = 1.0
+        assumed.append("t")
+    if s is None:
         s = float(peers)
-        step_full = peer["step"] - peer["exchange"] - peer["generation"] + s * peer["generation"]
-        f = s * peer["generation"] / step_full
-        assumed += ["s", "f"]
-    q = None
-    if same:
-        q = min(same[0]["step"] / step_full, 1.0)
-    else:
+        assumed.append("s")
+    f = measured("f", low=-1.0)
+    if f is None:
+        if swarm is None:
+            raise ValueError("f (A_N's generation share) was neither measured nor predictable without the swarm run")
+        own_generation = swarm.generation_seconds / g  # A_N/P's generation a step
+        training = (swarm.step_seconds - swarm.exchange_seconds - swarm.generation_seconds) / t
+        f = s * own_generation / (training + s * own_generation) if training + s * own_generation > 0 else 0.0
+        assumed.append("f")
+    q = measured("q")
+    if q is None:
         assumed.append("q")
-    hardware = Hardware(peers=peers, f=f, s=s, r=r, q=q, assumed=tuple(assumed))
-    return hardware, {"runs": runs, "assumed": assumed}
+    step = measured("step_ratio")
+    return Hardware(
+        peers=peers,
+        f=min(max(f, 0.0), 0.999),
+        s=max(s, 1.0),  # a measured s below 1 (noise on latency-bound generation) counts as no saving
+        r=min(max(r, 0.0), 0.999),
+        q=None if q is None else min(q, 1.0),
+        g=g,
+        t=t,
+        step=step,
+        assumed=tuple(assumed),
+    )
 
 
-def format_report(hardware: Hardware, phi: tuple[float, float, float], beta: tuple[float, float, float]) -> str:
-    """Lines for people: the factors (measured or assumed), the learning factors, and each ratio with its range and
-    verdict. `phi` and `beta` are (estimate, low, high)."""
+VERDICT_WORDS = ("pays", "does not pay", "not distinguishable")
+"""The words a verdict can say ([`verdict`]); none is printed where a factor was assumed."""
+COMPARISONS = {
+    "vs_own": "training alone on its own rows (A_N/P: the same own generation)",
+    "vs_full": "training alone on as many rows a step as it trains on (A_N)",
+}
+HOW_TO_MEASURE = (
+    "run the same configuration alone with B and with P x B rows a step on the same hardware (the launcher's "
+    "`controls: [alone, alone-rows]`, with a held-out evaluation during training) and give that run directory"
+)
+
+
+def format_report(
+    hardware: Hardware,
+    phi: tuple[float, float, float],
+    beta: tuple[float, float, float],
+    *,
+    assumed_learning: Iterable[str] = (),
+    who: str = "this swarm peer",
+    without_verdict: str | None = None,
+) -> str:
+    """Lines for people: a plain sentence first (the predicted wall time to a target against the better alone run,
+    with its range and, only where nothing was assumed, a verdict), then each comparison, then the factors, each
+    marked measured or assumed. `phi` and `beta` are (estimate, low, high); `assumed_learning` names those of them
+    not measured on the user's own runs (e.g. taken from this library's benchmark); `without_verdict`, a reason the
+    measurements cannot decide (e.g. phi without an interval over seeds), withholds the verdict too."""
     point = wall_ratios(hardware, phi[0], beta[0])
     ranges = wall_ratio_range(hardware, phi[1:], beta[1:])
+    assumed = [*hardware.assumed, *assumed_learning]
+
+    def judged(key: str) -> str:
+        low, high = ranges[key]
+        text = f"{point[key]:.2f}x [{low:.2f}, {high:.2f}]"
+        return text if assumed or without_verdict else f"{text}: {verdict(low, high)}"
+
+    if assumed:
+        were = "was" if len(assumed) == 1 else "were"
+        lines = [
+            (
+                f"{who}: predicted wall time to a target accuracy, over the better alone run: {judged('vs_best')}. "
+                f"No verdict: {', '.join(assumed)} {were} assumed, not measured. "
+                f"To measure {'it' if len(assumed) == 1 else 'them'}, {HOW_TO_MEASURE}."
+            )
+        ]
+    elif without_verdict:
+        lines = [
+            (
+                f"{who}: predicted wall time to a target accuracy, over the better alone run: {judged('vs_best')}. "
+                f"No verdict: {without_verdict}."
+            )
+        ]
+    else:
+        lines = [f"{who}: predicted wall time to a target accuracy, over the better alone run: {judged('vs_best')}"]
+    lines += [f"  against {name}: {judged(key)}" for key, name in COMPARISONS.items()]
 
     def tag(name: str) -> str:
-        return " (assumed)" if name in hardware.assumed else ""
+        return "assumed" if name in assumed else "measured"
 
-    q_text = f"{hardware.alone_step_ratio:.3f}" + (
-        " (assumed: training in proportion to rows)" if hardware.q is None else ""
-    )
-    lines = [
-        (
-            f"hardware: P = {hardware.peers}, f = {hardware.f:.3f}{tag('f')}, s = gen(P x B) / gen(B) = "
-            f"{hardware.s:.2f}{tag('s')}, r = {hardware.r:.3f}, q = A_N/P step / A_N step = {q_text}"
-        ),
-        f"learning: phi = {phi[0]:.2f} [{phi[1]:.2f}, {phi[2]:.2f}], beta = {beta[0]:.2f} [{beta[1]:.2f}, {beta[2]:.2f}]",
-        (
-            f"step ratio swarm / A_N = {point['step']:.3f}; steps ratio swarm / A_N = {point['steps']:.3f} "
-            f"[{ranges['steps'][0]:.3f}, {ranges['steps'][1]:.3f}]"
-        ),
+    q_tag = "assumed: training in proportion to rows" if hardware.q is None else "measured"
+    step_tag = "measured" if hardware.step is not None else "from the factors above"
+    lines += [
+        "factors (A_N: alone with P x B rows a step; A_N/P: alone with B rows, the peer's own generation):",
+        f"  P = {hardware.peers} peers",
+        f"  f = {hardware.f:.3f}  generation share of an A_N step ({tag('f')})",
+        f"  s = {hardware.s:.2f}  generation a step of A_N over A_N/P ({tag('s')})",
+        f"  r = {hardware.r:.3f}  exchange share of the swarm peer's step ({tag('r')})",
+        f"  q = {hardware.alone_step_ratio:.3f}  A_N/P step over A_N step ({q_tag})",
+        f"  g = {hardware.g:.2f}  the swarm peer's own generation over A_N/P's, next to a partner ({tag('g')})",
+        f"  t = {hardware.t:.2f}  the swarm peer's training over A_N's, next to a partner ({tag('t')})",
+        f"  step ratio swarm / A_N = {point['step']:.3f} ({step_tag})",
+        f"  phi = {phi[0]:.2f} [{phi[1]:.2f}, {phi[2]:.2f}]  a peer row's value in own rows ({tag('phi')})",
+        f"  beta = {beta[0]:.2f} [{beta[1]:.2f}, {beta[2]:.2f}]  steps of A_N/P over A_N ({tag('beta')})",
+        f"  steps ratio swarm / A_N = {point['steps']:.3f} [{ranges['steps'][0]:.3f}, {ranges['steps'][1]:.3f}]",
     ]
-    names = {"vs_full": "A_N (as many rows a step)", "vs_own": "A_N/P (the same own generation)",
-             "vs_best": "the better alone run"}  # fmt: skip
-    for key, name in names.items():
-        low, high = ranges[key]
-        lines.append(f"wall time swarm / {name}: {point[key]:.2f} [{low:.2f}, {high:.2f}]: {verdict(low, high)}")
-    share = break_even_share(hardware.peers, phi[1:], beta[1:], s=hardware.s, r=hardware.r)
+    share = break_even_share(hardware.peers, phi[1:], beta[1:], s=hardware.s, r=hardware.r, g=hardware.g, t=hardware.t)
+    where = "at this s, r, g and t (q then in proportion to the rows)"
     lines.append(
-        "joining pays against the better alone run, over the whole phi and beta range, from a generation share f >= "
-        + (f"{share:.3f}" if share is not None else "- (never below 1)")
-        + " at this s and r (q assumed from f)"
+        f"  break-even: over the whole phi and beta range, joining would beat the better alone run from a generation "
+        f"share f of {share:.3f} upward {where}"
+        if share is not None
+        else f"  break-even: at no generation share f below 1 would joining beat the better alone run over the whole "
+        f"phi and beta range {where}"
     )
-    if hardware.assumed:
-        lines.append(
-            "assumed factors are predictions: run alone with P x B rows (and with B) a step on the same hardware to "
-            "measure them"
-        )
     return "\n".join(lines)
 
 
