@@ -78,10 +78,21 @@ class TinyPeerArguments:
     )
     train_size: int = field(default=2048, metadata={"help": "Training problems."})
     dataset_seed: int | None = field(
-        default=None, metadata={"help": "Seed of this peer's prompt stream (default: derived from peer_id)."}
+        default=None,
+        metadata={
+            "help": "Seed of this peer's prompt stream (default: derived from peer_id and --seed, so that a peer and "
+            "its controls draw the same prompts and each seed of a launcher run others)."
+        },
     )
     eval_size: int = field(
         default=0, metadata={"help": "Held-out problems for greedy accuracy before/after (0: skip)."}
+    )
+    eval_every: int = field(
+        default=0,
+        metadata={
+            "help": "Also evaluate the held-out problems every this many steps (0: only before and after): the "
+            "launcher then measures each arm's gain at equal steps and its time to an accuracy (trl_ftis.joining)."
+        },
     )
     reward: str = field(default="exact", metadata={"help": "Reward: 'exact' (1 if correct) or 'digit_match' (dense)."})
     step_delay: float = field(
@@ -145,7 +156,7 @@ def main() -> None:
     # Each peer draws its own prompts (vertical mode); horizontal mode needs the same seed everywhere.
     seed = peer_args.dataset_seed
     if seed is None:
-        seed = zlib.crc32(training_args.peer_id.encode()) % 10_000
+        seed = zlib.crc32(f"{training_args.peer_id}/{training_args.seed}".encode()) % 10_000
     train = addition_problems(peer_args.train_size, seed=seed, split="train")
     held_out = addition_problems(peer_args.eval_size, seed=99_999, split="test")  # the same for every peer
 
@@ -172,7 +183,9 @@ def main() -> None:
     )
     use_script_console(trainer)  # one line per logged step; FTIS_CONSOLE=dict keeps Trainer's dicts
     if held_out:  # before training, at every checkpoint and at the end: eval_accuracy, and ftis_summary.json's
-        held_out_eval = add_held_out_evaluation(trainer, lambda m: greedy_correct(m, tokenizer, held_out))
+        held_out_eval = add_held_out_evaluation(
+            trainer, lambda m: greedy_correct(m, tokenizer, held_out), every=peer_args.eval_every or None
+        )
     if peer_args.start_at > time.time():
         time.sleep(peer_args.start_at - time.time())
     if peer_args.start_file:

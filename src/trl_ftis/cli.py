@@ -2,6 +2,7 @@
 
     trl-ftis swarm CONFIG.yaml [--run-dir DIR] [--dry-run] [--grace SECONDS] [--slurm] [--only PEER_ID ...] [--resume]
     trl-ftis keygen PEER_ID [--dir DIR] [--keys-file FILE]
+    trl-ftis pays LAUNCHER_RUN_DIR
     trl-ftis pays RUN_DIR [RUN_DIR ...] --phi EST [LOW HIGH] --beta EST [LOW HIGH] [--peers P]
 
 Each subcommand is one `_add_<name>(subparsers)` function that registers its parser and sets `func` to a handler
@@ -208,18 +209,19 @@ def _run_keygen(args: argparse.Namespace) -> int:
 def _add_pays(subparsers) -> None:
     parser = subparsers.add_parser(
         "pays",
-        help="predict whether joining the swarm pays in wall time, from runs' ftis_summary.json and phi and beta",
+        help="what joining the swarm was worth: from a launcher run's controls, or predicted from runs' summaries",
         description=(
-            "Predict a swarm peer's wall time to a target accuracy against training alone (A_N: as many rows a step "
-            "as the peer trains on; A_N/P: the peer's own generation; and the better of the two), with a range and a "
-            "verdict. The hardware factors come from the runs given: exactly one swarm peer's output dir, and "
-            "optionally alone runs of the same model and task generating P x B rows a step (measures f and s) and "
-            "B rows (measures q); what is not measured is assumed and says so. The learning factors phi (a peer "
-            "row's value relative to an own row) and beta (steps alone with B rows / steps alone with P x B) are "
-            "given as an estimate and optionally an interval. See docs/when-it-pays.md."
+            "Given a launcher run directory (one with summary.json, run with `controls: [alone, alone-rows]`): for "
+            "each swarm peer, how long its controls took to a target accuracy against it, phi and beta, and the "
+            "predicted wall-time ratio from that run's own measurements; intervals over seeds where the config "
+            "had `seeds:`. Given run output dirs instead: exactly one swarm peer's, and optionally alone runs of the "
+            "same model and task generating P x B rows a step (A_N) and B rows (A_N/P), with phi and beta given; "
+            "every factor not measured is assumed and said so, and then no verdict is given. See "
+            "docs/when-it-pays.md."
         ),
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (or its ftis_summary.json)")
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
+                        help="a launcher run directory, or runs' output_dirs (or their ftis_summary.json)")  # fmt: skip
     parser.add_argument("--phi", nargs="+", type=float, metavar="X",
                         help="phi: an estimate, or an estimate and its interval (EST LOW HIGH)")  # fmt: skip
     parser.add_argument("--beta", nargs="+", type=float, metavar="X",
@@ -227,7 +229,7 @@ def _add_pays(subparsers) -> None:
     parser.add_argument("--partners", choices=["copy", "hetero"],
                         help="take phi and beta (those not given) from this library's own measurement at P = 2 or 4: "
                         "copy = copies of one model, hetero = a learner fed by smaller partners' rows (tiny models "
-                        "on carry chains; docs/benchmarks.md section 17.4)")  # fmt: skip
+                        "on carry chains; docs/benchmarks.md section 17.4); assumed for your task, so no verdict")  # fmt: skip
     parser.add_argument("--peers", type=int, default=None, metavar="P",
                         help="the swarm's size P (default: the peer's rows trained / own rows generated, rounded)")  # fmt: skip
     parser.set_defaults(func=_run_pays)
@@ -245,11 +247,19 @@ def _interval(name: str, values: list[float]) -> tuple[float, float, float]:
 
 
 def _run_pays(args: argparse.Namespace) -> int:
-    from . import pays
+    from . import pays, worth_report
 
     try:
+        if len(args.runs) == 1 and worth_report.is_launcher_run(args.runs[0]):
+            if args.phi is not None or args.beta is not None or args.partners is not None:
+                raise ValueError("a launcher run measures phi and beta itself: drop --phi, --beta and --partners")
+            print(worth_report.launcher_run_report(args.runs[0]))
+            return 0
         if args.partners is None and (args.phi is None or args.beta is None):
-            raise ValueError("give --phi and --beta, or --partners copy|hetero for the values measured here")
+            raise ValueError(
+                "give --phi and --beta, or --partners copy|hetero for the values measured here (or a launcher run "
+                "directory with controls, which measures them)"
+            )
         hardware, _ = pays.factors_from_summaries(args.runs, peers=args.peers)
         measured = pays.measured_learning(args.partners, hardware.peers) if args.partners else {}
         phi = _interval("phi", args.phi) if args.phi is not None else measured["phi"]
@@ -259,8 +269,8 @@ def _run_pays(args: argparse.Namespace) -> int:
         taken = [name for name in ("phi", "beta") if getattr(args, name) is None]
         if taken:
             print(f"{' and '.join(taken)} as measured here for --partners {args.partners} at P = {hardware.peers} "
-                  "(tiny models on carry chains; your own task may differ)")  # fmt: skip
-        print(pays.format_report(hardware, phi, beta))
+                  "(tiny models on carry chains; assumed for your task)")  # fmt: skip
+        print(pays.format_report(hardware, phi, beta, assumed_learning=taken))
     except ValueError as error:
         print(f"trl-ftis pays: {error}", file=sys.stderr)
         return 2

@@ -286,7 +286,7 @@ def test_several_mistakes_are_reported_at_once_with_locations():
     errors = info.value.errors
     expected = [
         "top level: unknown key `exchnage_url` (allowed: script, launcher, exchange_url, run_dir, args, env, slurm, "
-        "redis, on_failure, controls, peers); did you mean `exchange_url`?",
+        "redis, on_failure, controls, seeds, peers); did you mean `exchange_url`?",
         "top level: `args.lr` must be a string, number, boolean, null or a list of those, got dict",
         "top level: unknown key `slurm.gpus_per_node` (allowed: nodes, gpus, cpus, mem, time, partition, account, "
         "extra, setup); did you mean `slurm.gpus`?",

@@ -23,11 +23,14 @@ from collections.abc import Callable
 from typing import TextIO
 
 from ..rules import redact_text
+from ..worth_report import record_in_peer_outputs, run_reading
 from .backend import Backend, Console, Outcome, Signals, short_error
-from .commands import SECRET_ARGS, is_secret_name, new_run_id, record_run_id
+from .commands import SECRET_ARGS, is_secret_name, new_run_id, peer_output_dir, record_run_id
 from .local import LocalBackend
 from .preflight import before_start, secret_warnings
+from .restarts_merge import merge_restarts
 from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
+from .seeds import run_seeds, seed_config
 from .slurm import SlurmBackend
 from .summary import earlier_rows, report_summary, summary_rows
 
@@ -50,6 +53,12 @@ def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:
     # What a real run warns about too (no Redis check here).
     for warning in secret_warnings(config, is_secret_name, SECRET_ARGS):
         stream.write(f"# warning: {redact_text(warning)}\n")
+    if config.seeds:
+        stream.write(
+            f"# seeds {', '.join(map(str, config.seeds))}: the whole swarm runs once per seed, in "
+            f"{config.run_dir}/seed-N with every peer's --seed N; shown: seed {config.seeds[0]}\n"
+        )
+        config = seed_config(config, config.seeds[0])
     if config.run_id is None:
         config = dataclasses.replace(config, run_id="<drawn at start>")
     backend_for(config).dry_run(stream)
@@ -73,6 +82,14 @@ def run_swarm(config: SwarmConfig, *, grace: float = 10.0, stream: TextIO | None
         print(f"warning: {redact_text(warning)}", file=sys.stderr)
     if problems:
         raise SwarmConfigError("cannot start the swarm:\n" + "\n".join(f"  - {p}" for p in problems), problems)
+    if config.seeds:  # the whole swarm once per seed, then the seeds read together
+        console = Console(sys.stdout if stream is None else stream, [peer.id for peer in config.peers])
+
+        def run_one(one: SwarmConfig) -> int:
+            one = dataclasses.replace(one, run_id=new_run_id())
+            return drive(backend_for(one), one, grace=grace, stream=stream)
+
+        return run_seeds(config, run_one, say=console.say)
     if config.run_id is None:  # a new run: messages of earlier ones (left in the exchange, or replayed) are refused
         config = dataclasses.replace(config, run_id=new_run_id())
     return drive(backend_for(config), config, grace=grace, stream=stream)
@@ -140,5 +157,12 @@ def drive(backend: Backend, config: SwarmConfig, *, grace: float = 10.0, stream:
         **backend.summary_fields(),
         "peers": rows,
     }
+    if config.seed is None:  # one seed of several is read with the others (`seeds.run_seeds`)
+        summary = {**{k: v for k, v in summary.items() if k != "peers"}, "joining": run_reading([rows]), "peers": rows}
+        for problem in record_in_peer_outputs(
+            {peer.id: peer_output_dir(config, peer.id) for peer in config.peers}, summary["joining"]
+        ):
+            console.say(f"could not keep the reading: {problem}")
+    summary = merge_restarts(config.run_dir, summary, backend.states())  # a later --only restart's rows win
     report_summary(config.run_dir, summary, say=console.say, emit=console.emit)
-    return outcome.code
+    return summary["exit_code"]

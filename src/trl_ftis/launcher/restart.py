@@ -122,6 +122,12 @@ def restart_config(
     an unknown peer id, or for `only` in a swarm whose exchange is a launcher-started Redis job. `config` itself is
     left as it is."""
     said = []
+    if config.seeds and (only or resume):
+        raise SwarmConfigError(
+            "--only and --resume restart peers of one run, and this config runs one per seed (`seeds:`): to restart "
+            "peers of one seed, give a config without `seeds:` and `--run-dir <run_dir>/seed-N` (each peer with "
+            "`seed: N` in its args)"
+        )
     if only:
         config = _select(config, only)
         # Join the run the others are in: their messages are bound to it. With none recorded (a run of an earlier

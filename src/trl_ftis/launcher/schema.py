@@ -60,6 +60,7 @@ from .schema_values import (
     raw_args,
     run_dir_problem,
     run_dir_value,
+    seeds_value,
     top_launcher_value,
     top_level,
 )
@@ -293,6 +294,11 @@ class SwarmSpec(Spec):
     controls: Annotated[list[str], BeforeValidator(controls_value)] = Field(
         default_factory=list, description="alone | alone-rows: each peer's configuration run again without peers"
     )
+    seeds: Annotated[list[int], BeforeValidator(seeds_value)] = Field(
+        default_factory=list,
+        description="run the whole swarm (and its controls) once per seed, each peer with `--seed N`, each seed in "
+        "`<run_dir>/seed-N`; the end reads the seeds together (intervals over seeds)",
+    )
     peers: Annotated[list[PeerSpec], BeforeValidator(_peers_list)]
 
     @field_validator("redis")
@@ -392,6 +398,8 @@ class SwarmConfig:
     redis: RedisJobConfig | None = None
     on_failure: str = "stop"  # `ON_FAILURE`: whether a peer that fails stops the others
     not_started: tuple[str, ...] = ()  # peers of the config this launcher leaves alone (`--only`, `restart.py`)
+    seeds: tuple[int, ...] = ()  # `seeds:`: the swarm runs once per seed (`seeds.py`); () runs it once as written
+    seed: int | None = None  # the seed this config runs, when it is one of several (`seeds.seed_config`)
     # Every peer's FTIS_SWARM_RUN (`commands.RUN_ID_FILE`): None, run_swarm draws one; "", no run binding.
     run_id: str | None = None
 
@@ -551,4 +559,5 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
         scheduler=top.scheduler,
         redis=redis_job,
         on_failure=spec.on_failure,
+        seeds=tuple(spec.seeds),
     )

@@ -269,6 +269,21 @@ def on_failure_value(value: Any) -> str:
     return value
 
 
+MAX_SEEDS = 100  # seeds of one launcher run: each runs the whole swarm and its controls once
+
+
+def seeds_value(value: Any) -> list[int]:
+    """`seeds:`: distinct non-negative integers, each run as one whole swarm (every peer's `--seed`)."""
+    if value is None:
+        return []
+    ok = isinstance(value, list) and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in value)
+    if not ok or not 1 <= len(value) <= MAX_SEEDS:
+        raise bad(f"must be a list of 1 to {MAX_SEEDS} integers in [0, 2**31), got {value!r:.80}")
+    if len(set(value)) != len(value):
+        raise bad(f"lists a seed twice: {value!r:.80}")
+    return list(value)
+
+
 def controls_value(value: Any) -> list[str] | None:
     if value is None:
         return None

@@ -16,6 +16,8 @@ from typing import Any
 
 from .. import rules
 from ..exchange_report import SECRET_REASONS, exchange_problem, finite_number, reason_counts, total_count
+from ..joining import arm_record
+from ..worth_report import overall_line
 from .backend import PeerState
 from .commands import keep_earlier
 
@@ -218,6 +220,7 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         curve = data.get("curve") if data is not None else None
         if isinstance(curve, list) and len(curve) <= 1000:  # bounded: another process's file
             row["curve"] = curve
+        row["run"] = _arm_record(data)
         # A control, or a peer that trained without an exchange (its own summary says so), is alone on purpose: no
         # exchange warning ("accepted no peer rows") for it.
         in_swarm = state.command.control_of is None and (data or {}).get("exchange_url", "") is not None
@@ -229,6 +232,17 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
         if control_of in items and row["id"] in items and control_of in peers:
             row["vs_peer"] = paired_difference(items[control_of], items[row["id"]])
     return rows
+
+
+def _arm_record(data: dict | None) -> dict | None:
+    """The peer's steps, step-time split and held-out evaluations, compact (`trl_ftis.joining.arm_record`), which
+    `trl_ftis.worth_report` reads; None when its summary holds no training (or is malformed)."""
+    if data is None:
+        return None
+    try:
+        return arm_record(data)
+    except ValueError:
+        return None
 
 
 def _is_items(value: Any) -> bool:
@@ -265,14 +279,12 @@ def control_lines(rows: list[dict]) -> list[str]:
         if not compared:
             continue
         d, se, n = compared["difference"], compared["se"], compared["n"]
-        if not compared["beyond_2se"]:
-            verdict = "not distinguishable (within 2 standard errors)"
-        else:
-            verdict = "the swarm peer ahead" if d > 0 else "the swarm peer behind"
-            verdict += " beyond 2 standard errors (one run: a hint, not a verdict)"
+        # One run's standard error is the evaluation's noise only: training noise (another seed) can move each arm
+        # by more, so no "ahead" or "behind" here; `seeds:` gives intervals over seeds (`trl_ftis.worth_report`).
         lines.append(
             f"{row['control_of']} vs {row['id']}: accuracy after {accuracy(by_id.get(row['control_of'], {}))} vs "
-            f"{accuracy(row)}, difference {d:+.3f} (SE {se:.3f}, paired over {n} problems): {verdict}"
+            f"{accuracy(row)}, difference {d:+.3f} (SE {se:.3f} paired over {n} problems: evaluation noise only, "
+            "one run)"
         )
     return lines
 
@@ -334,8 +346,11 @@ def format_summary_table(rows: list[dict]) -> str:
 
 def wait_hint(rows: list[dict]) -> str | None:
     """A line for a swarm whose peers waited much of their time on each other because their speeds differ: then
-    `exchange_mode: free` lets each train at its own speed. None otherwise (or when the times are unknown)."""
+    `exchange_mode: free` lets each train at its own speed. None otherwise, when the times are unknown, or when a
+    peer failed or was restarted (the wait is then the restart's, not the speeds')."""
     peers = [row for row in rows if row.get("control_of") is None]
+    if any(_interrupted(row) for row in peers):
+        return None  # the others waited for a peer that failed or was restarted, whatever the speeds
     waited = [row for row in peers if (finite_number(row.get("wait_share")) or 0.0) >= WAIT_HINT_SHARE]
     per_step = [
         train / steps
@@ -350,6 +365,12 @@ def wait_hint(rows: list[dict]) -> str | None:
         f"({min(per_step):.2g} to {max(per_step):.2g} s a step): `exchange_mode: free` lets each peer train at its "
         "own speed on the rows that have arrived (docs/swarm.md)"
     )
+
+
+def _interrupted(row: dict) -> bool:
+    """Whether a peer's run was cut short: it failed (or failed to start), a later launcher restarted it, or its row
+    was carried over from an earlier launcher's summary (the launcher restarted the others with `--only`)."""
+    return str(row.get("status", "")).startswith("failed") or bool(row.get("restarted") or row.get("earlier"))
 
 
 MAX_SUMMARY_BYTES = 16 * 2**20  # an earlier summary.json larger than this is not read
@@ -396,14 +417,24 @@ def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
         say(f"could not write {path}: {exc}")
     emit("")
     emit(format_summary_table(summary["peers"]))
-    if any(row.get("curve") for row in summary["peers"]):
+    if any(row.get("curve") or row.get("run") for row in summary["peers"]):
         from .curves import plot_curves
 
+        title = overall_line(summary.get("joining") or {}) or "each peer beside its controls (one run)"
         try:
-            why = plot_curves(Path(run_dir) / "curves.png", summary["peers"])
+            why = plot_curves(Path(run_dir) / "curves.png", summary["peers"], title=title)
         except Exception as exc:  # noqa: BLE001 - a picture must never cost the summary
             why = f"{type(exc).__name__}: {exc}"
         say(f"curves in {Path(run_dir) / 'curves.png'}" if why is None else f"no curves.png: {why}")
+    reading = summary.get("joining") or {}
+    if reading.get("peers"):
+        say("what joining was worth (this run against its controls):")
+        for entry in reading["peers"].values():
+            for line in entry["lines"]:
+                say(line)
+        overall = overall_line(reading)
+        if overall:
+            say(overall)
     warnings = exchange_warnings(summary["peers"])
     for line in warnings:
         say(line)
