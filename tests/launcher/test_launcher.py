@@ -9,6 +9,7 @@ import io
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -414,12 +415,12 @@ def test_real_run_streams_logs_and_writes_summary(tmp_path, pid_dir, monkeypatch
     assert "swarm-secret-xyz" not in text
 
     table = text[text.index("peer   ") :]
-    header = table.splitlines()[0].split()
+    header = re.split(r"\s{2,}", table.splitlines()[0].strip())  # columns are 2 spaces apart; `ess rows` is one
     assert header == ["peer", "status", "exit", "wall", *(name for name, _ in TABLE_COLUMNS)]
     rows_text = [line for line in table.splitlines()[:5]]  # the header, its rule and the three peers
     assert max(len(line) for line in rows_text) <= 120, rows_text  # fits a 120-column terminal
     alpha_row = next(line for line in table.splitlines() if line.startswith("alpha"))
-    # `drop` sums the peer's counts by reason; `gen` and `worth` are the ledger's, read from nested entries of the
+    # `drop` sums the peer's counts by reason; `gen` and `ess rows` are the ledger's, read from nested entries of the
     # peer's summary file (all the fields are in summary.json).
     assert alpha_row.split()[:2] == ["alpha", "ok"]
     assert alpha_row.split()[-10:] == ["20", "160", "320", "300", "20", "0.8125", "25%", "-", "150", "-"]
