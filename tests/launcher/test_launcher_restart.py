@@ -467,9 +467,83 @@ def test_a_failed_peer_restarts_with_only_while_the_others_keep_training(tmp_pat
     finally:
         if full.poll() is None:
             full.kill()
-    assert full.returncode == 1, output  # the full run saw its flaky peer fail
+    # The full run saw its flaky peer fail, but ended after the restart had finished it: its summary is the swarm's,
+    # with the restart's row for flaky, and the run succeeded.
+    assert full.returncode == 0, output
     assert "peer steady finished (exit code 0)" in output and "the others go on" in output
     assert "done steady" in (logs / "steady.log").read_text()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    rows = {row["id"]: row for row in summary["peers"]}
+    assert (rows["flaky"]["status"], rows["steady"]["status"]) == ("ok", "ok")
+    assert rows["flaky"]["restarted"] and "restarted by a later launcher (--only)" in rows["flaky"]["note"]
+    assert summary["exit_code"] == 0 and summary["reason"].startswith("all peers finished (flaky: restarted")
+    kept = json.loads((tmp_path / "run" / "summary.json.1").read_text())  # the restart's own summary, kept
+    assert [row["id"] for row in kept["peers"] if not row.get("earlier")] == ["flaky"]
+
+
+def _state(peer_id: str, started_at: float, status: str = "ok"):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(command=SimpleNamespace(id=peer_id), started_at=started_at, status=status)
+
+
+def _row(peer_id: str, status: str = "ok", **fields):
+    return {"id": peer_id, "status": status, "exit_code": 0 if status == "ok" else -9, "note": None, **fields}
+
+
+def test_a_launcher_ending_last_keeps_the_rows_of_the_peers_a_later_launcher_restarted(tmp_path):
+    """b died at its step 150 and `--only b --resume`, started later, finished it and wrote summary.json: the first
+    launcher's summary takes that row for b and ends 0, instead of "failed: b"."""
+    from trl_ftis.launcher.restarts_merge import RESTARTED_NOTE, merge_restarts
+
+    restart = {"peers": [_row("b", steps=300, started_at=2000.0), _row("a", earlier=True, started_at=500.0)]}
+    (tmp_path / "summary.json").write_text(json.dumps(restart))
+    summary = {"exit_code": 1, "reason": "all peers ended; failed: b", "peers": [_row("a"), _row("b", "failed")]}
+    merged = merge_restarts(tmp_path, summary, [_state("a", 1000.0), _state("b", 1000.0, "failed")])
+    rows = {row["id"]: row for row in merged["peers"]}
+    assert rows["a"]["started_at"] == 1000.0 and "restarted" not in rows["a"]  # the restart's carried row is older
+    assert rows["b"]["steps"] == 300 and rows["b"]["restarted"] and rows["b"]["note"] == RESTARTED_NOTE
+    assert (merged["exit_code"], merged["reason"]) == (0, "all peers finished (b: restarted by a later launcher)")
+
+
+def test_nothing_newer_leaves_the_summary_as_it_was_with_each_row_stamped(tmp_path):
+    from trl_ftis.launcher.restarts_merge import merge_restarts
+
+    summary = {"exit_code": 1, "reason": "all peers ended; failed: b", "peers": [_row("a"), _row("b", "failed")]}
+    states = [_state("a", 1000.0), _state("b", 1000.0, "failed")]
+    for existing in (None, "not json", json.dumps({"peers": [_row("b", started_at=900.0)]})):
+        if existing is not None:
+            (tmp_path / "summary.json").write_text(existing)
+        merged = merge_restarts(tmp_path, summary, states)
+        assert (merged["exit_code"], merged["reason"]) == (1, "all peers ended; failed: b")
+        assert [row["started_at"] for row in merged["peers"]] == [1000.0, 1000.0]
+        assert not any(row.get("restarted") for row in merged["peers"])
+
+
+def test_a_launcher_that_stopped_its_peers_keeps_its_own_reason(tmp_path):
+    """Interrupted (or stopping the others after a failure): the newer row is shown, the outcome stays this run's."""
+    from trl_ftis.launcher.restarts_merge import merge_restarts
+
+    (tmp_path / "summary.json").write_text(json.dumps({"peers": [_row("b", started_at=2000.0)]}))
+    peers = [_row("a", "stopped"), _row("b", "failed")]
+    summary = {"exit_code": 130, "reason": "interrupted by SIGINT", "peers": peers}
+    merged = merge_restarts(tmp_path, summary, [_state("a", 1000.0, "stopped"), _state("b", 1000.0, "failed")])
+    assert (merged["exit_code"], merged["reason"]) == (130, "interrupted by SIGINT")
+    assert merged["peers"][1]["restarted"]
+
+
+def test_no_speed_hint_when_a_peer_failed_or_was_restarted():
+    """A peer killed and restarted makes the others wait for it: that is not a difference of speeds."""
+    from trl_ftis.launcher.summary import wait_hint
+
+    def row(peer, wait_share, train_s, **fields):
+        return {"id": peer, "status": "ok", "wait_share": wait_share, "train_s": train_s, "steps": 10, **fields}
+
+    fast, slow = row("fast", 0.4, 12.0), row("slow", 0.02, 30.0)
+    assert wait_hint([fast, slow]) is not None
+    assert wait_hint([fast, {**slow, "status": "failed"}]) is None
+    assert wait_hint([fast, {**slow, "restarted": True}]) is None
+    assert wait_hint([{**fast, "earlier": True}, slow]) is None  # a restart's summary: the other peer's old row
 
 
 # ----------------------------------------------------------------------------------------------------------------
