@@ -34,8 +34,8 @@ demo: $(VENV)/.demo-installed
 demo-tiny: install
 	$(PY) examples/quick_demo.py $(ARGS)
 
-# Two tiny peers beside their controls (the same configurations trained alone): about two minutes on 2 CPU cores; the
-# table at the end puts each peer's accuracy next to its control's.
+# Two tiny peers beside their two controls (each configuration trained alone on its own rows and on the swarm's rows a
+# step), three seeds: a few minutes on 2 CPU cores; the end reads the seeds together (what joining was worth).
 demo-controls: install
 	$(VENV)/bin/trl-ftis swarm examples/swarms/tiny_controls.yaml $(ARGS)
 

@@ -118,9 +118,31 @@ class TinyPeerArguments:
             "start-up takes on a busy machine; it gives up after 15 minutes (unset: at once)."
         },
     )
+    start_together: bool = field(
+        default=False,
+        metadata={
+            "help": "Once the model is built, wait until every peer of --expected_peers has built its own (ready "
+            "files in this run's folder, the parent of --output_dir): a lock-step swarm's first round then does not "
+            "count a partner's start-up (its warm-up) as this peer's training time, which a comparison of times to "
+            "an accuracy against controls would otherwise charge to the swarm; gives up after 15 minutes. A peer "
+            "without expected peers (a control) starts at once."
+        },
+    )
 
 
-START_FILE_PATIENCE = 900  # seconds a peer waits for its `start_file`
+START_FILE_PATIENCE = 900  # seconds a peer waits for its `start_file` or its partners
+
+
+def wait_for_partners(output_dir: str, peer_id: str, expected: list[str]) -> None:
+    """`--start_together`: mark this peer ready in the run folder and wait until every expected peer is."""
+    folder = Path(output_dir).resolve().parent / ".start-together"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{peer_id}.ready").touch()
+    deadline = time.monotonic() + START_FILE_PATIENCE  # a partner that died never leaves this peer waiting forever
+    while not all((folder / f"{other}.ready").exists() for other in expected):
+        if time.monotonic() > deadline:
+            sys.exit(f"the expected peers were not all ready within {START_FILE_PATIENCE} s: not training")
+        time.sleep(0.05)
 
 
 class StepDelay(TrainerCallback):
@@ -188,6 +210,8 @@ def main() -> None:
         )
     if peer_args.start_at > time.time():
         time.sleep(peer_args.start_at - time.time())
+    if peer_args.start_together and training_args.expected_peers:
+        wait_for_partners(training_args.output_dir, training_args.peer_id, list(training_args.expected_peers))
     if peer_args.start_file:
         Path(f"{peer_args.start_file}.{training_args.peer_id}.ready").touch()
         deadline = time.monotonic() + START_FILE_PATIENCE  # a starter that died never leaves this peer waiting forever
