@@ -1,8 +1,10 @@
 """One swarm peer training a tiny local model on 2-digit addition; start several with different sizes.
 
     export FTIS_SWARM_RUN=run-1  # one id for every peer of this run, a new one for the next run
-    python examples/tiny_peer.py --peer_id big --hidden_size 64 --exchange_url dir:///tmp/swarm --output_dir runs/big
-    python examples/tiny_peer.py --peer_id small --hidden_size 32 --exchange_url dir:///tmp/swarm --output_dir runs/small
+    python examples/tiny_peer.py --peer_id big --hidden_size 64 --exchange_url dir:///tmp/swarm --output_dir runs/big \
+        --expected_peers big small
+    python examples/tiny_peer.py --peer_id small --hidden_size 32 --exchange_url dir:///tmp/swarm \
+        --output_dir runs/small --expected_peers big small
     python examples/tiny_peer.py --peer_id lora --use_peft --lora_target_modules q_proj v_proj ...
 
 or all at once: `trl-ftis swarm examples/swarms/tiny.yaml`. Every FTISConfig / GRPOConfig option is a flag

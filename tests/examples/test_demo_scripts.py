@@ -91,3 +91,33 @@ def test_tiny_peer_runs_on_a_cpu_only_machine_without_device_flags_and_prints_st
     assert done.returncode == 0, output[-3000:]
     assert "step 1/2  reward" in output and "step 2/2  reward" in output
     assert "{'loss'" not in output and "FutureWarning" not in output
+
+
+def test_tiny_peers_start_training_together_once_every_expected_peer_is_built(tmp_path, monkeypatch):
+    """`tiny_peer --start_together`: a swarm peer waits for its partners' ready files in the run folder (the parent of
+    its output dir), so that a lock-step first round does not charge a partner's start-up to its training clock."""
+    import importlib.util
+    import sys
+    import threading
+
+    spec = importlib.util.spec_from_file_location("example_tiny_peer", ROOT / "examples" / "tiny_peer.py")
+    tiny_peer = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, tiny_peer)  # its dataclasses look their module up there
+    spec.loader.exec_module(tiny_peer)
+    run = tmp_path / "run"
+    started = threading.Event()
+
+    def peer_a():
+        tiny_peer.wait_for_partners(str(run / "a"), "a", ["a", "b"])
+        started.set()
+
+    waiting = threading.Thread(target=peer_a)
+    waiting.start()
+    assert not started.wait(0.3)  # b is not built yet: a waits
+    tiny_peer.wait_for_partners(str(run / "b"), "b", ["a", "b"])  # b is the last one: it goes at once
+    waiting.join(timeout=30)
+    assert started.is_set()
+    assert sorted(p.name for p in (run / ".start-together").iterdir()) == ["a.ready", "b.ready"]
+    monkeypatch.setattr(tiny_peer, "START_FILE_PATIENCE", 0.1)  # a partner that never comes: give up, do not hang
+    with pytest.raises(SystemExit, match="not all ready"):
+        tiny_peer.wait_for_partners(str(tmp_path / "other" / "a"), "a", ["a", "ghost"])
