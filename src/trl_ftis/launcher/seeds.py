@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
-from ..worth_report import overall_line, record_in_peer_outputs, run_reading
-from .commands import keep_earlier, peer_output_dir
+from ..worth_report import record_in_peer_outputs, run_reading
+from .commands import peer_output_dir
 from .schema import SwarmConfig
+from .summary import say_reading, write_summary_file
 
 __all__ = ["SEED_DIR", "read_seed_summaries", "run_seeds", "seed_config"]
 
@@ -93,23 +94,13 @@ def run_seeds(config: SwarmConfig, run_one: Callable[[SwarmConfig], int], *, say
         ],
         "joining": reading,
     }
-    path = config.run_dir / "summary.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        keep_earlier([path])
-        path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    except OSError as exc:
-        say(f"could not write {path}: {exc}")
+    path = write_summary_file(config.run_dir, summary, say=say)
     for seed in ran:  # each seed's peers keep the reading over every seed in their summary and model card
         one = seed_config(config, seed)
         for problem in record_in_peer_outputs({p.id: peer_output_dir(one, p.id) for p in one.peers}, reading):
             say(f"could not keep the reading: {problem}")
-    say(f"what joining was worth, read over {len(rows)} seed{'s' if len(rows) != 1 else ''}:")
-    for entry in reading["peers"].values():
-        for line in entry["lines"]:
-            say(line)
-    overall = overall_line(reading)
-    if overall:
-        say(overall)
+    say_reading(
+        reading, f"what joining was worth, read over {len(rows)} seed{'s' if len(rows) != 1 else ''}:", say=say
+    )
     say(f"{reason}; exit code {code}; summary in {path}")
     return code

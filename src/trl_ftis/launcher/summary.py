@@ -35,8 +35,10 @@ __all__ = [
     "read_peer_file",
     "read_peer_summary",
     "report_summary",
+    "say_reading",
     "summary_rows",
     "wait_hint",
+    "write_summary_file",
 ]
 
 SUMMARY_FIELDS = (
@@ -402,12 +404,9 @@ def earlier_rows(run_dir: Path, ids: list[str]) -> list[dict]:
     return rows
 
 
-def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
-    """Write `summary` (its `peers` are the table's rows) to `run_dir/summary.json`, then print the summary table, one
-    `[swarm] warning: ...` line per peer whose exchange went wrong (`exchange_warnings`) and the swarm's last line
-    (`say`: the launcher's own lines, `emit`: plain output). An earlier run's `summary.json` is kept, renamed to
-    `summary.json.<N>` (`commands.keep_earlier`). A summary that cannot be written is said, not raised: the peers'
-    exit codes decide the launcher's; warnings never change the exit code either."""
+def write_summary_file(run_dir: Path, summary: dict, *, say) -> Path:
+    """Write `summary` to `run_dir/summary.json`, an earlier one kept as `summary.json.<N>`
+    (`commands.keep_earlier`); a file that cannot be written is said, not raised. Returns its path."""
     path = Path(run_dir) / "summary.json"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -415,6 +414,28 @@ def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
         path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     except OSError as exc:
         say(f"could not write {path}: {exc}")
+    return path
+
+
+def say_reading(reading: dict, heading: str, *, say) -> None:
+    """Say what joining was worth (`trl_ftis.worth_report.run_reading`): `heading`, each peer's lines, the overall
+    line."""
+    say(heading)
+    for entry in reading["peers"].values():
+        for line in entry["lines"]:
+            say(line)
+    overall = overall_line(reading)
+    if overall:
+        say(overall)
+
+
+def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
+    """Write `summary` (its `peers` are the table's rows) to `run_dir/summary.json`, then print the summary table, one
+    `[swarm] warning: ...` line per peer whose exchange went wrong (`exchange_warnings`) and the swarm's last line
+    (`say`: the launcher's own lines, `emit`: plain output). An earlier run's `summary.json` is kept, renamed to
+    `summary.json.<N>` (`commands.keep_earlier`). A summary that cannot be written is said, not raised: the peers'
+    exit codes decide the launcher's; warnings never change the exit code either."""
+    path = write_summary_file(run_dir, summary, say=say)
     emit("")
     emit(format_summary_table(summary["peers"]))
     if any(row.get("curve") or row.get("run") for row in summary["peers"]):
@@ -428,13 +449,7 @@ def report_summary(run_dir: Path, summary: dict, *, say, emit) -> None:
         say(f"curves in {Path(run_dir) / 'curves.png'}" if why is None else f"no curves.png: {why}")
     reading = summary.get("joining") or {}
     if reading.get("peers"):
-        say("what joining was worth (this run against its controls):")
-        for entry in reading["peers"].values():
-            for line in entry["lines"]:
-                say(line)
-        overall = overall_line(reading)
-        if overall:
-            say(overall)
+        say_reading(reading, "what joining was worth (this run against its controls):", say=say)
     warnings = exchange_warnings(summary["peers"])
     for line in warnings:
         say(line)
