@@ -1,0 +1,52 @@
+"""Numbers the guides quote from raw files are the raw files' numbers: the worked example of what joining was worth
+(docs/when-it-pays.md, README), the wall-time experiment's record count and step ratio."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def console_lines(path: Path) -> set[str]:
+    """The raw output's lines without the launcher's `[swarm]` prefix, whitespace collapsed."""
+    return {" ".join(re.sub(r"^\[[\w-]+\]\s+", "", line).split()) for line in path.read_text().splitlines()}
+
+
+def test_the_worked_example_is_the_recorded_demo_controls_run():
+    raw = console_lines(RESULTS / "launcher-tiny-controls.txt")
+    again = console_lines(RESULTS / "pays-launcher-tiny-controls.txt")
+    guide = (ROOT / "docs" / "when-it-pays.md").read_text()
+    example = guide[guide.index("**A worked example: `make demo-controls`**") :]
+    block = example[example.index("```text\n") + 8 : example.index("```", example.index("```text\n") + 8)]
+    quoted = [" ".join(line.split()) for line in block.splitlines() if line.strip()]
+    shortened = [line for line in quoted if "(all measured)" in line]  # the factors, one line each in the output
+    assert len(shortened) == 1
+    for line in quoted:
+        if line in shortened:
+            factors = [part.strip() for part in line.split("(all measured)")[0].split(",")]
+            assert len(factors) == 7  # f, s, r, q, g, t and the step ratio
+            for factor in factors:
+                assert any(known.startswith(f"{factor} ") for known in raw), factor
+            continue
+        assert line in raw, line
+        assert line in again or line.startswith("joining, "), line  # `trl-ftis pays RUN_DIR` says the same
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "φ was 0.27 [−0.30, 1.46] for the big peer and −0.17 [−0.67, 0.29] for the small one" in readme
+    assert "phi = 0.27 [-0.30, 1.46]" in " ".join(raw) and "phi = -0.17 [-0.67, 0.29]" in " ".join(raw)
+
+
+def test_the_wall_time_experiments_quoted_counts_and_step_ratio():
+    records = [json.loads(line) for line in (RESULTS / "peer_gain_wall-grid.jsonl").read_text().splitlines() if line]
+    kinds = [record["kind"] for record in records]
+    assert (kinds.count("checkpoint"), kinds.count("run"), kinds.count("warm")) == (3616, 32, 1)
+    benchmarks = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert "3,616 checkpoint records" in benchmarks and "3,649 snapshot" not in benchmarks
+    summary = (RESULTS / "peer_gain_wall-grid.txt").read_text()
+    assert "step_ratio: 1.069 [1.030, 1.108] over 8 seeds" in summary
+    assert "step ratio swarm / A_N = 0.968" in summary
+    guide = " ".join((ROOT / "docs" / "when-it-pays.md").read_text().split())
+    assert "1.069 [1.030, 1.108]" in guide and "0.968" in guide
