@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .joining import ArmRun, hardware_factors
 from .rules import SUMMARY_FILE
 
 __all__ = [
@@ -288,9 +289,7 @@ def read_summary(path: str | Path) -> dict[str, Any]:
     }
 
 
-def _arm(run: Mapping[str, Any]):
-    from .joining import ArmRun
-
+def _arm(run: Mapping[str, Any]) -> ArmRun:
     return ArmRun(
         steps=run["steps"],
         step_seconds=run["step"],
@@ -308,8 +307,6 @@ def factors_from_summaries(paths: Iterable[str | Path], peers: int | None = None
 
     From the swarm peer alone: r (exchange / step), B (own rows a step) and P (rows trained / own rows, rounded;
     `peers` overrides it). Returns the factors and what was read (`runs`, `assumed`)."""
-    from .joining import hardware_factors
-
     runs = [read_summary(p) for p in paths]
     swarm = [run for run in runs if run["peer_rows"] > 0]
     alone = [run for run in runs if run["peer_rows"] == 0]
