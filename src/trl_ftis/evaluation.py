@@ -70,9 +70,6 @@ class HeldOutEvaluation(TrainerCallback):
         finally:
             model.train(training)
         score = sum(items) / len(items) if items else 0.0
-        if self.history and self.history[-1][0] == step:  # a checkpoint at an `every` step: one evaluation a step
-            self.history.pop()
-            self.evaluations.pop()
         self.history.append((step, score))
         seconds = None if self.clock is None else round(float(self.clock()), 6)
         bits = "".join("1" if item else "0" for item in items)
@@ -86,17 +83,21 @@ class HeldOutEvaluation(TrainerCallback):
             self._run(model, state.global_step)
             self.before = self.history[-1][1]
 
+    def _evaluated_at(self, step: int) -> bool:
+        """Whether the last evaluation was at `step` (a checkpoint or the end at an `every` step: one a step)."""
+        return bool(self.history) and self.history[-1][0] == step
+
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if model is not None and self.every is not None and state.global_step % self.every == 0:
             self._run(model, state.global_step)
 
     def on_save(self, args, state, control, model=None, **kwargs):
-        if model is not None and not (self.history and self.history[-1][0] == state.global_step):
+        if model is not None and not self._evaluated_at(state.global_step):
             self._run(model, state.global_step)
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         if model is not None:
-            if self.history and self.history[-1][0] == state.global_step:  # evaluated at this step already
+            if self._evaluated_at(state.global_step):
                 self.items_after = [int(bit) for bit in self.evaluations[-1]["items"]]
             else:
                 self.items_after = self._run(model, state.global_step)
