@@ -129,13 +129,13 @@ def arm_run(summary: Mapping) -> ArmRun:
     what is missing or malformed (another process's file: nothing in it is trusted)."""
     if not isinstance(summary, Mapping):
         raise ValueError("a run summary must be a JSON object")  # noqa: TRY004 - one error type for every bad file
+    steps = summary.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 < steps < 2**53:
+        raise ValueError("'steps' is not a positive integer (did the run train?)")
     if "per_step" in summary:  # arm_record's form
         per_step = summary["per_step"]
         if not isinstance(per_step, Mapping):
             raise ValueError("'per_step' is not an object")
-        steps = summary.get("steps")
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 < steps < 2**53:
-            raise ValueError("'steps' is not a positive integer (did the run train?)")
         return ArmRun(
             steps=steps,
             step_seconds=_number(per_step.get("step_seconds"), "per_step.step_seconds"),
@@ -144,9 +144,6 @@ def arm_run(summary: Mapping) -> ArmRun:
             own_rows=_number(per_step.get("own_rows"), "per_step.own_rows"),
             evaluations=_evaluations(summary.get("accuracy_evaluations")),
         )
-    steps = summary.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 0 < steps < 2**53:
-        raise ValueError("'steps' is not a positive integer (did the run train?)")
     times = summary.get("time_seconds")
     if not isinstance(times, Mapping):
         raise ValueError("'time_seconds' is missing (not a trl-ftis run summary?)")  # noqa: TRY004
