@@ -132,6 +132,8 @@ WARM = {
     # Part 3's partners: another architecture and another tokenizer, of the big model's size and warm-up target.
     "qwen2": (BIG_HIDDEN, 0.25, "qwen2", "char"),
     "bpe": (BIG_HIDDEN, 0.25, "llama", "bpe"),
+    # partner_and_regime.md, part A: a partner 6x the small learner's parameters, warmed further than `big`.
+    "wide": (80, 0.35, "llama", "char"),
 }
 #: Part 3: the LoRA co-trainer's adapter and learning rate (5x the full model's; chosen before running, not tuned).
 LORA = {"r": 8, "lora_alpha": 16, "lora_dropout": 0.0, "target_modules": "all-linear", "task_type": "CAUSAL_LM"}
@@ -293,7 +295,7 @@ def peer(spec_path: str) -> None:
             exchange_mode=spec["mode"],
             peer_timeout=spec.get("peer_timeout", PEER_TIMEOUT),
         )
-    for option in ("cross_tokenizer", "collaboration_mode", "peer_weighting"):  # part 3's settings
+    for option in ("cross_tokenizer", "collaboration_mode", "peer_weighting", "variant"):  # part 3's, bigger_partner
         if spec.get(option) is not None:
             settings[option] = spec[option]
     peft_config = None
@@ -322,6 +324,12 @@ def peer(spec_path: str) -> None:
     state = {"own_tokens": 0, "generation": 0.0, "start": None, "paused": 0.0, "next": 0.0}
     snapshots, step_ends, first_prompts = [], [], []
     generate, generate_and_score = trainer._generate, trainer._generate_and_score_completions
+    held_calls = None
+    if spec.get("generation_cost"):  # generation_bound.py: an emulated engine holds each call (generation_cost.py)
+        from generation_cost import GenerationCost, HeldCalls, held_generate
+
+        held_calls = HeldCalls()
+        generate = held_generate(generate, GenerationCost(**spec["generation_cost"]), held_calls)
 
     def timed_generate(prompts):
         started = time.perf_counter()
@@ -419,6 +427,16 @@ def peer(spec_path: str) -> None:
         "rows_filtered": summary.get("rows_filtered"),
         "snapshots": snapshots,
         "first_prompts": first_prompts,
+        "held_generation": held_calls.summary() if held_calls is not None else None,
+        # Means over logged steps of the objective's own- and peer-row statistics (filtered_frac, is_weight_mean, ...).
+        "logged_means": {
+            key: statistics.fmean(values)
+            for key in sorted(
+                {k for e in trainer.state.log_history for k in e if k.startswith(("ftis/peer/", "ftis/own/"))}
+            )
+            for values in [[e[key] for e in trainer.state.log_history if isinstance(e.get(key), (int, float))]]
+            if values
+        },
         # Mean over logged steps of the peer rows' ESS fraction and (peer_weighting="ess") of the scale it applied.
         **{
             name: statistics.fmean(values) if values else None
@@ -1154,10 +1172,11 @@ def main() -> None:
         summarise(records, target, budget, options.pilot)
 
 
-def build_warm(cache: Path, seeds: list[int], slots: list[str]) -> None:
-    """Build the missing warm models, two at a time (one a core)."""
-    names = ["big"] + (["small"] if any(s.startswith("hetero") for s in slots) else [])
-    names += [name for prefix, name in (("arch", "qwen2"), ("tok", "bpe")) if any(s.startswith(prefix) for s in slots)]
+def build_warm(cache: Path, seeds: list[int], slots: list[str], names: list[str] | None = None) -> None:
+    """Build the missing warm models (those the `slots` use, or `names`), two at a time (one a core)."""
+    if names is None:
+        names = ["big"] + (["small"] if any(s.startswith("hetero") for s in slots) else [])
+        names += [n for prefix, n in (("arch", "qwen2"), ("tok", "bpe")) if any(s.startswith(prefix) for s in slots)]
     missing = [(n, s) for s in seeds for n in names if not (cache / f"carry-{n}-seed{s}" / "config.json").exists()]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     running: list[subprocess.Popen] = []
