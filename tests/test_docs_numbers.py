@@ -50,3 +50,32 @@ def test_the_wall_time_experiments_quoted_counts_and_step_ratio():
     assert "step ratio swarm / A_N = 0.968" in summary
     guide = " ".join((ROOT / "docs" / "when-it-pays.md").read_text().split())
     assert "1.069 [1.030, 1.108]" in guide and "0.968" in guide
+
+
+def summary_rows(path: Path) -> dict[str, str]:
+    """A benchmark summary's table rows: first cell -> the next cells joined as '<value> <interval>'."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 3:
+            rows[cells[0]] = f"{cells[1]} {cells[2]}"
+    return rows
+
+
+def test_the_emulated_regimes_quoted_ratios_are_the_summaries():
+    guide = " ".join((ROOT / "docs" / "when-it-pays.md").read_text().split())
+    benchmarks = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    one = summary_rows(RESULTS / "generation_bound-point1.txt")
+    two = summary_rows(RESULTS / "generation_bound-point2.txt")
+    for rows, names in (
+        (one, ["wall time copy-2 / A_2", "wall time copy-2 / A_1", "seconds a step copy-2 / A_2", "steps copy-2 / A_2"]),
+        (two, ["wall time copy-2 / A_2", "wall time copy-2 / A_1", "seconds a step copy-2 / A_2", "steps copy-2 / A_2"]),
+    ):
+        for name in names:
+            assert rows[name] in benchmarks, (name, rows[name])
+    assert one["wall time copy-2 / A_1"] in guide and one["wall time copy-2 / A_1"] in readme
+    assert two["wall time copy-2 / A_2"] in guide
+    # the predictions beside them: "| copy-2 / A_1 (better alone) | 0.84 | [0.48, 1.19] | ..." in the summary
+    assert one["copy-2 / A_1 (better alone)"] in guide and one["copy-2 / A_1 (better alone)"] in readme
+    assert two["copy-2 / A_2 (better alone)"] in guide
