@@ -300,6 +300,11 @@ def summarise_grid(records: list[dict], offset: float) -> dict:
     print("| A_1 / A_2 (for reference) | - | - | - | - | "
           f"{statistics.fmean(gains['A_1']):+.4f} / {statistics.fmean(gains['A_2']):+.4f} | - |")  # fmt: skip
 
+    # Not in the plan (descriptive): the gain itself, since phi's denominator G_2 - G_1 can be near 0.
+    tests = {f"{arm} - {base}": (arm, base) for arm in SWARMS for base in ("A_1", "A_2")}
+    tests["A_2 - A_1"] = ("A_2", "A_1")
+    print("\nDescriptive, not in the plan: the learner's mean test gain against its alone runs")
+    result["gain_differences"] = _differences(tests, gains, "learner's mean test gain", len(complete))
     # H3: the filter and the truncation.
     tests = {"f-tis - tis (the filter)": ("f-tis", "tis"), "tis - nois (the truncation)": ("tis", "nois")}
     result["objective"] = _differences(tests, gains, "learner's mean test gain", len(complete))

@@ -52,10 +52,12 @@ def test_the_wall_time_experiments_quoted_counts_and_step_ratio():
     assert "1.069 [1.030, 1.108]" in guide and "0.968" in guide
 
 
-def summary_rows(path: Path) -> dict[str, str]:
-    """A benchmark summary's table rows: first cell -> the next cells joined as '<value> <interval>'."""
+def summary_rows(path: Path, until: str | None = None) -> dict[str, str]:
+    """A benchmark summary's table rows (before the line starting with `until`): first cell -> the next two cells
+    joined as '<value> <interval>'."""
     rows = {}
-    for line in path.read_text().splitlines():
+    text = path.read_text()
+    for line in (text[: text.index(until)] if until else text).splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if line.startswith("|") and len(cells) >= 3:
             rows[cells[0]] = f"{cells[1]} {cells[2]}"
@@ -79,3 +81,23 @@ def test_the_emulated_regimes_quoted_ratios_are_the_summaries():
     # the predictions beside them: "| copy-2 / A_1 (better alone) | 0.84 | [0.48, 1.19] | ..." in the summary
     assert one["copy-2 / A_1 (better alone)"] in guide and one["copy-2 / A_1 (better alone)"] in readme
     assert two["copy-2 / A_2 (better alone)"] in guide
+
+
+def test_the_bigger_partners_quoted_differences_are_the_summarys():
+    rows = summary_rows(RESULTS / "bigger_partner-grid.txt", until="Out of distribution")
+    benchmarks = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    guide = " ".join((ROOT / "docs" / "when-it-pays.md").read_text().split())
+    readme = " ".join((ROOT / "README.md").read_text().split())
+
+    def typeset(text: str) -> str:  # the guides print minus signs
+        return text.replace("-", "−")
+
+    for name in ("f-tis - A_1", "f-tis - A_2", "nois - A_2", "f-tis - tis (the filter)",
+                 "tis - nois (the truncation)", "partner in f-tis - partner-alone",
+                 "partner in nois - partner-alone"):  # fmt: skip
+        value, interval = typeset(rows[name]).split(" ", 1)
+        assert f"| {value} | {interval} |" in benchmarks, (name, rows[name])  # its table row
+    assert typeset(rows["f-tis - A_1"]) in guide and typeset(rows["f-tis - A_1"]) in readme
+    assert typeset(rows["partner in f-tis - partner-alone"]) in guide
+    assert typeset(rows["A_2 - A_1"]) in guide and typeset(rows["A_2 - A_1"]) in benchmarks
+    assert typeset(rows["f-tis"]) in benchmarks  # phi and its interval
