@@ -26,7 +26,6 @@ import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -99,8 +98,8 @@ def run_slot(seed: int, rates: dict, cache: Path, work: Path, seed_index: int) -
 
 # ---- offline evaluation ------------------------------------------------------------------------------------------------
 def latest_runs(records: list[dict]) -> dict:
-    """(seed, rate_key, peer) -> the last run record of that process."""
-    return {(r["seed"], r["rate_key"], r["peer"]): r for r in records if r["kind"] == "run"}
+    """(seed, rate_key, peer) -> the last run record of that process (`peer_gain.latest_runs`; one slot here)."""
+    return {(seed, key, peer): run for (seed, key, _, peer), run in pg.latest_runs(records).items()}
 
 
 def snapshot_key(record: dict, index: int, split: str) -> tuple:
@@ -138,23 +137,8 @@ def evaluate_pending(records: list[dict], sink, cache: Path, splits: dict[str, t
 
 # ---- the analysis: pure functions of the records -----------------------------------------------------------------------
 def curves(records: list[dict], split: str, metric: str = "accuracy") -> dict:
-    """(seed, rate_key, peer) -> [{step, accuracy}] by step, the warm model's value at step 0 (the "accuracy" key
-    holds `metric`)."""
-    warm = {(r["seed"], r["model"]): r[metric] for r in records if r["kind"] == "warm" and r["split"] == split}
-    runs = latest_runs(records)
-    out: dict = {}
-    for r in records:
-        if r["kind"] != "checkpoint" or r["split"] != split:
-            continue
-        key = (r["seed"], r["rate_key"], r["peer"])
-        if key in runs and runs[key]["run_id"] == r["run_id"]:
-            out.setdefault(key, []).append({"step": r["step"], "accuracy": r[metric]})
-    for key, points in out.items():
-        points.sort(key=lambda p: p["step"])
-        warm_value = warm.get((key[0], runs[key]["model"]))
-        if warm_value is not None:
-            points.insert(0, {"step": 0, "accuracy": warm_value})
-    return out
+    """(seed, rate_key, peer) -> [{step, accuracy}] (`peer_gain.curves`; one slot here)."""
+    return {(seed, key, peer): points for (seed, key, _, peer), points in pg.curves(records, split, metric).items()}
 
 
 def rate_table(records: list[dict]) -> dict[str, dict[float, dict]]:
@@ -382,12 +366,7 @@ def main() -> None:
     global STEPS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stage", choices=("quick", "lr", "grid"), default="grid")
-    parser.add_argument("--seeds", help="a subset of the stage's seeds, e.g. 0-3 or 0,5")
-    parser.add_argument("--minutes", type=float, default=None, help="start no slot after this many minutes")
-    parser.add_argument("--summary-only", action="store_true")
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ftis-gain-warm")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ftis-partner-work")
-    parser.add_argument("--evaluate", help=argparse.SUPPRESS)
+    pg.add_run_arguments(parser, "ftis-partner-work")
     options = parser.parse_args()
     if options.evaluate:
         return pg.evaluate_worker(options.evaluate)

@@ -23,7 +23,6 @@ import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -193,7 +192,7 @@ def interval_line(name: str, logs: list[float]) -> dict:
 
 def summarise(records: list[dict], point: int) -> dict:
     """The plan's analysis of one point, from its records only."""
-    from trl_ftis.pays import hardware_from_measured, wall_ratio_range, wall_ratios
+    from trl_ftis.pays import hardware_from_measured, step_ratio, wall_ratio_range, wall_ratios
 
     curve = curves(records)
     runs = {(r["seed"], r["peer"]): r for r in records if r["kind"] == "run"}
@@ -284,9 +283,8 @@ def summarise(records: list[dict], point: int) -> dict:
         label = f"copy-2 / {name}" + (" (better alone)" if base == "better" else "")
         print(f"| {label} | {point_values[k]:.2f} | [{ranges[k][0]:.2f}, {ranges[k][1]:.2f}] | "
               f"{measured['ratio']:.2f} [{measured['low']:.2f}, {measured['high']:.2f}] | {'yes' if holds else 'no'} |")  # fmt: skip
-    print(f"predicted step ratio copy-2 / A_2 from f, s, r, g, t: "
-          f"{(1 - means['f']) * means['t'] + means['f'] * means['g'] / means['s']:.3f} / (1 - r) = "
-          f"{((1 - means['f']) * means['t'] + means['f'] * means['g'] / means['s']) / (1 - means['r']):.3f}; "
+    formula = step_ratio(means["f"], means["s"], means["r"], g=means["g"], t=means["t"])
+    print(f"predicted step ratio copy-2 / A_2 from f, s, r, g, t (trl_ftis.pays.step_ratio): {formula:.3f}; "
           f"measured (whole runs) {means['step_ratio']:.3f}")  # fmt: skip
     return result
 
@@ -295,12 +293,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--stage", choices=("quick", "calibrate", "grid"), default="grid")
     parser.add_argument("--point", type=int, choices=sorted(POINTS), default=1)
-    parser.add_argument("--seeds", help="a subset of the point's seeds")
-    parser.add_argument("--minutes", type=float, default=None)
-    parser.add_argument("--summary-only", action="store_true")
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ftis-gain-warm")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ftis-bound-work")
-    parser.add_argument("--evaluate", help=argparse.SUPPRESS)
+    pg.add_run_arguments(parser, "ftis-bound-work")
     options = parser.parse_args()
     if options.evaluate:
         return pg.evaluate_worker(options.evaluate)

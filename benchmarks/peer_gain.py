@@ -628,6 +628,18 @@ def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
+    """The options every resumable experiment script here shares: seeds, a time limit, summary only, the warm-model
+    cache (shared by the scripts: one warm model per name and seed), a work folder `work` under the temporary
+    directory, and the hidden `--evaluate JOB` of its evaluation workers."""
+    parser.add_argument("--seeds", help="a subset of the stage's seeds, e.g. 0-3 or 0,5")
+    parser.add_argument("--minutes", type=float, default=None, help="start no slot after this many minutes")
+    parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ftis-gain-warm")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / work)
+    parser.add_argument("--evaluate", help=argparse.SUPPRESS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -636,15 +648,10 @@ def main() -> None:
         default="grid",
         help="quick: one seed, 20 steps, every slot: a smoke test",
     )
-    parser.add_argument("--seeds", help="a subset of the stage's seeds, e.g. 0-3 or 0,5")
     parser.add_argument(
         "--slots", nargs="+", choices=SLOTS, default=None, help="default: every slot (the pilot: alone and pairs)"
     )
-    parser.add_argument("--minutes", type=float, default=None, help="start no slot after this many minutes")
-    parser.add_argument("--summary-only", action="store_true")
-    parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "ftis-gain-warm")
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "ftis-gain-work")
-    parser.add_argument("--evaluate", help=argparse.SUPPRESS)
+    add_run_arguments(parser, "ftis-gain-work")
     options = parser.parse_args()
     if options.evaluate:
         return evaluate_worker(options.evaluate)
