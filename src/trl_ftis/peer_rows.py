@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from collections import deque
-from collections.abc import Collection, Hashable, Sequence
+from collections.abc import Collection, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import zip_longest
 from typing import Any, TypeVar
@@ -532,3 +533,77 @@ def row_type_problem(row: Any) -> str | None:
     if row.extra is not None and (not isinstance(row.extra, dict) or not all(isinstance(k, str) for k in row.extra)):
         return f"PeerRow.extra must be a dict with string keys (or None), got {type(row.extra).__name__}."
     return None
+
+
+SHARED_FIELDS = (
+    "prompt",
+    "completion_ids",
+    "generator_logps",
+    "reward",
+    "group",
+    "sender",
+    "rewards_per_func",
+    "extra",
+    "round",
+)
+"""The [`PeerRow`] fields an [`AdmittedRow`] carries: what a multi-process trainer pickles when it gathers the rows of
+`add_peer_rows` (accelerate's `gather_object`)."""
+
+
+class _Discard:
+    """A file that keeps nothing: pickling into it checks that a value can be pickled without holding its bytes."""
+
+    def write(self, data) -> int:
+        return len(data)
+
+
+def _pickling_error(value: Any) -> Exception | None:
+    """Why `value` cannot be pickled (with the highest protocol, as `gather_object` does); `None` when it can."""
+    try:
+        pickle.Pickler(_Discard(), protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    except Exception as error:  # noqa: BLE001 - PicklingError, TypeError, AttributeError, RecursionError, a __reduce__'s
+        return error
+    return None
+
+
+def row_pickle_problem(row: PeerRow, index: int) -> str | None:
+    """What makes `row` (the `index`-th of an `add_peer_rows` call; its types already checked by [`row_type_problem`])
+    impossible to share between processes: the first of its [`SHARED_FIELDS`] that cannot be pickled (for `extra`, the
+    first such column), and why. `None` when the row can be pickled. A good row is pickled once, into nothing."""
+    values = tuple(getattr(row, name) for name in SHARED_FIELDS)
+    error = _pickling_error(values)
+    if error is None:
+        return None
+    where = "PeerRow"
+    for name, value in zip(SHARED_FIELDS, values, strict=True):
+        field_error = _pickling_error(value)
+        if field_error is None:
+            continue
+        where, error = f"PeerRow.{name}", field_error
+        if name == "extra":
+            for key, column in value.items():
+                column_error = _pickling_error(column)
+                if column_error is not None:
+                    where, error = f"PeerRow.extra[{key!r}]", column_error
+                    break
+        break
+    reason = f"{type(error).__name__}: {error}"
+    if len(reason) > 300:
+        reason = reason[:297] + "..."
+    return (
+        f"{where} cannot be pickled (row {index} of this call, from {row.sender!r}): {reason}. The rows given to "
+        "add_peer_rows are shared between processes with pickle (accelerate's gather_object): pass plain data "
+        "(strings, numbers, lists, dicts, tuples)."
+    )
+
+
+def checked_rows(rows: Iterable[Any]) -> list[PeerRow]:
+    """The rows of an `FTISTrainer.add_peer_rows` call as a list, once every one is a [`PeerRow`] of the right types
+    ([`row_type_problem`]) that can be pickled ([`row_pickle_problem`]); else `TypeError` naming the first bad row and
+    field. All are checked before any is queued: a call queues all its rows or none."""
+    rows = list(rows)
+    for index, row in enumerate(rows):
+        problem = row_type_problem(row) or row_pickle_problem(row, index)
+        if problem is not None:
+            raise TypeError(problem)
+    return rows

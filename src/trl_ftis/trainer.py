@@ -63,6 +63,7 @@ from .peer_rows import (
     AdmittedRow,
     PeerRow,
     ScoredRow,
+    checked_rows,
 )
 from .peer_summary import peer_summary
 from .rules import MULTI_TURN_REFUSAL
@@ -348,13 +349,14 @@ class FTISTrainer(GRPOTrainer):
         """
         Queue completions sampled by other models; they join the next generation batch of this trainer.
 
-        Programming errors raise before anything is queued: a row that is not a [`PeerRow`] or has fields of the
-        wrong types (`TypeError`); completion ids outside the local vocabulary and embedding, or generator log-probs
-        that are not finite and <= 0 (`ValueError`). Well-formed rows that cannot be trained on go through the same
-        admission as rows received from a swarm: dropped, counted (`ftis/peer_rows_dropped/<reason>`) and warned
-        about once per sender and reason (`docs/swarm.md`, "Hostile and mismatched rows"). Rows in another
-        tokenizer's tokens (`foreign_tokenizer=True`) need `cross_tokenizer=True` (else `ValueError`) and are
-        re-tokenised from their `completion_text`.
+        Programming errors raise before anything is queued: a row that is not a [`PeerRow`], has fields of the
+        wrong types, or a field that cannot be pickled (`TypeError`, naming the row and the field: a multi-process job
+        gathers the rows with pickle, so every process count checks it); completion ids outside the local vocabulary
+        and embedding, or generator log-probs that are not finite and <= 0 (`ValueError`). Well-formed rows that
+        cannot be trained on go through the same admission as rows received from a swarm: dropped, counted
+        (`ftis/peer_rows_dropped/<reason>`) and warned about once per sender and reason (`docs/swarm.md`, "Hostile
+        and mismatched rows"). Rows in another tokenizer's tokens (`foreign_tokenizer=True`) need
+        `cross_tokenizer=True` (else `ValueError`) and are re-tokenised from their `completion_text`.
 
         Rewards are used as given; advantages are normalised within each `(sender, group)` of the rows merged
         together (the rows themselves are never changed: the trainer queues admitted copies). At most 4 steps' worth
@@ -370,7 +372,7 @@ class FTISTrainer(GRPOTrainer):
         """
         if self.tools or self.environment_factories:
             raise ValueError(MULTI_TURN_REFUSAL.format("add_peer_rows"))
-        return self._inbox.add(rows)
+        return self._inbox.add(checked_rows(rows))  # all checked before any is queued: all of the call's rows or none
 
     @property
     def num_pending_peer_rows(self) -> int:
