@@ -135,6 +135,29 @@ def test_the_round_window_takes_numpy_integers_and_refuses_fractions():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# peer_micro_batch_size: a whole number of rows
+
+
+@pytest.mark.parametrize("value", [0.5, 2.5, 4.0, True, False, "4", math.nan, math.inf, -1, -1.5], ids=repr)
+def test_peer_micro_batch_size_must_be_a_whole_number_of_rows(value):
+    """A fraction used to be accepted, then failed the chunked loss mid-training with a `TypeError`; a bool, NaN or
+    inf was accepted and silently meant something else (True: chunks of 1 row; NaN, inf: no chunks), and a string
+    failed with a `TypeError` at `<`. 4.0 is refused too, as the other whole-number fields (`max_staleness`,
+    `max_rounds_ahead`, `num_expected_peers`) refuse it."""
+    with pytest.raises(ValueError, match=r"^peer_micro_batch_size must be >= 0 \(0: no chunks\) and a whole number"):
+        _config(peer_micro_batch_size=value)
+
+
+def test_peer_micro_batch_size_takes_whole_numbers_zero_and_none():
+    import numpy as np
+
+    assert _config().peer_micro_batch_size is None  # per_device_train_batch_size
+    assert _config(peer_micro_batch_size=0).peer_micro_batch_size == 0  # no chunks
+    assert _config(peer_micro_batch_size=8).peer_micro_batch_size == 8
+    assert _config(peer_micro_batch_size=np.int64(8)).peer_micro_batch_size == 8  # as the round window takes them
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # from_grpo_config: an explicit copy, not a class swap
 
 

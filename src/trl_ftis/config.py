@@ -7,6 +7,7 @@ import copy
 import dataclasses
 import functools
 import logging
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,9 +63,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 """`FTISConfig.preset`: named sets of TRL's own options. A preset sets only the options not given,
 so a value given (TRL's default included) wins; the rest of the paper's recipe (G = 12, top-k 50, ...) is in
 `examples/configs/`."""
-START_UP_LINES_LOGGED: set[str] = (
-    set()
-)  # the config's once-per-process lines (a preset's, the fp32 head's) already logged
+START_UP_LINES_LOGGED: set[str] = set()  # once-per-process lines already logged (a preset's, the fp32 head's)
 TRL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
 """`GRPOConfig`'s field defaults, as TRL sets them (an option a preset may set resolves to these without one)."""
 
@@ -701,8 +700,9 @@ class FTISConfig(GRPOConfig):
             raise ValueError(f"max_peer_rows must be >= 0, got {self.max_peer_rows}.")
         if self.max_peer_ratio is not None and not self.max_peer_ratio >= 0:
             raise ValueError(f"max_peer_ratio must be >= 0, got {self.max_peer_ratio}.")
-        if self.peer_micro_batch_size is not None and self.peer_micro_batch_size < 0:
-            raise ValueError(f"peer_micro_batch_size must be >= 0 (0: no chunks), got {self.peer_micro_batch_size}.")
+        size = self.peer_micro_batch_size  # whole rows, as max_staleness (a fraction fails the chunked loss mid-step)
+        if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0):
+            raise ValueError(f"peer_micro_batch_size must be >= 0 (0: no chunks) and a whole number, got {size!r}.")
         if self.collaboration_mode not in COLLABORATION_MODES:
             raise ValueError(
                 f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
