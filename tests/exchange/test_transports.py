@@ -652,6 +652,121 @@ def test_an_entry_within_the_horizon_is_followed_and_kept(redis_url):
         client.delete(key)
 
 
+@pytest.fixture
+def acl_redis(tmp_path):
+    """acl(without=(...)) -> the URL base of a user with the launcher's peer commands (`REDIS_PEER_COMMANDS`) minus
+    `without`, on the keys `ftis:<swarm>*` of the swarm `acl.swarm`, on a throwaway server of this test (an ACL user
+    is not made on a shared one); `acl.admin`: a client of the default user."""
+    from redis_server import RedisServerUnavailable, start_redis_server
+
+    from trl_ftis.launcher.slurm_jobs import REDIS_PEER_COMMANDS
+
+    redis = pytest.importorskip("redis")
+    try:
+        url, stop = start_redis_server(tmp_path)
+    except RedisServerUnavailable as exc:
+        pytest.skip(f"redis-server could not be started: {exc}")
+    admin = redis.Redis.from_url(url, socket_timeout=5)
+    swarm = f"acl-{uuid.uuid4().hex}"
+    users = []
+
+    def acl(without=()):
+        name = f"peer{len(users)}"
+        commands = [f"+{c}" for c in REDIS_PEER_COMMANDS if c not in without]
+        admin.execute_command(
+            "ACL", "SETUSER", name, "reset", "on", ">pw", "resetkeys", f"~ftis:{swarm}*", "resetchannels", "-@all",
+            *commands,
+        )  # fmt: skip
+        users.append(name)
+        return url.replace("redis://", f"redis://{name}:pw@") + f"?swarm={swarm}&connect_timeout=2"
+
+    acl.swarm, acl.admin = swarm, admin
+    try:
+        yield acl
+    finally:
+        admin.close()
+        stop()
+
+
+def _hostile(redis, url):
+    """A client of the same ACL user: a member that may XADD."""
+    return redis.Redis.from_url(url.split("?")[0], socket_timeout=5)
+
+
+@pytest.mark.redis
+def test_without_time_a_publish_repairs_a_stream_whose_ids_a_member_exhausted(acl_redis):
+    """Security review: a user without +time publishes with XADD * (no server clock for `<ms>-*`); one XADD with the
+    largest possible id used to make every later publish fail for good ("the stream has exhausted the last possible
+    ID"). Now the publish that meets it repairs the stream (deletes the entries more than a day ahead of the host's
+    clock, XSETID back) and goes through; honest entries are kept, and readers get the new message."""
+    redis = pytest.importorskip("redis")
+    url = acl_redis(without=("time",))
+    key = f"ftis:{acl_redis.swarm}"
+    hostile = _hostile(redis, url)
+    largest = "18446744073709551615-18446744073709551615"
+    with open_transport(url) as a, open_transport(url) as b:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            hostile.time()  # the user really has no TIME
+        a.publish(b"a0", sender="a", round=0)
+        assert _payloads(b.poll()) == [b"a0"]
+        hostile.xadd(key, {"sender": "mallory", "round": "1", "data": b"junk"}, id=f"{2**64 - 1}-0")
+        hostile.xadd(key, {"sender": "mallory", "round": "1", "data": b"junk"}, id=largest)
+        with pytest.raises(redis.ResponseError, match="exhausted the last possible ID"):
+            hostile.xadd(key, {"data": b"x"})  # what every publish met before
+        a.publish(b"a1", sender="a", round=1)  # XADD * fails, repairs, goes through
+        assert a.repairs == 1
+        assert [fields[b"data"] for _, fields in acl_redis.admin.xrange(key)] == [b"a0", b"a1"]  # junk gone, a0 kept
+        assert _payloads(b.poll()) == [b"a1"]
+        a.publish(b"a2", sender="a", round=2)  # and every publish after it
+        hostile.xadd(key, {"sender": "mallory", "data": b"junk"}, id=largest)  # again: repaired again
+        b.publish(b"b3", sender="b", round=3)
+        assert (a.repairs, b.repairs) == (1, 1)
+    with open_transport(url) as late:
+        assert _payloads(late.poll()) == [b"a0", b"a1", b"a2", b"b3"]
+
+
+@pytest.mark.redis
+def test_before_redis_7_a_publish_repairs_a_stream_whose_ids_a_member_exhausted(acl_redis, monkeypatch):
+    """Redis before 7.0 has no `XADD <ms>-*` (emulated: the server refuses it as before 7.0): publishes use XADD *,
+    and the one that finds the stream exhausted repairs it with the server's clock (TIME) as the horizon."""
+    redis = pytest.importorskip("redis")
+    from trl_ftis.exchange.transports.redis_streams import RedisTransport
+
+    real = RedisTransport._xadd
+
+    def before_7(self, fields, entry_id):
+        if entry_id != "*" and entry_id.endswith("-*"):
+            raise redis.ResponseError("Invalid stream ID specified as stream command argument")
+        return real(self, fields, entry_id)
+
+    monkeypatch.setattr(RedisTransport, "_xadd", before_7)
+    url = acl_redis()
+    key = f"ftis:{acl_redis.swarm}"
+    hostile = _hostile(redis, url)
+    with open_transport(url) as a:
+        a.publish(b"a0", sender="a", round=0)
+        assert a._partial_ids is False  # on the XADD * path
+        hostile.xadd(key, {"sender": "mallory", "data": b"junk"}, id="18446744073709551615-18446744073709551615")
+        a.publish(b"a1", sender="a", round=1)
+        assert a.repairs == 1
+        assert [fields[b"data"] for _, fields in acl_redis.admin.xrange(key)] == [b"a0", b"a1"]
+
+
+@pytest.mark.redis
+def test_without_the_repair_commands_an_exhausted_stream_fails_naming_them(acl_redis):
+    """A user without +time, +xrevrange and +xsetid cannot repair: the publish fails (nothing sent) with an error
+    that names what the user lacks."""
+    redis = pytest.importorskip("redis")
+    url = acl_redis(without=("time", "xrevrange", "xsetid"))
+    key = f"ftis:{acl_redis.swarm}"
+    with open_transport(url) as a:
+        a.publish(b"a0", sender="a", round=0)
+        _hostile(redis, url).xadd(key, {"data": b"junk"}, id="18446744073709551615-18446744073709551615")
+        with pytest.raises(TransportError, match=r"\+xrevrange.*\+xsetid"):
+            a.publish(b"a1", sender="a", round=1)
+        assert acl_redis.admin.xlen(key) == 2 and a.repairs == 0
+
+
 @pytest.mark.redis
 def test_redis_poll_reads_page_after_page(redis_url):
     swarm = f"pages-{uuid.uuid4().hex}"

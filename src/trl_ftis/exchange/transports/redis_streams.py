@@ -34,6 +34,8 @@ _OUTAGE_ATTEMPTS = 2  # attempts per call while the server is known to be down (
 # that id if it is at most _FUTURE_ID_MS ahead; beyond that (up to the largest possible id, with which no XADD * works
 # again), it first deletes the entries beyond the horizon, at most _REPAIR_PAGES pages of _REPAIR_PAGE a time, and
 # moves the stream's last id back (XSETID). No honest publish ever got such an id, so none of theirs is deleted.
+# Without `<ms>-*` (a user without +time, or Redis before 7.0) publishes use XADD *, which follows a far-future id; the
+# publish whose XADD * fails (the last id is the largest possible) makes the same repair, then sends (`_add_unguarded`).
 _FUTURE_ID_MS = 86_400_000
 _REPAIR_PAGE = 16
 _REPAIR_PAGES = 16
@@ -186,6 +188,7 @@ class RedisTransport(Transport):
         self.outages = 0  # how many times the server became unreachable after it had answered
         self.repairs = 0  # how many times a publish found ids beyond the horizon and repaired them (`_repair_ids`)
         self._partial_ids = True  # `XADD key <ms>-*` works (Redis 7); set False when the server says it does not
+        self._server_clock = True  # this user may run TIME; set False when the server refuses it
         self._ever_up = False
         try:
             self._call("PING", self._client.ping)  # fail fast on a wrong host or password
@@ -329,11 +332,12 @@ class RedisTransport(Transport):
         millisecond when the stream's last id is behind it, else the last id's (or the next) millisecond when that is
         within the horizon; beyond it, the far-future entries are deleted first ([`_repair_ids`])."""
         if not self._partial_ids:
-            return self._xadd(fields, "*")
+            return self._add_unguarded(fields)
         for _ in range(_ADD_ATTEMPTS):
             try:
                 now = self._server_ms()
             except self._redis.exceptions.NoPermissionError:
+                self._server_clock = False
                 return self._unguarded(fields, "may not run TIME")
             try:
                 return self._xadd(fields, f"{now}-*")
@@ -348,7 +352,7 @@ class RedisTransport(Transport):
             except self._redis.exceptions.NoPermissionError:
                 return self._unguarded(fields, "may not run XINFO STREAM")
             if top > now + _FUTURE_ID_MS:
-                self._repair_ids(now)
+                self._repair_ids(now, "the server's clock")
                 continue
             for ms in (top, top + 1):  # the last id's millisecond, or the next when its sequence numbers ran out
                 if ms > now + _FUTURE_ID_MS:
@@ -368,11 +372,43 @@ class RedisTransport(Transport):
         self._partial_ids = False
         logger.warning(
             "The redis server at %s %s: publishing with XADD *, whose ids anyone who may XADD can push into the "
-            "future (give the user +time and +xinfo|stream on Redis 7: docs/security.md).",
+            "future (give the user +time and +xinfo|stream on Redis 7: docs/security.md). A publish that finds the "
+            "stream's ids exhausted deletes the entries more than a day ahead of %s and goes on.",
             self.url,
             why,
+            "the server's clock" if self._server_clock else "this host's clock",
         )
-        return self._xadd(fields, "*")
+        return self._add_unguarded(fields)
+
+    def _add_unguarded(self, fields):
+        """XADD `fields` with id `*`. The server gives its clock's millisecond, or follows the stream's last id when
+        that is ahead, however far; XADD * fails only once that id is the largest possible. Then the entries beyond
+        the horizon are deleted and the last id moved back ([`_repair_ids`]), and it tries again."""
+        for _ in range(_ADD_ATTEMPTS):
+            try:
+                return self._xadd(fields, "*")
+            except self._redis.ResponseError as exc:
+                if not any(part in str(exc).lower() for part in _EXHAUSTED):
+                    raise
+            self._repair_ids(*self._horizon_clock())
+        raise TransportError(
+            f"the redis stream {self.key} on {self.url}: its last id was the largest possible after {_ADD_ATTEMPTS} "
+            "repairs (another writer keeps adding entries with it); this message was not sent"
+        )
+
+    def _horizon_clock(self) -> tuple[int, str]:
+        """(now in ms, whose clock) for the repair of the XADD * path: the server's (TIME) when this user may run it
+        (Redis before 7.0), else this host's. Not the stream's own ids: any member may choose those, so they cannot
+        tell which entries are far ahead. Honest XADD * ids come from the server's clock, so with the hosts' clocks
+        within a day of the server's (NTP), the repair deletes only entries a member put beyond the horizon and any
+        that XADD * put after them (they got ids as far ahead). It runs only once XADD * failed, never because a
+        host's clock is off."""
+        if self._server_clock:
+            try:
+                return self._server_ms(), "the server's clock"
+            except self._redis.exceptions.NoPermissionError:
+                self._server_clock = False
+        return time.time_ns() // 1_000_000, "this host's clock"
 
     def _xadd(self, fields, entry_id: str):
         return self._client.xadd(self.key, fields, id=entry_id, maxlen=self.max_stream_len, approximate=True)
@@ -387,13 +423,25 @@ class RedisTransport(Transport):
         parsed = _entry_id(info.get("last-generated-id", info.get(b"last-generated-id", b"0-0")))
         return parsed[0] if parsed is not None else 0
 
-    def _repair_ids(self, now: int) -> None:
-        """Make publishing work again on a stream whose last id was pushed more than `_FUTURE_ID_MS` past the server's
-        clock (`now`, in ms), up to the largest possible one: delete the entries beyond that horizon (no honest
-        publish gets such an id: [`_add`]), then move the stream's last id back to its newest remaining entry
-        (XSETID). Bounded: at most `_REPAIR_PAGES * _REPAIR_PAGE` entries are read; when more remain, the last id
-        stays where it is and this publish fails (TransportError), the next one going on. Readers whose cursor
-        passed such an entry read the stream again from its start after their next publish (see `_publish`)."""
+    def _repair_ids(self, now: int, clock: str) -> None:
+        """Make publishing work again on a stream whose last id was pushed more than `_FUTURE_ID_MS` past `clock`
+        (`now`, in ms; the server's, or this host's on the XADD * path: [`_horizon_clock`]), up to the largest possible
+        one: delete the entries beyond that horizon (no honest publish gets such an id: [`_add`]), then move the
+        stream's last id back to its newest remaining entry (XSETID). Bounded: at most `_REPAIR_PAGES * _REPAIR_PAGE`
+        entries are read; when more remain, the last id stays where it is and this publish fails (TransportError),
+        the next one going on. Readers whose cursor passed such an entry read the stream again from its start after
+        their next publish (see `_publish`). A user that may not run XREVRANGE, XDEL or XSETID cannot repair: the
+        publish fails with a TransportError that names them."""
+        try:
+            self._repair_ids_as_allowed(now, clock)
+        except self._redis.exceptions.NoPermissionError as exc:
+            raise TransportError(
+                f"the redis stream {self.key} on {self.url} has ids more than a day ahead of {clock} (a member added "
+                f"an entry with such an id) and this user may not repair it ({self._scrub(exc)}): give it +xrevrange, "
+                "+xdel and +xsetid (docs/security.md); this message was not sent"
+            ) from None
+
+    def _repair_ids_as_allowed(self, now: int, clock: str) -> None:
         horizon = now + _FUTURE_ID_MS
 
         def far_ahead(entry_id) -> bool:
@@ -413,16 +461,17 @@ class RedisTransport(Transport):
             # More than one repair's worth: moving the last id back to such an entry would leave it beyond the
             # horizon. This publish fails; the next one goes on.
             raise TransportError(
-                f"the redis stream {self.key} on {self.url} has entries with ids more than a day in the future; this "
-                f"publish deleted {deleted} of them, and the next one deletes more"
+                f"the redis stream {self.key} on {self.url} has entries with ids more than a day in the future (ahead "
+                f"of {clock}); this publish deleted {deleted} of them, and the next one deletes more"
             )
         last = newest[0][0] if newest else b"0-1"
         self._client.execute_command("XSETID", self.key, last)
         logger.warning(
-            "The redis stream %s on %s had ids more than a day ahead of the server's clock: %d such entries were "
-            "deleted and its last id moved back to %s.",
+            "The redis stream %s on %s had ids more than a day ahead of %s: %d such entries were deleted and its "
+            "last id moved back to %s.",
             self.key,
             self.url,
+            clock,
             deleted,
             last.decode("ascii", "replace") if isinstance(last, bytes) else last,
         )
