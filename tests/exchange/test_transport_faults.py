@@ -362,6 +362,49 @@ def test_dir_unwritable_directory_fails_publish_but_not_polls(tmp_path, monkeypa
     assert not [p for p in ex.iterdir() if p.name.endswith(".tmp")]
 
 
+def _writable_by_others_warnings(caplog):
+    return [
+        r
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and r.name == directory_module.logger.name
+        and "writable by anyone" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o773], ids=oct)
+def test_dir_world_writable_exchange_directory_is_warned_about_once(tmp_path, caplog, mode):
+    ex = tmp_path / "ex"
+    ex.mkdir()
+    os.chmod(ex, mode)
+    caplog.set_level(logging.WARNING, logger="trl_ftis.exchange.transports")
+    first = DirTransport(f"dir://{ex}")
+    second = open_transport(f"dir://{ex}")  # the same folder again in this process: not said again
+    DirTransport(f"dir://{ex}/")  # nor under another spelling of its path
+    for t in (first, second, first):
+        t.publish(b"x", sender="alice", round=0)
+        t.poll()
+        t.wait(0.001)
+    warnings = _writable_by_others_warnings(caplog)
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    text = warnings[0].getMessage()
+    assert str(ex) in text
+    assert f"{mode:#o}" in text  # e.g. 0o777, 0o1777 (sticky: others still add files)
+    assert "chmod o-w" in text and "swarm_secret" in text
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o755, 0o775, 0o770], ids=oct)
+def test_dir_exchange_directory_not_writable_by_others_is_not_warned_about(tmp_path, caplog, mode):
+    ex = tmp_path / "ex"
+    ex.mkdir()
+    os.chmod(ex, mode)
+    caplog.set_level(logging.WARNING, logger="trl_ftis.exchange.transports")
+    t = DirTransport(f"dir://{ex}")
+    t.publish(b"x", sender="alice", round=0)
+    t.poll()
+    assert _writable_by_others_warnings(caplog) == []
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # redis://
 

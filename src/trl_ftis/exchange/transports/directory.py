@@ -16,6 +16,11 @@ Anyone who can write to the directory is untrusted, so a poll's cost is bounded 
 
 Faults: a directory deleted while in use is recreated by the next publish or poll (logged once); a directory the
 process cannot write makes `publish` raise TransportError while polls go on reading.
+
+A directory that anyone on the machine can write (the "others" write bit, sticky bit or not) is warned about once per
+folder and process when a transport opens it: anyone can then put messages in it, which a swarm secret or peer keys
+make harmless apart from junk and the poll allowance they use up. Group write is not warned about: a folder shared by
+a team is usually group-writable on purpose.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import time
 import uuid
 
@@ -67,6 +73,10 @@ _OPEN_FLAGS_COMMON = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) 
 _READ_FLAGS = os.O_RDONLY | _OPEN_FLAGS_COMMON | getattr(os, "O_NONBLOCK", 0)
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _OPEN_FLAGS_COMMON
 
+# Exchange folders already warned about as writable by anyone (real paths): once per folder and process.
+_WRITABLE_WARNED: set[str] = set()
+_WRITABLE_WARNED_LOCK = threading.Lock()
+
 _VANISHED = object()  # the file is gone: skip it without remembering the name
 _DEFER = object()  # over this poll's budget: look at it again next poll
 _CHANGING = -1  # recorded size of a file that changed while it was read: re-read it next poll whatever its stat
@@ -102,6 +112,35 @@ class _Budget:
         self.files, self.max_bytes = files, max_bytes
         self.bytes_read = 0
         self.delivered = False
+
+
+def _warn_if_writable_by_others(path: str) -> None:
+    """Log a warning, once per folder and process, when anyone on the machine can write to the folder `path`.
+
+    Only the "others" write bit counts: a sticky bit (mode 1777, like /tmp) stops others deleting files, not adding
+    them; group write is left alone (a team's shared folder). A folder that cannot be looked at is not warned about.
+    """
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    if not mode & stat.S_IWOTH:
+        return
+    key = os.path.realpath(path)
+    with _WRITABLE_WARNED_LOCK:
+        if key in _WRITABLE_WARNED:
+            return
+        _WRITABLE_WARNED.add(key)
+    logger.warning(
+        "The exchange directory %s is writable by anyone on this machine (mode %s%s): anyone can then write messages "
+        "into it. With swarm_secret (or private_key_file and peer_keys_file) set, such messages are refused and only "
+        "cost junk files and poll allowance; without them they are accepted as a peer's. Run `chmod o-w %s` (group "
+        "write for a team is fine), or set swarm_secret / peer keys.",
+        path,
+        oct(mode),
+        ", the sticky bit does not stop others adding files" if mode & stat.S_ISVTX else "",
+        path,
+    )
 
 
 def _ignored_name(name: str) -> bool:
@@ -173,6 +212,7 @@ class DirTransport(Transport):
                 "folder.",
                 self.path,
             )
+        _warn_if_writable_by_others(self.path)
         # Message names already returned (or deliberately skipped). Forgotten once gone from the directory, so the
         # set never outgrows the directory's message files.
         self._seen: set[str] = set()
