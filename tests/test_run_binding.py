@@ -202,7 +202,7 @@ def test_resuming_in_another_run_forgets_what_senders_showed_in_the_earlier_one(
     same_run = make_swarm(memory_url, "me", tokenizer, run_id="run-1")
     same_run.load_state_dict(state)
     assert {**same_run.state_dict(), "epoch": state["epoch"]} == state and same_run.epoch > state["epoch"]
-    with caplog.at_level(logging.INFO, logger="trl_ftis.swarm.client"):
+    with caplog.at_level(logging.INFO, logger="trl_ftis.swarm.swarm_state"):
         next_run = make_swarm(memory_url, "me", tokenizer, run_id="run-2")
         next_run.load_state_dict(state)
     resumed = next_run.state_dict()

@@ -45,16 +45,17 @@ from ..rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
-    binding_problem,
     check_expected_peers,
     check_round_window,
     check_temperature,
     redact_url,
 )
+from .clocks import EPOCH_LEAD_LIMIT, epoch_lead, now_epoch, start_epoch
 from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
-from .round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND, LockStepWindow
+from .round_windows import MAX_KNOWN_PEERS, LockStepWindow
+from .swarm_state import check_swarm_state
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -204,7 +205,7 @@ class Swarm:
         # Newest round of an accepted message per sender: a peer one round ahead may deliver round r + 1 while this
         # peer collects round r; in round r + 1 it has then delivered already and is not waited for again.
         self._delivered: dict[str, int] = {}
-        self.epoch = time.time_ns() // 1000
+        self.epoch = now_epoch()
         """This start of this peer, sent in every message (`Message.epoch`): microseconds since 1970, kept above the
         epoch of any state it resumed from ([`load_state_dict`]), so that every start of a peer has a newer one."""
         self._warned: set[tuple[str, str]] = set()
@@ -375,11 +376,15 @@ class Swarm:
     def regulars(self) -> frozenset[str]:
         """The senders served first, each with its own allowance: `expected_peers` when given, else the peers of
         the public keys, else the peers accepted in earlier rounds (see [`RoundBudget`])."""
+        return self.listed_peers() or frozenset(self.known_peers)
+
+    def listed_peers(self) -> frozenset[str]:
+        """The peers this one was told of: `expected_peers` when given, else the peers of the public keys."""
         if self.expected_peers:
             return frozenset(self.expected_peers)
         if self.public_keys is not None:
             return frozenset(self.public_keys) - {self.peer_id}
-        return frozenset(self.known_peers)
+        return frozenset()
 
     def collect(self, round: int, *, max_rows: int | None = None, share: int | None = None) -> RoundResult:
         """Collect what arrived for `round`. Waits for the expected peers (each must deliver something new) at most
@@ -466,9 +471,17 @@ class Swarm:
                 redact_url(self.url),
             )
 
-    def forget(self, round: int) -> None:
-        """Drop the digests of messages that fell out of the window ([`window`]): they are refused as stale anyway."""
-        self._seen = self.window.pruned(self._seen, round)
+    def forget(self, round: int) -> dict[bytes, int]:
+        """Drop the digests of messages that fell out of the window ([`window`]): they are refused as stale anyway.
+        Returns them (a catch-up keeps them, to [`remember`] if it is undone)."""
+        kept = self.window.pruned(self._seen, round)
+        dropped = {digest: accepted for digest, accepted in self._seen.items() if digest not in kept}
+        self._seen = kept
+        return dropped
+
+    def remember(self, digests: Mapping[bytes, int]) -> None:
+        """Take back digests [`forget`] dropped: the round went back to where they are in the window."""
+        self._seen.update(digests)
 
     def _accept(self, envelope, round: int, result: RoundResult, state: RoundSpending, dropped: Counter) -> str | None:
         """Check and decode one envelope; add its rows to `result`. Returns the sender when accepted."""
@@ -542,6 +555,16 @@ class Swarm:
                 f"Refusing peer {sender!r}: it samples at temperature {message.temperature}, we at {self.temperature}; "
                 "all peers of a swarm must use one temperature.",
                 level=logging.ERROR,
+            )
+            return None
+        lead = epoch_lead(message.epoch)
+        if lead is not None:  # a start signed in the future: recorded nowhere, it would outrank the sender's own
+            result.refused["epoch"] += 1
+            self.warn_once(
+                sender,
+                "epoch",
+                f"Refused a message of {sender!r} whose start (epoch) is {lead:.0f} s ahead of this peer's clock, "
+                f"more than the {EPOCH_LEAD_LIMIT:.0f} s allowed: its clock is far off, or the message is forged.",
             )
             return None
         if self.window.defers(sender, message, round, state):
@@ -673,89 +696,19 @@ class Swarm:
         as many entries as this swarm ever keeps, every count and round is a whole number in [0, 2**63), `seen`
         holds at most the digests a round window can hold, and `round_offset` is at most the newest round a sender
         showed (the swarm only ever moves forward to such a round: [`LockStepWindow.align`])."""
-        most_round = 2**63 - 1  # the wire format's MAX_ROUND: rounds fit int64
-
-        def field(name: str, kind: type, check=lambda value: True, cap: int = MAX_KNOWN_PEERS):
-            value = state.get(name) if isinstance(state, Mapping) else None
-            if isinstance(value, (list, dict)) and len(value) > cap:  # before reading them all
-                raise ValueError(f"Swarm state: {name!r} holds {len(value)} entries, more than the {cap} it keeps.")
-            if not isinstance(value, kind) or isinstance(value, bool) or not check(value):
-                raise ValueError(f"Swarm state: {name!r} is missing or malformed ({type(value).__name__}).")
-            return value
-
-        def whole(value) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most_round
-
-        def counts(value) -> bool:
-            return all(isinstance(k, str) and whole(v) for k, v in value.items())
-
-        known = field("known_peers", list, lambda v: all(isinstance(p, str) for p in v))
-        models = field("peer_models", dict, lambda v: all(isinstance(m, str) for m in v.values()), cap=1000)
-        absent = field("absent", list, lambda v: all(isinstance(p, str) for p in v))
-        absent_count = field("absent_count", int, whole)
-        unpublished = field("unpublished", dict, counts, cap=1000)  # keyed by reason: a handful
-        newest = field("newest", dict, counts)
-        # A round window's digests: its rounds' messages (lock-step), or the newest a window per known sender.
-        seen = field("seen", dict, counts, cap=self.window.most_seen(len(known)))
-        offset = field("round_offset", int, lambda v: 0 <= v <= min(max(newest.values(), default=0), MAX_SWARM_ROUND))
-        # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
-        delivered = field("delivered", dict, counts) if "delivered" in state else {}
-        sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
-        sender_epochs = field("sender_epochs", dict, counts) if "sender_epochs" in state else {}
-        if set(sender_epochs) - set(sender_rounds):
-            raise ValueError("Swarm state: 'sender_epochs' names senders that 'sender_rounds' does not.")
-        saved_epoch = field("epoch", int, whole) if "epoch" in state else 0
-        newest_epochs = field("newest_epochs", dict, counts) if "newest_epochs" in state else {}
-        if set(newest_epochs) - set(newest):
-            raise ValueError("Swarm state: 'newest_epochs' names senders that 'newest' does not.")
-        departed = field("departed", dict, counts) if "departed" in state else {}
-        try:
-            digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
-        except ValueError:
-            raise ValueError("Swarm state: 'seen' holds a digest that is not hexadecimal.") from None
-        if any(len(digest) != 16 for digest in digests):  # blake2b-128, as `_accept` computes them
-            raise ValueError("Swarm state: 'seen' holds a digest that is not 16 bytes.")
-        saved_run = state.get("run")
-        if saved_run is not None and binding_problem(saved_run) is not None:
-            raise ValueError(f"Swarm state: 'run' is malformed: it {binding_problem(saved_run)}.")
-        if saved_run != self.run_id:
-            # What senders showed in another run says nothing of this one: a sender's newest round of a longer earlier
-            # run would hide its live lead (`LockStepWindow.note_round`). This peer's own alignment is kept: the swarm resumes with
-            # it.
-            logger.info(
-                "Resuming peer %r in run %r from the state of run %r: the other peers' rounds are not carried over.",
-                self.peer_id,
-                self.run_id,
-                saved_run,
-            )
-            newest, delivered, sender_rounds, sender_epochs, departed = {}, {}, {}, {}, {}
-            newest_epochs = {}
-        saved_id = state.get("peer_id")
-        if saved_id != self.peer_id:
-            logger.warning(
-                "Resuming peer %r from the swarm state of peer %r: its counters and digests are used as they are.",
-                self.peer_id,
-                saved_id,
-            )
-        self.known_peers = set(known)
-        self.peer_models = dict(models)
-        self._seen = digests
-        self.unpublished = Counter(unpublished)
-        self.round_offset = offset
-        self._delivered = dict(delivered)
-        self.window.load(
-            {
-                "absent": absent,
-                "absent_count": absent_count,
-                "newest": newest,
-                "newest_epochs": newest_epochs,
-                "sender_rounds": sender_rounds,
-                "sender_epochs": sender_epochs,
-            }
-        )
-        self.epoch = max(self.epoch, min(saved_epoch + 1, 2**63 - 1))  # every start newer, even if the clock went back
+        checked = check_swarm_state(state, most_seen=self.window.most_seen, run_id=self.run_id, peer_id=self.peer_id)
+        self.known_peers = set(checked.known_peers)
+        self.peer_models = dict(checked.peer_models)
+        self._seen = checked.seen
+        self.unpublished = Counter(checked.unpublished)
+        self.round_offset = checked.round_offset
+        self._delivered = dict(checked.delivered)
+        self.window.load(checked.window)
+        self.epoch = max(self.epoch, start_epoch(checked.epoch))  # every start newer, even if the clock went back
         self.departed = {
-            peer: round for peer, round in departed.items() if not self.expected_peers or peer in self.expected_peers
+            peer: round
+            for peer, round in checked.departed.items()
+            if not self.expected_peers or peer in self.expected_peers
         }
 
     def warn_once(self, who: str, reason: str, text: str, level: int = logging.WARNING) -> None:

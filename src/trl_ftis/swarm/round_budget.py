@@ -160,6 +160,7 @@ class RoundSpending:
         self.regular_rows: Counter = Counter()  # rows taken, by regular (signed sender)
         self.reserved = self.row_share * shares  # rows of shares not yet taken (regulars' and the newcomers')
         self.newest: dict[str, tuple[int, int]] = {}  # newest verified (epoch, round) per sender in this poll
+        self.newest_heard: dict[str, float] = {}  # when that message was made (bounded: `clocks.heard_at`)
         self.leads: dict[str, int] = {}  # senders that showed they are live and far ahead, with their round
         self.deferred: list = []  # their messages beyond the window, until the round window's catch-up decides
         self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
@@ -168,6 +169,7 @@ class RoundSpending:
         # Free-running: (epoch, round) of the messages taken from each sender, and the newest of them.
         self.free_taken: dict[str, set[tuple[int, int]]] = {}
         self.free_newest: dict[str, tuple[int, int]] = {}
+        self.free_heard: dict[str, float] = {}  # the latest `created` (bounded: `heard_at`) taken from each sender
 
     def rows_spent(self) -> bool:
         """Whether the round can take no more rows: `max_rows` are taken, or (first come, first served only) the

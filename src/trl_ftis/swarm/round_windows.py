@@ -21,8 +21,10 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .clocks import heard_at
 from .round_budget import RoundResult, RoundSpending
 from .sender_order import SenderOrder
 
@@ -34,6 +36,7 @@ __all__ = [
     "MAX_KNOWN_PEERS",
     "MAX_SWARM_ROUND",
     "WINDOW_STATE",
+    "CatchUp",
     "LockStepWindow",
     "PerSenderWindow",
 ]
@@ -56,6 +59,17 @@ WINDOW_STATE: dict[str, Any] = {
 """The keys of a swarm state that a window owns, with the value a window that keeps nothing under them writes."""
 
 
+@dataclass
+class CatchUp:
+    """One move forward of a lock-step peer ([`LockStepWindow.align`]), kept so that it can be undone."""
+
+    size: int  # rounds moved
+    leaders: frozenset[str]  # the senders whose leads were at the median or above
+    needed: int  # how many of them the median needed
+    forgotten: dict[bytes, int]  # digests of the window left behind (refused as duplicates again after an undo)
+    disowned: set[str] = field(default_factory=set)  # leaders that sent later messages of earlier rounds since
+
+
 class LockStepWindow:
     """One shared round window, with waiting and catch-up (`exchange_mode` `sync` and `async`)."""
 
@@ -74,8 +88,12 @@ class LockStepWindow:
         # a newer start of the sender was seen.
         self.newest: dict[str, int] = {}
         self.newest_epoch: dict[str, int] = {}
+        # When the message holding each sender's newest was made (`clocks.heard_at`): a later-made message of an
+        # earlier (start, round) shows that newest was not the sender's ([`note_round`]).
+        self.newest_heard: dict[str, float] = {}
         self.hinted: set[str] = set()
         self.started_at = time.time()  # wall clock, compared with messages' `created` (catch-up evidence only)
+        self.catch_up: CatchUp | None = None  # the last move forward, until it is undone or replaced
 
     # -- waiting -------------------------------------------------------------------------------------------------
     @property
@@ -170,10 +188,11 @@ class LockStepWindow:
         return False  # a restart shows in the round alignment, not in a sender order
 
     def pruned(self, seen: dict[bytes, int], round: int) -> dict[bytes, int]:
-        """The digests of accepted messages still in the window: older ones are refused as stale anyway."""
-        oldest = round - self.swarm.max_staleness
-        if any(accepted < oldest for accepted in seen.values()):
-            return {digest: accepted for digest, accepted in seen.items() if accepted >= oldest}
+        """The digests of accepted messages still in the window: older ones are refused as stale anyway (and, after
+        an undone catch-up, those of the rounds left ahead: out of reach for as many rounds as it moved)."""
+        oldest, newest = round - self.swarm.max_staleness, round + self.swarm.max_rounds_ahead
+        if any(not oldest <= accepted <= newest for accepted in seen.values()):
+            return {digest: accepted for digest, accepted in seen.items() if oldest <= accepted <= newest}
         return seen
 
     def most_seen(self, known_peers: int) -> int:
@@ -199,9 +218,11 @@ class LockStepWindow:
         return hint in self.newest or hint in self.hinted
 
     def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
-        """Whether a verified message is set aside until the end of the poll, for [`align`] to decide: it shows a live
-        peer far ahead ([`note_round`]) and is outside the window."""
-        return self.note_round(sender, message, round, state) and self.outside(message.round, round) is not None
+        """Whether a verified message is set aside until the end of the poll, for [`align`] to decide: it is outside
+        the window and shows a live peer far ahead ([`note_round`]), or the last catch-up may be undone."""
+        shows_lead = self.note_round(sender, message, round, state)
+        # While a catch-up may still be undone, every message outside the window waits too: the round may go back.
+        return (shows_lead or self.catch_up is not None) and self.outside(message.round, round) is not None
 
     def note_round(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
         """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
@@ -216,8 +237,22 @@ class LockStepWindow:
         message_round, epoch = message.round, message.epoch
         if self.swarm.run_id is None and message.created < self.started_at - EVIDENCE_CLOCK_SLACK:
             return False  # may belong to an earlier run (a leftover, a replay): no evidence either way
+        heard = heard_at(message.created)
+        if (
+            sender in self.newest
+            and heard > self.newest_heard.get(sender, self.started_at)
+            and ((epoch, message_round) < (self.newest_epoch.get(sender, 0), self.newest[sender]))
+        ):
+            # Made later than the sender's newest, yet of an earlier start or round: an honest sender never does
+            # that, so the newest was signed by another member (the shared secret cannot tell). Follow this one.
+            self.newest[sender], self.newest_epoch[sender], self.newest_heard[sender] = message_round, epoch, heard
+            state.newest.pop(sender, None)
+            if self.catch_up is not None and sender in self.catch_up.leaders:
+                self.catch_up.disowned.add(sender)
+            return False
         if (epoch, message_round) > state.newest.get(sender, (-1, -1)):
             state.newest[sender] = (epoch, message_round)
+            state.newest_heard[sender] = heard
         known = self.newest_epoch.get(sender, 0)
         if epoch < known:
             return False  # an older start of the sender: no evidence
@@ -247,11 +282,11 @@ class LockStepWindow:
         for sender, (epoch, newest) in state.newest.items():
             if sender in self.newest or len(self.newest) < MAX_KNOWN_PEERS:
                 known = self.newest_epoch.get(sender, 0)
-                if epoch > known or sender not in self.newest:
+                if epoch > known or sender not in self.newest or (epoch == known and newest > self.newest[sender]):
                     self.newest[sender], self.newest_epoch[sender] = newest, max(epoch, known)
-                elif epoch == known:
-                    self.newest[sender] = max(self.newest[sender], newest)
-        state.newest = {}
+                    self.newest_heard[sender] = state.newest_heard[sender]
+        state.newest, state.newest_heard = {}, {}
+        round = self.undo_catch_up(round)
         self.hinted |= set(list(state.hinted)[: max(MAX_KNOWN_PEERS - len(self.hinted), 0)])
         state.hinted = set()
         deferred, state.deferred = state.deferred, []
@@ -263,6 +298,12 @@ class LockStepWindow:
             )
             target = min(sorted(leads)[len(leads) // 2], MAX_SWARM_ROUND)
             if target - round > swarm.max_staleness:
+                self.catch_up = CatchUp(
+                    size=target - round,
+                    leaders=frozenset(sender for sender, lead in state.leads.items() if lead >= target),
+                    needed=len(leads) - len(leads) // 2,  # leads at the median or above
+                    forgotten=swarm.forget(target),
+                )
                 swarm.round_offset += target - round
                 logger.warning(
                     "Round %d: the swarm is at round %d (%s), more than max_staleness=%d rounds ahead: this peer "
@@ -276,12 +317,32 @@ class LockStepWindow:
                 )
                 round = target
                 state.leads.clear()
-                swarm.forget(round)
         for envelope, digest, message in deferred:
             sender = swarm.take(envelope, digest, message, round, result, state, dropped)
             if sender is not None:
                 fresh.add(sender)
         return round
+
+    def undo_catch_up(self, round: int) -> int:
+        """Move back by the last catch-up when too few of the peers whose leads made it still stand by them: each
+        sent a message made later than its lead but of an earlier round ([`note_round`]), so that lead was signed by
+        another member under its name. Returns the (possibly earlier) swarm round."""
+        catch_up, swarm = self.catch_up, self.swarm
+        if catch_up is None or len(catch_up.leaders - catch_up.disowned) >= catch_up.needed:
+            return round
+        self.catch_up = None
+        swarm.round_offset -= catch_up.size
+        swarm.remember(catch_up.forgotten)
+        logger.warning(
+            "Round %d: %s, whose leads moved this peer %d rounds forward, sent later messages of earlier rounds: "
+            "those leads were not theirs (another member signed them; peer_keys_file prevents it). This peer moves "
+            "back to round %d.",
+            round,
+            ", ".join(map(repr, sorted(catch_up.disowned))),
+            catch_up.size,
+            round - catch_up.size,
+        )
+        return round - catch_up.size
 
     after_poll = align
 
@@ -302,6 +363,8 @@ class LockStepWindow:
         self.absent_count = min(checked["absent_count"], swarm.num_expected_peers or 0)  # never more than expected
         self.newest = dict(checked["newest"])
         self.newest_epoch = {sender: checked["newest_epochs"].get(sender, 0) for sender in checked["newest"]}
+        self.newest_heard = dict.fromkeys(self.newest, time.time())  # a message made after the load can disown them
+        self.catch_up = None
 
 
 class PerSenderWindow:
@@ -324,7 +387,7 @@ class PerSenderWindow:
     def refusal(self, sender: str, message: Message, round: int, state: RoundSpending) -> str | None:
         """Taken in order only (`stale`; `senders` when as many senders as kept are followed), then judged against the
         sender's own newest round once the collect is over ([`finish`])."""
-        return self.order.refusal(sender, message, state)
+        return self.order.refusal(sender, message, state, self.swarm.listed_peers())
 
     def refuses_unread(self, envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
         return False  # no shared round to be ahead of
@@ -362,7 +425,7 @@ class PerSenderWindow:
         return self.order.epochs
 
     def state_dict(self) -> dict[str, Any]:
-        return {**WINDOW_STATE, "sender_rounds": dict(self.order.rounds), "sender_epochs": dict(self.order.epochs)}
+        return {**WINDOW_STATE, **self.order.state_dict()}
 
     def load(self, checked: Mapping[str, Any]) -> None:
         self.order.load(checked["sender_rounds"], checked["sender_epochs"])
