@@ -1,6 +1,8 @@
 """Helpers shared by the swarm tests: a round client on the tiny character tokenizer, rows to publish, and a stand-in
 partner that publishes as a trainer steps."""
 
+import hashlib
+
 from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
@@ -20,6 +22,8 @@ def make_swarm(url, peer_id, tokenizer, **overrides):
         "reward_names": ["digit_match_reward"],
         "peer_timeout": 5.0,
     }
+    # A fixed key per peer: the order in which a test's receiver reads senders is reproducible (a real one is random).
+    settings["order_key"] = hashlib.blake2b(peer_id.encode(), digest_size=16, person=b"ftis-tests").digest()
     settings.update(overrides)
     return Swarm(url, **settings)
 

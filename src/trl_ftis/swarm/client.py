@@ -129,6 +129,8 @@ class Swarm:
             fresh while it is at most `max_staleness` of that sender's steps older than the newest message it
             delivered ([`sender_rounds`]); no `ahead` refusal and no catch-up; an expected peer is never waited for
             and counts as missing once silent for `peer_timeout` seconds).
+        order_key: keys the order in which senders that cannot all be read are read ([`sender_rank`]); default:
+            16 random bytes, so that no writer can predict it. Give one only to make that order reproducible (tests).
     """
 
     def __init__(
@@ -159,6 +161,7 @@ class Swarm:
         window: type = LockStepWindow,
         swarm_name: str | None = None,
         run_id: str | None = None,
+        order_key: bytes | None = None,
     ):
         self.url = url
         self.swarm_name = swarm_name or None
@@ -208,6 +211,9 @@ class Swarm:
         self.epoch = now_epoch()
         """This start of this peer, sent in every message (`Message.epoch`): microseconds since 1970, kept above the
         epoch of any state it resumed from ([`load_state_dict`]), so that every start of a peer has a newer one."""
+        self.order_key = os.urandom(16) if order_key is None else bytes(order_key)
+        """Keys the order in which this peer reads senders it cannot all read ([`sender_rank`]): random, never sent
+        or saved, so no writer can grind ids or hints that this peer reads first."""
         self._warned: set[tuple[str, str]] = set()
         self._closed = False
         self._collects = 0  # collects so far ([`_say_if_alone`])
@@ -426,7 +432,7 @@ class Swarm:
                 self.warn_once("transport", type(error).__name__, f"Polling the exchange failed: {error}")
                 envelopes = []
             window = (self.max_staleness, self.max_rounds_ahead)
-            for envelope in reading_order(envelopes, round, regulars, self.peer_id, window, self.window.is_old):
+            for envelope in reading_order(envelopes, round, regulars, self.order_key, window, self.window.is_old):
                 sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)

@@ -18,11 +18,12 @@ def reading_order(
     envelopes: Sequence[Envelope],
     round: int,
     regulars: frozenset[str],
-    receiver: str,
+    order_key: bytes,
     window: tuple[int, int],
     is_old: Callable[[str | None, int], bool] | None = None,
 ) -> list[Envelope]:
-    """The order in which `receiver` examines a poll's envelopes ([`RoundBudget`]): regulars' first, then everyone
+    """The order in which a receiver (whose secret `order_key` draws the senders' order: [`sender_rank`]) examines a
+    poll's envelopes ([`RoundBudget`]): regulars' first, then everyone
     else's; within each, one envelope per sender hint at a time (its round hint nearest `round` first, the newest
     on a tie; the newest when free-running), the senders in an order drawn for this round ([`sender_rank`]);
     envelopes whose round hint is outside the window, or missing, last (by distance, then arrival).
@@ -71,13 +72,13 @@ def reading_order(
         turn[index] = turns[hint]
         turns[hint] += 1
         if hint not in ranks:
-            ranks[hint] = sender_rank(receiver, round, hint)
+            ranks[hint] = sender_rank(order_key, round, hint)
 
     def key(item):
         index, envelope = item
         tier = envelope.sender_hint not in regulars
         if index in probe_index:
-            return (tier, -1, 0, sender_rank(receiver, round, envelope.sender_hint), index)
+            return (tier, -1, 0, sender_rank(order_key, round, envelope.sender_hint), index)
         if index in turn:
             return (tier, 0, turn[index], ranks[envelope.sender_hint], index)
         hint = envelope.round_hint

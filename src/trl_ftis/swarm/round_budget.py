@@ -34,7 +34,7 @@ class RoundBudget:
 
     The order ([`trl_ftis.swarm.reading_order.reading_order`]): regulars first, then everyone else; within each, one
     envelope per sender hint at a time (each sender's round hint nearest this peer's round first, the newest on a tie; the newest when
-    free-running), the senders in an order drawn afresh every round from this peer's id, the round and the hint;
+    free-running), the senders in an order drawn afresh every round from a key only this peer knows, the round and the hint;
     envelopes whose round hint is outside the round window, or missing, come last. (Except when half the regulars
     or more file envelopes ahead of the window: each one's newest such envelope then comes first, since a peer that
     lags behind the swarm must see it to catch up, whatever fills its rows.) A receiver that cannot read every
@@ -262,12 +262,14 @@ def whole_groups(message: Message, most: int) -> Message:
     return dataclasses.replace(message, completions=[c for c in message.completions if c.group in keep])
 
 
-def sender_rank(receiver: str, round: int, hint: str | None) -> bytes:
-    """A sender hint's place in `receiver`'s order of `round`: a hash, so the order is drawn afresh every round and
-    differs between receivers, reproducibly. Choosing a hint that ranks early buys a newcomer nothing but a place
-    among the newcomers, whose allowance it shares, and a hint naming another sender gets its message refused."""
-    text = f"{receiver!r}|{round}|{hint!r}".encode("utf-8", "backslashreplace")
-    return hashlib.blake2b(text, digest_size=8, person=b"ftis-order").digest()
+def sender_rank(order_key: bytes, round: int, hint: str | None) -> bytes:
+    """A sender hint's place in a receiver's order of `round`: a hash keyed with the receiver's `order_key` (random,
+    drawn when its swarm client starts, never sent or saved), so the order is drawn afresh every round, differs
+    between receivers, and no writer can predict it: an id or hint ground to rank early ranks where any other does.
+    Its place buys a newcomer nothing but a place among the newcomers, whose allowance it shares, and a hint naming
+    another sender gets its message refused."""
+    text = f"{round}|{hint!r}".encode("utf-8", "backslashreplace")
+    return hashlib.blake2b(text, digest_size=8, key=order_key, person=b"ftis-order").digest()
 
 
 BUDGET_TEXT = {
