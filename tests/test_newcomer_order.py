@@ -22,7 +22,7 @@ def url():
 
 
 def public_rank(receiver: str, round: int, hint: str) -> bytes:
-    """The order every writer could compute before it was keyed: a hash of the receiver's id, the round and the hint."""
+    """The order any writer could compute before it was keyed: a hash of the receiver's id, the round, the hint."""
     text = f"{receiver!r}|{round}|{hint!r}".encode("utf-8", "backslashreplace")
     return hashlib.blake2b(text, digest_size=8, person=b"ftis-order").digest()
 

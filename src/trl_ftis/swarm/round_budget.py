@@ -33,8 +33,9 @@ class RoundBudget:
     never trusted, and a message whose signed sender differs from its hint is refused (`sender_hint`).
 
     The order ([`trl_ftis.swarm.reading_order.reading_order`]): regulars first, then everyone else; within each, one
-    envelope per sender hint at a time (each sender's round hint nearest this peer's round first, the newest on a tie; the newest when
-    free-running), the senders in an order drawn afresh every round from a key only this peer knows, the round and the hint;
+    envelope per sender hint at a time (each sender's round hint nearest this peer's round first, the newest on a
+    tie; the newest when free-running), the senders in an order drawn afresh every round from a key only this peer
+    knows, the round and the hint;
     envelopes whose round hint is outside the round window, or missing, come last. (Except when half the regulars
     or more file envelopes ahead of the window: each one's newest such envelope then comes first, since a peer that
     lags behind the swarm must see it to catch up, whatever fills its rows.) A receiver that cannot read every
