@@ -110,7 +110,7 @@ class RoundResult:
     peers: dict[str, PeerRoundStats] = field(default_factory=lambda: defaultdict(PeerRoundStats))
     refused: Counter = field(default_factory=Counter)
     """Refused messages (or files) by reason: `signature`, `unsigned`, `unknown_peer`, `identity`, `sender_hint`,
-    `tokenizer`, `temperature`, `stale`, `ahead`, `duplicate`, `round_budget`, `unrecognised`, `too_large`,
+    `tokenizer`, `temperature`, `epoch`, `stale`, `ahead`, `duplicate`, `round_budget`, `unrecognised`, `too_large`,
     `truncated`, `ids`, `logps` ..."""
     missing: list[str] = field(default_factory=list)
     """Expected peers that sent nothing new before the timeout."""
