@@ -94,19 +94,38 @@ def test_free_the_genuine_messages_of_a_forged_peer_are_still_taken_only_once(to
     assert result.rows == [] and result.refused["stale"] + result.refused["duplicate"] == 3
 
 
+class Clock:
+    """Stands in for the `time` module of the code under test: `time()` and `monotonic()` move only when told."""
+
+    def __init__(self, now: float):
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time_ns(self) -> int:
+        return int(self.now * 1e9)
+
+
 def test_free_a_forged_created_counts_at_most_a_minute_ahead(tokenizer, url, monkeypatch):
     """A far round made "in the future" holds the peer's messages back until its `created`, bounded by
-    `CREATED_SLACK` (made small here) ahead of the receiver's clock, is passed."""
+    `CREATED_SLACK` (60 s, 0.3 here) ahead of the receiver's clock, is passed."""
+    clock = Clock(time.time() + 100)  # the receiver's clock, ahead of the victim's: its messages made "earlier"
+    monkeypatch.setattr(clocks, "time", clock)
     monkeypatch.setattr(clocks, "CREATED_SLACK", 0.3)
     victim, me = make_swarm(url, "victim", tokenizer, secret=SECRET), free(url, tokenizer)
     victim.publish(rows("victim", group="g0"), 0)
     me.collect(0)
-    forge(url, tokenizer, "victim", 10**9, epoch=victim.epoch, created=time.time() + 10**6)
+    forge(url, tokenizer, "victim", 10**9, epoch=victim.epoch, created=clock.now + 10**6)  # counts as now + 0.3
     me.collect(1)
     victim.publish(rows("victim", group="g1"), 1)  # made before the forged message counts as made
     assert genuine(me.collect(2)) == []
-    time.sleep(0.4)
-    victim.publish(rows("victim", group="g2"), 2)
+    clock.now += 1
+    later = wire_message(tokenizer, "victim", 2, epoch=victim.epoch, created=clock.now - 0.5)  # after now + 0.3
+    publish_raw(url, encode_message(later, secret=SECRET), sender="victim", round=2)
     assert genuine(me.collect(3)) == [2]
 
 
@@ -226,10 +245,14 @@ def test_start_epoch(saved, now, expected):
 # -- the free-running sender table -----------------------------------------------------------------------------------
 @pytest.fixture
 def small_table(monkeypatch):
-    """A sender table of 6 (10,000 in a real swarm), so that a flood fills it in one collect."""
-    from trl_ftis.swarm import round_windows
+    """A sender table of 6 (10,000 in a real swarm), so that a flood fills it in one collect; its clock moves only
+    when a test says so (`peer_timeout` is 0.2 s of it)."""
+    from trl_ftis.swarm import round_windows, sender_order
 
     monkeypatch.setattr(round_windows, "MAX_KNOWN_PEERS", 6)
+    clock = Clock(time.time())
+    monkeypatch.setattr(sender_order, "time", clock)
+    return clock
 
 
 def flood(url, tokenizer, count, start=0):
@@ -245,9 +268,10 @@ def test_free_a_table_filled_by_invented_ids_makes_room_once_they_are_silent(tok
     assert len(me.sender_rounds) == 6
     late = make_swarm(url, "late", tokenizer, secret=SECRET)
     late.publish(rows("late", group="l0"), 0)
+    small_table.now += 0.1
     refused = me.collect(1)  # the invented ids were heard just now: they keep their places for peer_timeout
     assert genuine(refused, "late") == [] and refused.refused["round_budget"] == 1
-    time.sleep(0.3)
+    small_table.now += 0.2
     late.publish(rows("late", group="l1"), 1)
     assert genuine(me.collect(2), "late") == [1]  # the least recently heard gave its place away
     assert "late" in me.sender_rounds and len(me.sender_rounds) == 6
@@ -260,7 +284,7 @@ def test_free_a_regular_keeps_its_place_however_long_it_is_silent(tokenizer, url
     me.collect(0)
     flood(url, tokenizer, 5)
     me.collect(1)
-    time.sleep(0.3)
+    small_table.now += 0.3
     flood(url, tokenizer, 5, start=5)  # five more newcomers, once the first five and `a` are silent
     me.collect(2)
     assert "a" in me.sender_rounds and sum(s.startswith("sybil") for s in me.sender_rounds) == 5
