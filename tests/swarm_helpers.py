@@ -55,6 +55,19 @@ def wire_message(tokenizer, sender, round=0, *, count=4, prompt="12+34=", create
     return built
 
 
+def a_row(**overrides):
+    """One `PeerRow` of the tiny task (prompt `12+34=`, three tokens, reward 1, group `g`), with `overrides`."""
+    row = {
+        "prompt": "12+34=",
+        "completion_ids": [8, 9, 2],
+        "generator_logps": [-0.5, -1.0, -0.1],
+        "reward": 1.0,
+        "group": "g",
+    }
+    row.update(overrides)
+    return PeerRow(**row)
+
+
 def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
     """`count` rows of one group from `sender`, with rewards `reward`, `reward + 1`, ..."""
     return [

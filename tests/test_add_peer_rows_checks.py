@@ -8,21 +8,8 @@ from __future__ import annotations
 import threading
 
 import pytest
-from tiny_trainers import tiny_trainer  # tests/ is on sys.path
-
-from trl_ftis import PeerRow
-
-
-def a_row(**overrides) -> PeerRow:
-    row = {
-        "prompt": "12+34=",
-        "completion_ids": [8, 9, 2],
-        "generator_logps": [-0.5, -1.0, -0.1],
-        "reward": 1.0,
-        "group": "g",
-    }
-    row.update(overrides)
-    return PeerRow(**row)
+from swarm_helpers import a_row  # tests/ is on sys.path
+from tiny_trainers import tiny_trainer
 
 
 class Unpicklable:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_trainers import without_control_tokens  # tests/ is on sys.path
+from swarm_helpers import a_row  # tests/ is on sys.path
+from tiny_trainers import without_control_tokens
 from transformers import AutoModelForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
@@ -360,18 +361,6 @@ def test_listener_rows_carry_rewards_and_dataset_columns(tokenizer, dataset, mak
 # --------------------------------------------------------------------------------------------------------------------
 # Peer rows
 # --------------------------------------------------------------------------------------------------------------------
-def a_row(**overrides):
-    row = {
-        "prompt": "12+34=",
-        "completion_ids": [8, 9, 2],
-        "generator_logps": [-0.5, -1.0, -0.1],
-        "reward": 1.0,
-        "group": "g",
-    }
-    row.update(overrides)
-    return PeerRow(**row)
-
-
 @pytest.mark.parametrize(
     "overrides, error, message",
     [

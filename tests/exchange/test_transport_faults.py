@@ -372,12 +372,18 @@ def _writable_by_others_warnings(caplog):
     ]
 
 
-@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o773], ids=oct)
-def test_dir_world_writable_exchange_directory_is_warned_about_once(tmp_path, caplog, mode):
+def folder_of_mode(tmp_path, mode, caplog):
+    """An exchange folder of `mode`, with the transports' warnings captured."""
     ex = tmp_path / "ex"
     ex.mkdir()
     os.chmod(ex, mode)
     caplog.set_level(logging.WARNING, logger="trl_ftis.exchange.transports")
+    return ex
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o773], ids=oct)
+def test_dir_world_writable_exchange_directory_is_warned_about_once(tmp_path, caplog, mode):
+    ex = folder_of_mode(tmp_path, mode, caplog)
     first = DirTransport(f"dir://{ex}")
     second = open_transport(f"dir://{ex}")  # the same folder again in this process: not said again
     DirTransport(f"dir://{ex}/")  # nor under another spelling of its path
@@ -395,10 +401,7 @@ def test_dir_world_writable_exchange_directory_is_warned_about_once(tmp_path, ca
 
 @pytest.mark.parametrize("mode", [0o700, 0o755, 0o775, 0o770], ids=oct)
 def test_dir_exchange_directory_not_writable_by_others_is_not_warned_about(tmp_path, caplog, mode):
-    ex = tmp_path / "ex"
-    ex.mkdir()
-    os.chmod(ex, mode)
-    caplog.set_level(logging.WARNING, logger="trl_ftis.exchange.transports")
+    ex = folder_of_mode(tmp_path, mode, caplog)
     t = DirTransport(f"dir://{ex}")
     t.publish(b"x", sender="alice", round=0)
     t.poll()
