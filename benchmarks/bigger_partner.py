@@ -21,7 +21,6 @@ snapshot and split, "warm" per warm model and split). Resumable: recorded slots 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import subprocess
@@ -415,12 +414,7 @@ def main() -> None:
                         break
                     work = options.work / f"{options.stage}-seed{seed}-{rates['key']}"
                     got = run_slot(seed, rates, options.cache, work, index)
-                    sink.writelines(json.dumps(record) + "\n" for record in got)
-                    sink.flush()
-                    records += got
-                    print(f"seed {seed} lr {rates['key']}: " + ", ".join(
-                        f"{r['peer']} {r['train_clock']:.0f} s" for r in got)
-                          + f"; slot {got[0]['slot_wall_seconds']:.0f} s", flush=True)  # fmt: skip
+                    ttt.keep_slot(sink, records, got, f"seed {seed} lr {rates['key']}", steps=False, slot_seconds=True)
                     records += evaluate_pending(records, sink, options.cache, splits)
             records += evaluate_pending(records, sink, options.cache, splits)
         print(f"stage {options.stage}: {time.time() - began:.0f} s this invocation", flush=True)

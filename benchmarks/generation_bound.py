@@ -330,11 +330,7 @@ def main() -> None:
                         break
                     got = run_slot(slot, seed, options.cache, options.work / f"{options.stage}-{seed}" / slot,
                                    index, steps, run_cost, point=options.point)  # fmt: skip
-                    sink.writelines(json.dumps(record) + "\n" for record in got)
-                    sink.flush()
-                    records += got
-                    print(f"seed {seed} {slot}: " + ", ".join(f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s"
-                                                              for r in got), flush=True)  # fmt: skip
+                    ttt.keep_slot(sink, records, got, f"seed {seed} {slot}", steps=True, slot_seconds=False)
             if options.stage != "calibrate":
                 records += evaluate_pending(records, sink, options.cache)
     if options.stage == "calibrate":

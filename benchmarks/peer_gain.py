@@ -712,12 +712,8 @@ def main() -> None:
                             break
                         work = options.work / f"{options.stage}-seed{seed}-{rates['key']}" / slot
                         got = run_slot(slot, seed, rates, options.cache, work, index)
-                        sink.writelines(json.dumps(record) + "\n" for record in got)
-                        sink.flush()
-                        records += got
-                        print(f"seed {seed} lr {rates['key']} {slot}: " + ", ".join(
-                            f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s" for r in got)
-                              + f"; slot {got[0]['slot_wall_seconds']:.0f} s", flush=True)  # fmt: skip
+                        label = f"seed {seed} lr {rates['key']} {slot}"
+                        ttt.keep_slot(sink, records, got, label, steps=True, slot_seconds=True)
                         # Evaluate each slot as soon as it is trained: a chunk cut short leaves no snapshot behind.
                         records += evaluate_pending(records, sink, options.cache, splits)
                     if stopped:

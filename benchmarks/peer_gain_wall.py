@@ -448,11 +448,7 @@ def main() -> None:
                     break
                 got = run_slot(slot, seed, rates, checkpoint, options.work / f"{options.stage}-{seed}" / slot,
                                index, steps)  # fmt: skip
-                sink.writelines(json.dumps(record) + "\n" for record in got)
-                sink.flush()
-                records += got
-                print(f"seed {seed} {slot}: " + ", ".join(f"{r['peer']} {r['steps']} steps {r['train_clock']:.0f} s"
-                                                          for r in got), flush=True)  # fmt: skip
+                ttt.keep_slot(sink, records, got, f"seed {seed} {slot}", steps=True, slot_seconds=False)
         records += evaluate_pending(records, sink, checkpoint)
     return report(records, rule, options.stage)
 

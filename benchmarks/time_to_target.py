@@ -606,6 +606,19 @@ def evaluate_worker(job_path: str) -> None:
         print(json.dumps({**item["record"], "accuracy": accuracy, "eval_size": len(problems)}), flush=True)
 
 
+def keep_slot(sink, records: list[dict], got: list[dict], label: str, *, steps: bool, slot_seconds: bool) -> None:
+    """Append one trained slot's records to the raw file (flushed: a stopped invocation loses no finished slot) and to
+    `records`, and print its progress line: `label: peer [N steps] T s, ...[; slot S s]`."""
+    sink.writelines(json.dumps(record) + "\n" for record in got)
+    sink.flush()
+    records += got
+    peers = ", ".join(
+        f"{r['peer']}" + (f" {r['steps']} steps" if steps else "") + f" {r['train_clock']:.0f} s" for r in got
+    )
+    tail = f"; slot {got[0]['slot_wall_seconds']:.0f} s" if slot_seconds else ""
+    print(f"{label}: {peers}{tail}", flush=True)
+
+
 def evaluate_pending(records: list[dict], sink, cache: Path, eval_size: int | None) -> list[dict]:
     """Evaluate every snapshot (and warm model) without an evaluation record, in two pinned worker processes."""
     done = {(r["seed"], r["slot"], r["peer"], r["index"]) for r in records if r["kind"] == "checkpoint"}
