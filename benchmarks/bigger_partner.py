@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -397,9 +396,7 @@ def main() -> None:
     else:
         settings = [{"key": "2e-4", **dict.fromkeys(ARMS, 2e-4)}]
     if not options.summary_only:
-        git = ["git", "rev-parse", "--short", "HEAD"]
-        rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-        print(f"# {' '.join(sys.argv)} at {rev} ({time.strftime('%Y-%m-%d %H:%M')})", flush=True)
+        print(ttt.run_header(), flush=True)
         began = time.time()
         options.cache.mkdir(parents=True, exist_ok=True)
         ttt.build_warm(options.cache, seeds, [], names=[LEARNER, PARTNER])

@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -312,9 +311,7 @@ def main() -> None:
         seeds = ttt.parse_seeds(options.seeds) if options.seeds else list(POINTS[options.point]["seeds"])
     records = pg.load(raw)
     if not options.summary_only:
-        git = ["git", "rev-parse", "--short", "HEAD"]
-        rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-        print(f"# {' '.join(sys.argv)} at {rev} ({time.strftime('%Y-%m-%d %H:%M')}); cost {cost}", flush=True)
+        print(ttt.run_header(f"; cost {cost}"), flush=True)
         options.cache.mkdir(parents=True, exist_ok=True)
         ttt.build_warm(options.cache, seeds, [], names=["big"])
         began = time.time()

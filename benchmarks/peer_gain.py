@@ -43,7 +43,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -689,9 +688,7 @@ def main() -> None:
     if options.slots is None:
         options.slots = ["alone", "pairs"] if options.stage == "pilot" else list(SLOTS)
     if not options.summary_only:
-        git = ["git", "rev-parse", "--short", "HEAD"]
-        rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
-        print(f"# {' '.join(sys.argv)} at {rev} ({time.strftime('%Y-%m-%d %H:%M')})", flush=True)
+        print(ttt.run_header(), flush=True)
         began = time.time()
         options.cache.mkdir(parents=True, exist_ok=True)
         ttt.build_warm(options.cache, seeds, ["hetero"])

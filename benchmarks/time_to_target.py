@@ -606,6 +606,13 @@ def evaluate_worker(job_path: str) -> None:
         print(json.dumps({**item["record"], "accuracy": accuracy, "eval_size": len(problems)}), flush=True)
 
 
+def run_header(extra: str = "") -> str:
+    """The first line of a driver's output: `# <its command line> at <git revision> (<local time>)<extra>`."""
+    git = ["git", "rev-parse", "--short", "HEAD"]
+    rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+    return f"# {' '.join(sys.argv)} at {rev} ({time.strftime('%Y-%m-%d %H:%M')}){extra}"
+
+
 def keep_slot(sink, records: list[dict], got: list[dict], label: str, *, steps: bool, slot_seconds: bool) -> None:
     """Append one trained slot's records to the raw file (flushed: a stopped invocation loses no finished slot) and to
     `records`, and print its progress line: `label: peer [N steps] T s, ...[; slot S s]`."""
@@ -1143,9 +1150,7 @@ def main() -> None:
         if options.part3:
             return summarise_part3(records, target, budget)
         return summarise(records, target, budget, options.pilot)
-    git = ["git", "rev-parse", "--short", "HEAD"]
-    rev = subprocess.run(git, cwd=ROOT, capture_output=True, text=True, check=False).stdout
-    print(f"# {' '.join(sys.argv)} at {rev.strip()} ({time.strftime('%Y-%m-%d %H:%M')})", flush=True)
+    print(run_header(), flush=True)
     options.cache.mkdir(parents=True, exist_ok=True)
     build_warm(options.cache, seeds, options.slots)
     done = {(r["seed"], r["slot"]) for r in records if r["kind"] == "run"}
