@@ -56,9 +56,9 @@ class SenderOrder:
     ) -> str | None:
         """Why `message` must not be taken (`stale`; `senders`, when as many senders as kept are followed, none of
         them silent long enough to give way, and `sender` is not a regular), or None. Only `listed` peers (expected
-        or keyed) never give their place away. It must be of a newer (epoch,
-        round) than every one taken from `sender`, or made later than every one ([`later`]), and not already taken
-        in this collect. No bounded memory decides this."""
+        or keyed) never give their place away. It must be of a newer (epoch, round) than every one taken from
+        `sender`, or made later than every one ([`later`]), and not already taken in this collect. No bounded memory
+        decides this."""
         epoch, round = message.epoch, message.round
         known = self.top.get(sender)
         new = known is None and sender not in state.free_newest
