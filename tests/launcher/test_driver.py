@@ -297,7 +297,7 @@ def test_several_mistakes_are_reported_at_once_with_locations():
         "partition, account, extra, setup); did you mean `redis.cpus`? (the Redis job is one CPU job on one node)",
         "peers[0] (id 'a'): `env.X` must be a string or a number, got bool True (quote it: 'true' / '1')",
         "peers[0] (id 'a'): unknown key `lorra` (allowed: id, model, lora, args, env, script, launcher, "
-        "accelerate_config, num_processes, gpus, gpu_share, slurm, controls); did you mean `lora`?",
+        "accelerate_config, num_processes, gpus, gpu_share, slurm, vllm_server, controls); did you mean `lora`?",
         "peers[1] (id 'b'): `num_processes` must be an integer >= 1, got 0",
         "peers[1] (id 'b'): unknown key `slurm.gpus_per_node` (allowed: nodes, gpus, cpus, mem, time, partition, "
         "account, extra, setup); did you mean `slurm.gpus`?",

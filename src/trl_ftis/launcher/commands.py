@@ -44,6 +44,8 @@ from ..rules import (
 )
 from .preflight import render_args, render_value
 from .schema import SwarmConfig, SwarmConfigError
+from .vllm_schema import peer_vllm_args
+from .vllm_servers import ServerCommand, server_command
 
 __all__ = [
     "HUB_TOKEN_ENV",
@@ -105,6 +107,7 @@ class PeerCommand:
     launcher: str
     main_process_port: int | None = None
     control_of: str | None = None  # a control (`controls.py`): the swarm peer whose configuration it runs alone
+    server: ServerCommand | None = None  # its vLLM server (`vllm_server:`), started before it and stopped with it
 
     def full_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
         """The caller's environment (secrets such as the swarm secret included) with this peer's additions."""
@@ -198,7 +201,14 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
     peer's `env` may override either (an empty value: no binding).
     """
     exchange_url = config.exchange_url if exchange_url is None else exchange_url
-    ports: set[int] = set()
+    # Ports a config names are never drawn for another server or peer of the launch.
+    ports: set[int] = {
+        port
+        for peer in config.peers
+        if peer.vllm_server is not None
+        for port in (peer.vllm_server.port, peer.vllm_server.group_port)
+        if port is not None
+    }
     swarm_name = config.run_dir.name  # runs/<config file stem> by default
     cwd = Path(os.getcwd())
     logs = config.run_dir / "logs"
@@ -225,6 +235,20 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
             argv += ["--exchange_url", exchange_url]
         argv += ["--output_dir", str(output_dir)]
         argv += render_args({k: v for k, v in peer.args.items() if k not in SECRET_ARGS})
+        server = None
+        if peer.vllm_server is not None:
+            server = server_command(
+                peer.id,
+                str(peer.model if peer.model is not None else peer.args["model_name_or_path"]),
+                peer.vllm_server,
+                port=peer.vllm_server.port or free_port(ports),
+                group_port=peer.vllm_server.group_port or free_port(ports),
+                peer_env=peer.env,
+                logs=logs,
+                cwd=cwd,
+                visible_devices=config.scheduler == "local",
+            )
+            argv += render_args(peer_vllm_args(peer.vllm_server, server.port, server.group_port))
         if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
             argv += ["--project", swarm_name]
 
@@ -261,6 +285,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
                 launcher=peer.launcher,
                 main_process_port=port,
                 control_of=peer.control_of,
+                server=server,
             )
         )
     return commands
@@ -417,7 +442,7 @@ def _shown(value: str) -> str:
     return value if value == REDACTED else shell_quote(value)
 
 
-def shell_line(command: PeerCommand, env: Mapping[str, str]) -> str:
+def shell_line(command: PeerCommand | ServerCommand, env: Mapping[str, str]) -> str:
     """`env K=V ... <argv>`, shell-quoted on one line, secrets in `argv` redacted (`env` is shown as given: redact it
     first)."""
     parts = [f"{k}={shell_quote(v)}" for k, v in env.items()]
@@ -435,6 +460,13 @@ def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | 
         added = redact_env(command.env)
         lines.append("# env additions: " + " ".join(f"{k}={_shown(v)}" for k, v in added.items()))
         lines.append(f"cd {shell_quote(str(command.cwd))} && {shell_line(command, redact_env(command.env))}")
+        if command.server is not None:
+            server = command.server
+            lines.append(
+                f"# its vLLM server, started first on GPUs {server.gpus}, ready when {server.health_url} answers "
+                f"(weight sync on port {server.group_port}; log {server.log_path}):"
+            )
+            lines.append(f"cd {shell_quote(str(server.cwd))} && {shell_line(server, redact_env(server.env))}")
         lines.append("")
     if passed:
         lines.append(

@@ -68,6 +68,9 @@ class LocalBackend:
         )
         if any(command.main_process_port for command in self.commands):
             stream.write("# accelerate ports are picked again at launch\n")
+        servers = [peer.vllm_server for peer in self.config.peers if peer.vllm_server is not None]
+        if any(server.port is None or server.group_port is None for server in servers):
+            stream.write("# vLLM server ports not set in the config are picked again at launch\n")
         stream.write(describe_commands(self.commands))
         for problem in check_files(self.config):
             stream.write(f"# warning: {problem}\n")

@@ -66,6 +66,7 @@ from .schema_values import (
 )
 from .slurm_schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
 from .validation import Spec, bad, format_problems, problems, said, with_problems
+from .vllm_schema import VllmServerConfig, VllmServerSpec, server_arg_conflicts
 
 __all__ = [
     "CROSS_PROCESS_SCHEMES",
@@ -109,6 +110,9 @@ class PeerSpec(Spec):
         None, description="sugar for args.gpu_memory_fraction"
     )
     slurm: SlurmResources | None = Field(None, validate_default=True, description="this peer's job, on SLURM")
+    vllm_server: VllmServerSpec | None = Field(
+        None, description="a vLLM server the launcher starts for this peer on GPUs of its own"
+    )
     controls: Annotated[list[str] | None, BeforeValidator(controls_value)] = Field(
         None, description="overrides the top-level controls for this peer ([] for none)"
     )
@@ -187,6 +191,21 @@ class PeerSpec(Spec):
                 "`launcher: accelerate` (one `accelerate launch` per node) or nodes: 1"
             )
         return own
+
+    @field_validator("vllm_server")
+    @classmethod
+    def _server_peer(cls, server: VllmServerSpec | None, info: ValidationInfo) -> VllmServerSpec | None:
+        if server is None:
+            return None
+        args = {**top_level(info).args, **info.data.get("args", {})}
+        found = [
+            f"`args.{key}` is set by the launcher from `vllm_server`; drop it" for key in server_arg_conflicts(args)
+        ]
+        if info.data.get("model") is None and args.get("model_name_or_path") is None:
+            found.append("`vllm_server` serves the peer's model: set the peer's `model`")
+        if found:
+            raise said("; ".join(found))
+        return server
 
 
 def _peers_list(value: Any) -> Any:
@@ -379,6 +398,7 @@ class PeerConfig:
     gpus: str | None = None
     gpu_share: float | None = None
     slurm: SlurmResources | None = None  # the peer's job (merged over the top-level `slurm`); None when local
+    vllm_server: VllmServerConfig | None = None  # the vLLM server the launcher starts for this peer
     control_of: str | None = None  # a control (`controls.py`): the swarm peer whose configuration it runs alone
 
 
@@ -535,9 +555,17 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
                 gpus=peer.gpus,
                 gpu_share=peer.gpu_share,
                 slurm=resources,
+                vllm_server=peer.vllm_server.config() if peer.vllm_server is not None else None,
             )
         )
     kinds_of = {peer.id: peer.controls if peer.controls is not None else spec.controls for peer in spec.peers}
+    for peer in spec.peers:
+        if peer.vllm_server is not None and kinds_of[peer.id]:
+            raise SwarmConfigError(
+                f"invalid swarm config{f' {source}' if source else ''}: peer {peer.id!r} has a `vllm_server`, and its "
+                "controls would each need a server on GPUs of their own: set `controls: []` for it (or run the "
+                "controls as a config of their own)"
+            )
     controls = control_peers(peers, kinds_of)
     taken = {peer.id for peer in peers}
     for control in controls:
