@@ -60,9 +60,29 @@ PAIRINGS = {
     "shared_gpu.yaml": {
         "peers": {"qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", False), "qwen2.5-1.5b-lora": ("Qwen/Qwen2.5-1.5B", True)},
         "math500": ["0.406 -> 0.430", "0.412 -> 0.430"],
+        "gpus": ["0", "0"],
+        "vllm": "colocate",
+    },
+    # One 8-GPU node: each peer on four GPUs under ZeRO-2, with a vLLM server of its own or colocated engines.
+    "node_8gpu_server.yaml": {
+        "peers": {"qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", False), "qwen2.5-3b": ("Qwen/Qwen2.5-3B", False)},
+        "math500": ["0.406 -> 0.470", "0.575 -> 0.540"],
+        "gpus": ["0,1,2", "4,5,6"],
+        "servers": ["3", "7"],
+        "accelerate": "deepspeed_zero2.yaml",
+        "vllm": "server",
+    },
+    "node_8gpu_colocate.yaml": {
+        "peers": {"qwen2.5-1.5b": ("Qwen/Qwen2.5-1.5B", False), "qwen2.5-3b": ("Qwen/Qwen2.5-3B", False)},
+        "math500": ["0.406 -> 0.470", "0.575 -> 0.540"],
+        "gpus": ["0,1,2,3", "4,5,6,7"],
+        "accelerate": "deepspeed_zero2.yaml",
+        "vllm": "colocate",
     },
 }
 CONFIGS = sorted(PAIRINGS)
+# What a GPU recipe needs that this machine may lack: its dry run warns about it, a real start refuses it.
+GPU_PACKAGES = ("vllm", "deepspeed")
 
 # The paper's recipe, as every peer's parsed FTISConfig must hold it.
 PAPER_RECIPE = {
@@ -122,7 +142,8 @@ def _stage(tmp_path: Path, name: str) -> Path:
     `examples/gsm8k_ftis.py` is being written a placeholder stands in for it, here only, never in `examples/`.
     """
     work = tmp_path / "work"
-    for relative in (f"examples/swarms/paper/{name}", SINGLE_GPU):
+    accelerate = f"examples/accelerate/{PAIRINGS[name].get('accelerate', 'single_gpu.yaml')}"
+    for relative in (f"examples/swarms/paper/{name}", accelerate):
         (work / relative).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / relative, work / relative)
     script = work / SCRIPT
@@ -154,7 +175,16 @@ def _parse_peer(command):
     return parser.parse_args_into_dataclasses(args=rest, return_remaining_strings=False)
 
 
-def test_paper_directory_holds_the_six_pairings_and_the_shared_gpu_recipe():
+def _missing_packages_only(problems: list[str]) -> bool:
+    """Every problem is a GPU package this machine lacks (vllm and deepspeed are not installed on CPU machines)."""
+    return all(any(package in problem for package in GPU_PACKAGES) for problem in problems)
+
+
+def _processes(name: str) -> int:
+    return len(PAIRINGS[name].get("gpus", ["0"])[0].split(","))
+
+
+def test_paper_directory_holds_the_six_pairings_and_the_gpu_recipes():
     assert sorted(p.name for p in PAPER_DIR.glob("*.yaml")) == CONFIGS
     readme = (PAPER_DIR / "README.md").read_text(encoding="utf-8")
     for name in CONFIGS:
@@ -165,7 +195,7 @@ def test_paper_directory_holds_the_six_pairings_and_the_shared_gpu_recipe():
 def test_paper_swarm_passes_the_launcher_validation(name, staged, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)  # as on the GPU machine, with the Hub (nothing is downloaded)
     config = staged(name)
-    assert check_files(config) == []
+    assert _missing_packages_only(check_files(config)), check_files(config)
     expected = PAIRINGS[name]["peers"]
     assert [peer.id for peer in config.peers] == list(expected)
     for peer in config.peers:
@@ -174,15 +204,18 @@ def test_paper_swarm_passes_the_launcher_validation(name, staged, monkeypatch):
         assert bool(peer.lora) is lora
         assert peer.script.name == "gsm8k_ftis.py"
         assert peer.launcher == "accelerate"
-        assert peer.accelerate_config is not None and peer.accelerate_config.name == "single_gpu.yaml"
-        assert peer.num_processes is None  # one process per peer, as the accelerate config says
+        accelerate = PAIRINGS[name].get("accelerate", "single_gpu.yaml")
+        assert peer.accelerate_config is not None and peer.accelerate_config.name == accelerate
+        # One process per GPU: the accelerate config's one, or `num_processes` matching `gpus`.
+        assert peer.num_processes == (None if accelerate == "single_gpu.yaml" else _processes(name))
     gpus = [peer.gpus for peer in config.peers]
+    assert gpus == PAIRINGS[name].get("gpus", ["0", "1"])  # by default each peer on its own GPU
     if name == "shared_gpu.yaml":
-        assert gpus == ["0", "0"]
         assert [peer.gpu_share for peer in config.peers] == [0.45, 0.45]
     else:
-        assert gpus == ["0", "1"]  # each peer on its own GPU
         assert all(peer.gpu_share is None for peer in config.peers)
+    servers = [peer.vllm_server.gpus if peer.vllm_server else None for peer in config.peers]
+    assert servers == PAIRINGS[name].get("servers", [None, None])
     assert config.exchange_url.startswith("dir://")
 
 
@@ -194,8 +227,13 @@ def test_paper_swarm_dry_run(name, tmp_path, monkeypatch, capsys):
     code = cli.main(["swarm", f"examples/swarms/paper/{name}", "--dry-run", "--run-dir", str(tmp_path / "run")])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "warning" not in out, out
+    warnings = [line for line in out.splitlines() if "warning" in line]
+    assert _missing_packages_only(warnings), out
     assert out.count("-m accelerate.commands.launch --config_file") == 2
+    servers = PAIRINGS[name].get("servers", [])
+    assert out.count("vllm-serve --model") == len(servers)
+    for gpu in servers:
+        assert f"CUDA_VISIBLE_DEVICES={gpu} " in out
     assert not (tmp_path / "run").exists()
 
 
@@ -222,10 +260,21 @@ def test_paper_swarm_peers_build_the_paper_ftis_config(name, staged, tmp_path):
         # One generation of 12 prompts x 12 completions per optimizer step (TRL 1.16's rules: generation_batch_size
         # = per_device_train_batch_size x processes x steps_per_generation, steps_per_generation defaulting to
         # gradient_accumulation_steps).
-        assert args.generation_batch_size == COMPLETIONS_PER_STEP
-        assert args.generation_batch_size // args.num_generations == PROMPTS_PER_STEP
+        # (Parsed here in one process: a peer of N processes generates N times this process's rows.)
+        processes = _processes(name)
+        assert args.generation_batch_size * processes == COMPLETIONS_PER_STEP
+        assert args.generation_batch_size * processes // args.num_generations == PROMPTS_PER_STEP
         assert args.steps_per_generation == args.gradient_accumulation_steps
-        assert args.per_device_train_batch_size * args.gradient_accumulation_steps == COMPLETIONS_PER_STEP
+        assert args.per_device_train_batch_size * processes * args.gradient_accumulation_steps == COMPLETIONS_PER_STEP
+        vllm = PAIRINGS[name].get("vllm")
+        assert args.use_vllm is (vllm is not None)
+        if vllm is not None:
+            assert args.vllm_mode == vllm
+        if vllm == "server":  # the address of the server the launcher starts for this peer
+            assert (args.vllm_server_host, args.vllm_server_port) == (command.server.host, command.server.port)
+            assert args.vllm_group_port == command.server.group_port
+        if vllm == "colocate" and config.peer(command.id).gpu_share is not None:
+            assert args.vllm_gpu_memory_utilization < config.peer(command.id).gpu_share
         assert args.lr_scheduler_type == "constant"
         assert args.save_strategy == "no"
         assert args.report_to in ([], ["none"], "none")
@@ -336,3 +385,41 @@ def test_cpu_swarm_examples_load_and_name_their_peers(name, tmp_path):
         assert all(peer.args["cross_tokenizer"] is True for peer in config.peers)
         fingerprints = {tokenizer_fingerprint(build_tokenizer(kind)) for kind in kinds}
         assert len(fingerprints) == 2  # genuinely different tokenizers
+
+
+MEMORY_MARK = "# Memory per GPU, estimated (python examples/swarms/paper/memory.py "
+
+
+@functools.cache
+def _memory_script():
+    spec = importlib.util.spec_from_file_location("_paper_memory", PAPER_DIR / "memory.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", ["node_8gpu_server.yaml", "node_8gpu_colocate.yaml", "shared_gpu.yaml"])
+def test_gpu_recipe_header_holds_its_memory_estimate(name, monkeypatch):
+    """The estimate a GPU recipe's header shows is what `memory.py` computes from the recipe now (a changed batch,
+    share or model changes the lines), with the command that prints it."""
+    monkeypatch.chdir(ROOT)
+    lines = (PAPER_DIR / name).read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(MEMORY_MARK))
+    command = lines[start][len(MEMORY_MARK) : -len("):")].split()
+    assert command[:2] == [f"examples/swarms/paper/{name}", "--gpu-gb"] and len(command) == 3
+    shown = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("#   "):
+            break
+        shown.append(line[len("#   ") :])
+    computed = _memory_script().estimate_lines(command[0], float(command[2]), 200)
+    assert shown == computed
+    gpu_gb = float(command[2])
+    peers = {peer.id: peer for peer in load_swarm_config(command[0]).peers}
+    for line in computed:  # every training GPU set fits its GPU, or its share of it
+        peer_id, _, rest = line.partition(",")
+        if "server" in peer_id or peer_id not in peers:
+            continue
+        total = float(rest.split(": ")[-1].split(" GB")[0])
+        limit = gpu_gb * (peers[peer_id].gpu_share or 0.9)  # a tenth of a GPU kept free of its own peer
+        assert total < limit, line
