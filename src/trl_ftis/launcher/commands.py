@@ -337,8 +337,10 @@ def open_private(path: str | os.PathLike, mode: str = "w", **kwargs: Any):
 
 def check_files(config: SwarmConfig) -> list[str]:
     """Problems only visible on this machine (missing script or accelerate config, accelerate not installed, a local
-    model folder that does not exist)."""
+    model folder that does not exist; for a local swarm, vllm or deepspeed not installed where a peer needs them)."""
     import importlib.util
+
+    from .placement import dependency_problems
 
     problems = []
     for index, peer in enumerate(config.peers):
@@ -359,6 +361,8 @@ def check_files(config: SwarmConfig) -> list[str]:
             problem = hub_model_problem(model, elsewhere=[*beside, config.run_dir])
         if problem is not None:
             problems.append(f"`peers[{index}] (id {peer.id!r}).{key}`: {problem}")
+    if config.scheduler == "local":  # on SLURM the jobs import them on their nodes (`slurm.setup`), not here
+        problems += dependency_problems(config.peers)
     return problems
 
 
@@ -475,14 +479,15 @@ def describe_commands(commands: list[PeerCommand], environ: Mapping[str, str] | 
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write_cmd_file(command: PeerCommand):
-    """The exact command (secrets redacted) of a peer and the environment the launcher adds to the caller's, to
-    reproduce or debug it by hand. Only what the launcher adds is written: the rest is the caller's own environment,
-    already theirs, and may hold secrets under any name. Readable by its owner only (`open_private`); every value is
-    quoted on one line (`shell_quote`)."""
+def write_cmd_file(command: PeerCommand | ServerCommand, what: str | None = None):
+    """The exact command (secrets redacted) of a peer (or of its vLLM server, `what` saying which) and the
+    environment the launcher adds to the caller's, to reproduce or debug it by hand. Only what the launcher adds is
+    written: the rest is the caller's own environment, already theirs, and may hold secrets under any name. Readable
+    by its owner only (`open_private`); every value is quoted on one line (`shell_quote`)."""
     added = redact_env(command.env)
+    what = f"peer {command.id}" if what is None else what
     lines = [
-        f"# peer {command.id}: started by `trl-ftis swarm` at {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        f"# {what}: started by `trl-ftis swarm` at {time.strftime('%Y-%m-%d %H:%M:%S')}",
         f"# argv (JSON): {json.dumps(redact_argv(command.argv))}",
         f"cd {shell_quote(str(command.cwd))} && {shell_line(command, added)}",
         "",

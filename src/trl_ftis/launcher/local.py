@@ -5,10 +5,18 @@
 console, prefixed) and a waiter thread (its exit code, reported as soon as its main process exits, even if children
 keep the pipe open). `processes.ProcessTracker` finds every process the peers started (process groups, sessions,
 descendants, even orphaned ones) so that `stop` reaches them all: SIGTERM, `grace` seconds, then SIGKILL.
+
+A peer with a `vllm_server:` block gets its server first (`vllm_servers`): every server starts (its own process
+group, tracked like a peer), then the launcher waits until each answers /health (all at once, from the main thread),
+and only then starts the peers; a server that exits or never answers fails the swarm before any peer starts, its
+log's last lines on the console. A server that exits while its peer runs fails that peer (`on_failure: stop`: the
+swarm; `continue`: that peer only, which gets SIGTERM). A peer that ends, however it ends, has its server stopped
+(SIGTERM, SIGKILL `server_grace` seconds later), so that its GPUs are free for what comes next.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -21,11 +29,19 @@ from typing import BinaryIO, TextIO
 from .. import rules
 from ..rules import redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome
-from .commands import build_commands, check_files, describe_commands, keep_earlier, open_private, write_cmd_file
+from .commands import (
+    build_commands,
+    check_files,
+    describe_commands,
+    keep_earlier,
+    open_private,
+    write_cmd_file,
+)
 from .processes import ProcessTracker, die_with_parent
 from .restart import restart_command
 from .schema import SwarmConfig
 from .summary import describe_code
+from .vllm_servers import ServerRun, log_tail, port_problem, start_server, wait_until_ready
 
 __all__ = ["LocalBackend"]
 
@@ -35,6 +51,7 @@ class _PeerRun(PeerState):
     proc: subprocess.Popen | None = None
     reader: threading.Thread | None = None
     waiter: threading.Thread | None = None
+    server: ServerRun | None = None  # its vLLM server, once started
 
 
 class LocalBackend:
@@ -43,6 +60,8 @@ class LocalBackend:
     verb = "start"
     poll_interval = 0.1  # seconds between checks while waiting (a peer's exit wakes the driver at once)
     SCAN_EVERY = 0.5  # seconds between process scans while running (to remember re-parented descendants)
+    server_grace = 10.0  # seconds between the SIGTERM and the SIGKILL of a server whose peer ended
+    SERVER_LOG_CHARS = 3000  # of a server that failed to become ready, the console shows its log's last lines
 
     def __init__(self, config: SwarmConfig):
         self.config = config
@@ -59,7 +78,27 @@ class LocalBackend:
     # ---- before starting -----------------------------------------------------------------------------------------
 
     def problems(self) -> list[str]:
-        return check_files(self.config)
+        return check_files(self.config) + self.port_problems()
+
+    def port_problems(self) -> list[str]:
+        """Every server port (`port`, `group_port`) that something on this machine already listens on, one line
+        each naming the peer, the key and the port."""
+        given = {peer.id: peer.vllm_server for peer in self.config.peers if peer.vllm_server is not None}
+        found = []
+        for command in self.commands:
+            server = command.server
+            if server is None:
+                continue
+            for key, port in (("port", server.port), ("group_port", server.group_port)):
+                problem = port_problem(server.host, port)
+                if problem is not None:
+                    drawn = getattr(given.get(command.id), key, port) is None
+                    found.append(
+                        f"peer {command.id!r}: its vLLM server's `vllm_server.{key}` {port}"
+                        f"{' (drawn free a moment ago)' if drawn else ''} cannot be used: {problem}; "
+                        f"{'start again' if drawn else f'pick another port, or leave `{key}` out for a free one'}"
+                    )
+        return found
 
     def dry_run(self, stream: TextIO) -> None:
         stream.write(
@@ -72,7 +111,7 @@ class LocalBackend:
         if any(server.port is None or server.group_port is None for server in servers):
             stream.write("# vLLM server ports not set in the config are picked again at launch\n")
         stream.write(describe_commands(self.commands))
-        for problem in check_files(self.config):
+        for problem in self.problems():
             stream.write(f"# warning: {problem}\n")
 
     # ---- starting --------------------------------------------------------------------------------------------
@@ -92,8 +131,10 @@ class LocalBackend:
             Path(directory).mkdir(parents=True, exist_ok=True)
         self.console.say(f"run_dir {self.config.run_dir}; exchange {redact_text(self.config.exchange_url)}")
         preexec = die_with_parent()
+        failure = self._start_servers(preexec)
+        if failure is not None or self.signals.received:
+            return failure  # the servers already started are stopped with the rest; no peer started
         started: list[tuple[int, _PeerRun, BinaryIO]] = []
-        failure = None
         for index, run in enumerate(self.runs):
             if self.signals.received:
                 break
@@ -136,6 +177,60 @@ class LocalBackend:
             run.reader.start()
             run.waiter.start()
         return failure  # the peers already started are stopped and reported like the others
+
+    def _start_servers(self, preexec) -> Outcome | None:
+        """Start every peer's vLLM server, then wait until all answer /health (main thread, no thread of ours yet:
+        the peers are forked after). None when all are ready (or a signal arrived meanwhile: the driver sees it)."""
+        servers = []
+        for run in self.runs:
+            server = run.command.server
+            if server is None:
+                continue
+            if self.signals.received:
+                return None
+            server.log_path.parent.mkdir(parents=True, exist_ok=True)
+            keep_earlier([server.log_path, server.cmd_path], private=True)  # an earlier run's log tells why it ended
+            write_cmd_file(
+                server,
+                f"vLLM server of peer {server.peer_id} on GPUs {server.gpus}, ready when {server.health_url} answers "
+                f"(weight sync on port {server.group_port})",
+            )
+            try:
+                run.server = start_server(
+                    server, open_log=lambda path: open_private(path, "wb", buffering=0), preexec=preexec
+                )
+            except OSError as exc:
+                run.status, run.note = "failed to start", f"its vLLM server could not start: {exc}"
+                self.console.say(f"vLLM server of {run.command.id}: could not start: {exc}")
+                return Outcome(1, redact_text(f"could not start the vLLM server of peer {run.command.id}: {exc}"))
+            self.tracker.add_peer(run.server.pid, run.command.id)
+            servers.append(run.server)
+            self.console.say(
+                f"started the vLLM server of {run.command.id} (pid {run.server.pid}, GPUs {server.gpus}); "
+                f"log {server.log_path}"
+            )
+        if not servers:
+            return None
+        longest = max(server.command.ready_timeout for server in servers)
+        self.console.say(f"waiting for {len(servers)} vLLM server(s) to answer /health (up to {longest:g} s)")
+
+        def ready(server: ServerRun) -> None:
+            command = server.command
+            self.console.say(f"vLLM server of {command.peer_id} ready at {command.url} ({server.ready_s:.1f} s)")
+
+        failed = wait_until_ready(servers, self.signals, on_ready=ready)
+        if failed is None:
+            return None
+        peer_id, log_path = failed.server.command.peer_id, failed.server.command.log_path
+        reason = f"vLLM server of peer {peer_id} {failed.what}"
+        run = next(run for run in self.runs if run.command.id == peer_id)
+        run.status, run.note = "failed to start", f"its vLLM server {failed.what}"
+        tail = log_tail(log_path, self.SERVER_LOG_CHARS)
+        said = f"the last lines of its log {log_path}:" if tail else f"its log {log_path} is empty"
+        self.console.say(f"{reason}; no peer started; {said}")
+        for line in tail.splitlines():
+            self.console.say(f"  | {line}")
+        return Outcome(1, redact_text(reason))
 
     def _pump(self, run: _PeerRun, log: BinaryIO):
         """Reader thread: each line to the log file (raw, unbuffered) and to the console (prefixed)."""
@@ -180,25 +275,85 @@ class LocalBackend:
             run = self._record_exit(index, code, when)
             if run is None:
                 continue
-            if code != 0 and self.config.on_failure == "continue":
-                self.console.say(
-                    f"peer {run.command.id} exited with code {describe_code(code)}; the others go on (on_failure: "
-                    f"continue): restart it with `{restart_command(self.config, [run.command.id])}`"
-                )
-                continue
-            if code != 0:
-                self.console.say(
-                    f"peer {run.command.id} exited with code {describe_code(code)}; stopping the other peers (resume "
-                    f"the swarm from its checkpoints with `{restart_command(self.config)}`)"
-                )
-                return Outcome(1, f"peer {run.command.id} exited with code {code}")
-            self.console.say(f"peer {run.command.id} finished (exit code 0)")
+            outcome = self._peer_ended(run, code)
+            self._stop_server(run)  # its GPUs are free for what comes next, however the peer ended
+            if outcome is not None:
+                return outcome
+        failure = self._watch_servers()
+        if failure is not None:
+            return failure
         if all(run.returncode is not None for run in self.runs if run.proc is not None):
             return finished_outcome([run.command.id for run in self.runs if run.returncode])
         if time.monotonic() >= self.next_scan:
             self.tracker.scan()  # remember descendants while their parents still lead back to a peer
             self.next_scan = time.monotonic() + self.SCAN_EVERY
         return None
+
+    def _peer_ended(self, run: _PeerRun, code: int) -> Outcome | None:
+        """Say how a peer ended; the `Outcome` that ends the swarm when it failed (`on_failure: stop`)."""
+        server = run.server
+        why = ""
+        if code != 0 and server is not None and server.stop_sent is None and server.exited() is not None:
+            # Its server went first (its exit seen in the same poll): most likely why the peer failed.
+            why = f" (its vLLM server had exited with code {describe_code(server.returncode)})"
+            run.note = f"its vLLM server exited with code {describe_code(server.returncode)}"
+        if code != 0 and self.config.on_failure == "continue":
+            self.console.say(
+                f"peer {run.command.id} exited with code {describe_code(code)}{why}; the others go on (on_failure: "
+                f"continue): restart it with `{restart_command(self.config, [run.command.id])}`"
+            )
+        elif code != 0:
+            self.console.say(
+                f"peer {run.command.id} exited with code {describe_code(code)}{why}; stopping the other peers (resume "
+                f"the swarm from its checkpoints with `{restart_command(self.config)}`)"
+            )
+            return Outcome(1, f"peer {run.command.id} exited with code {code}{why}")
+        else:
+            self.console.say(f"peer {run.command.id} finished (exit code 0){why}")
+        return None
+
+    def _watch_servers(self) -> Outcome | None:
+        """A server that exited while its peer runs fails that peer; a server stopped `server_grace` seconds ago
+        that still runs gets SIGKILL."""
+        now = time.monotonic()
+        for run in self.runs:
+            server = run.server
+            if server is None:
+                continue
+            if server.stop_sent is not None:
+                if server.kill_if_due(now):
+                    self.console.say(
+                        f"vLLM server of {run.command.id}: processes left {self.server_grace:g} s after SIGTERM; "
+                        "sending SIGKILL"
+                    )
+                continue
+            code = server.exited()
+            if code is None or run.proc is None or run.returncode is not None:
+                continue
+            server.terminate(self.server_grace)  # what is left of its group, as for a server whose peer ended
+            run.note = f"its vLLM server exited with code {describe_code(code)} while it ran"
+            if self.config.on_failure == "continue":
+                self.console.say(
+                    f"vLLM server of {run.command.id} exited with code {describe_code(code)} while its peer ran; "
+                    f"stopping {run.command.id} (SIGTERM); the others go on (on_failure: continue)"
+                )
+                try:
+                    os.killpg(run.proc.pid, signal.SIGTERM)  # it exits failed; `stop` reaches what is left at the end
+                except (ProcessLookupError, PermissionError):
+                    pass
+                continue
+            self.console.say(
+                f"vLLM server of {run.command.id} exited with code {describe_code(code)} while its peer ran; stopping "
+                f"the peers (resume the swarm from its checkpoints with `{restart_command(self.config)}`)"
+            )
+            return Outcome(1, f"vLLM server of peer {run.command.id} exited with code {code} while its peer ran")
+        return None
+
+    def _stop_server(self, run: _PeerRun) -> None:
+        """SIGTERM to the server of a peer that ended (SIGKILL follows in `_watch_servers`)."""
+        if run.server is not None and run.server.stop_sent is None and run.server.exited() is None:
+            self.console.say(f"stopping the vLLM server of {run.command.id}: its peer ended")
+            run.server.terminate(self.server_grace)
 
     # ---- stopping --------------------------------------------------------------------------------------------
 
@@ -211,7 +366,10 @@ class LocalBackend:
         unfinished = [
             r.command.id for r in self.runs if r.proc is not None and r.returncode is None and r.proc.poll() is None
         ]
-        what = f"peers {', '.join(unfinished)}" if unfinished else f"processes left behind by the peers (pids {alive})"
+        servers = [r.command.id for r in self.runs if r.server is not None and r.server.exited() is None]
+        parts = [f"peers {', '.join(unfinished)}"] if unfinished else []
+        parts += [f"the vLLM servers of {', '.join(servers)}"] if servers else []
+        what = " and ".join(parts) or f"processes left behind by the peers (pids {alive})"
         self.console.say(f"stopping {what}: SIGTERM, then SIGKILL after {grace:g}s")
         signals_before = self.signals.count
         self.tracker.signal_all(signal.SIGTERM)
@@ -251,6 +409,11 @@ class LocalBackend:
         for run in self.runs:
             if run.reader is not None:
                 run.reader.join(max(deadline - time.monotonic(), 0.1))
+            if run.server is not None and run.server.exited() is None:
+                try:  # collect its exit code (`stop` has stopped it)
+                    run.server.returncode = run.server.proc.wait(max(deadline - time.monotonic(), 0.1))
+                except subprocess.TimeoutExpired:
+                    pass
 
     # ---- results ---------------------------------------------------------------------------------------------
 
@@ -258,6 +421,19 @@ class LocalBackend:
         return list(self.runs)
 
     def summary_row(self, state: PeerState, row: dict) -> dict:
+        assert isinstance(state, _PeerRun)
+        server = state.command.server
+        if server is not None:
+            ran = state.server
+            row["vllm_server"] = {
+                "url": server.url,
+                "group_port": server.group_port,
+                "gpus": server.gpus,
+                "log": str(server.log_path),
+                "pid": None if ran is None else ran.pid,
+                "ready_s": None if ran is None or ran.ready_s is None else round(ran.ready_s, 3),
+                "exit_code": None if ran is None else ran.returncode,
+            }
         return row
 
     def summary_fields(self) -> dict:

@@ -13,8 +13,9 @@ the validators as pydantic's validation context.
 top-level ones, the sugar applied, paths absolute), or raises `SwarmConfigError` listing every problem pydantic found,
 each naming the peer and the key (with a did-you-mean for unknown keys), before anything starts. Across peers it also
 checks each `args` key against the options of the peer's script when they can be read (`preflight.script_options`)
-and that `expected_peers` names peers of the config. The rules shared with the rest of trl-ftis (peer ids, exchange
-URLs, environment variable names) come from `trl_ftis.rules`.
+and that `expected_peers` names peers of the config; last, where the peers, their controls and their vLLM servers
+run (`placement.placement_problems`: GPUs shared without `gpu_share`, a server on a peer's GPUs, ...). The rules
+shared with the rest of trl-ftis (peer ids, exchange URLs, environment variable names) come from `trl_ftis.rules`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pydantic_core import PydanticCustomError
 
 from .. import rules
 from .controls import control_peers
+from .placement import placement_problems
 from .preflight import ScriptOptions, expected_peer_problems, script_options
 from .schema_values import (
     CROSS_PROCESS_SCHEMES,
@@ -354,19 +356,6 @@ class SwarmSpec(Spec):
             if found:
                 raise with_problems(error, problems(found)) from None
             raise
-        # Peers pinned to the same single GPU whose memory fractions add up to more than the GPU are sure to run out
-        # of memory, but only once both have loaded their models: better to say so before anything starts.
-        by_gpu: dict[str, list[PeerSpec]] = {}
-        for peer in peers:
-            if peer.gpu_share is not None and peer.gpus is not None and "," not in peer.gpus:
-                by_gpu.setdefault(peer.gpus, []).append(peer)
-        for gpu, sharing in by_gpu.items():
-            total = sum(p.gpu_share for p in sharing)
-            if total > 1.0 + 1e-9:
-                names = ", ".join(repr(p.id) for p in sharing)
-                found.append(
-                    (f"peers {names}", f"`gpu_share` values on GPU {gpu} add up to {total:g} > 1 (one GPU's memory)")
-                )
         if found:
             raise problems(found)
         return peers
@@ -579,6 +568,11 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
             )
         taken.add(control.id)
     peers += controls
+    # Where everything runs, the controls included (they run at the same time as the swarm): every mistake at once.
+    found = placement_problems(peers, top.scheduler)
+    if found:
+        lines = "\n".join(f"  - {item}" for item in found)
+        raise SwarmConfigError(f"invalid swarm config{f' {source}' if source else ''}:\n{lines}", found)
     return SwarmConfig(
         peers=peers,
         run_dir=resolved_run_dir,

@@ -276,7 +276,9 @@ def seeds_value(value: Any) -> list[int]:
     """`seeds:`: distinct non-negative integers, each run as one whole swarm (every peer's `--seed`)."""
     if value is None:
         return []
-    ok = isinstance(value, list) and all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in value)
+    ok = isinstance(value, list) and all(
+        isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**31 for s in value
+    )
     if not ok or not 1 <= len(value) <= MAX_SEEDS:
         raise bad(f"must be a list of 1 to {MAX_SEEDS} integers in [0, 2**31), got {value!r:.80}")
     if len(set(value)) != len(value):

@@ -8,7 +8,8 @@ What it does in the driver's steps:
    (its ACL user, `slurm_jobs.redis_acl`; the password through `FTIS_REDIS_PASSWORD`, read in the job from a file
    only the user can read; never printed).
    Then it submits one job per peer (`slurm_jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the local
-   launcher runs it) with the peer's `slurm` resources.
+   launcher runs it) with the peer's `slurm` resources. A peer's vLLM server (`vllm_server:`) runs in the peer's own
+   job (`slurm_jobs.ServerJob`): started on its first node before the peer, stopped when the peer ends.
 2. `poll`: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
    accounting work), prints each peer's log lines as they arrive in `<run_dir>/logs/<id>.log`, prefixed like the
    local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit` (`slurm_watch.JobWatch` reads the
@@ -50,6 +51,7 @@ from .commands import (
     shell_quote,
     write_cmd_file,
 )
+from .placement import dependency_problems
 from .schema import SwarmConfig
 from .slurm_cli import (
     describe_resources,
@@ -63,9 +65,10 @@ from .slurm_cli import (
     squeue,
     submitit_parameters,
 )
-from .slurm_jobs import PeerJob, RedisJob, answers_ping
+from .slurm_jobs import PeerJob, RedisJob, ServerJob, answers_ping
 from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources
 from .slurm_watch import TERMINAL_STATES, JobWatch, SlurmJob, exit_path, node_exit_paths, read_exit_code
+from .vllm_servers import ServerCommand
 
 # Re-exported, as callers import them from here: TERMINAL_STATES (slurm_watch), job_outcome, scancel, squeue (slurm_cli).
 __all__ = [
@@ -149,6 +152,29 @@ def _dir_exchange_note(config: SwarmConfig) -> str | None:
     )
 
 
+def _server_lines(server: ServerCommand) -> list[str]:
+    """How a peer's job runs its vLLM server (the dry run, the peer's `.cmd` file), secrets hidden."""
+    return [
+        f"#   first, on the job's first node: its vLLM server on the job's GPUs at positions {server.gpus} (its "
+        "CUDA_VISIBLE_DEVICES; the peer gets the job's other GPUs); the peer starts once "
+        f"{server.health_url} answers (within {server.ready_timeout:g}s), and the server stops when the peer ends; "
+        f"weight sync on port {server.group_port}; the job fails if port {server.port} or {server.group_port} is "
+        f"taken on its node; log {server.log_path}",
+        f"#   server: cd {shell_quote(str(server.cwd))} && {shell_line(server, redact_env(server.env))}",
+    ]
+
+
+def _write_server_cmd_file(server: ServerCommand) -> None:
+    """`logs/<id>.vllm.cmd`: the server's command as its peer's job runs it (secrets redacted), owner only."""
+    lines = [
+        f"# vLLM server of peer {server.peer_id}: run by the peer's SLURM job, started at "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')}",
+        *_server_lines(server),
+    ]
+    with open_private(server.cmd_path, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
 def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
     """Print the jobs the backend would submit (their sbatch options, setup lines, submitit's batch script and the
     command each runs, secrets hidden); submit nothing, write nothing."""
@@ -185,6 +211,8 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
                 f"#   on each of its {resources.nodes} nodes: accelerate launch with --num_machines {resources.nodes} "
                 "--machine_rank <node> --main_process_ip <first node>"
             )
+        if command.server is not None:
+            out.extend(_server_lines(command.server))
         env = redact_env(command.env)
         out.append(f"#   runs: cd {shell_quote(str(command.cwd))} && {shell_line(command, env)}")
         out.append(f"#   log {command.log_path}; exit status {root / (peer.id + '.exit')}")
@@ -197,6 +225,8 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
         )
     for problem in check_files(config) + slurm_problems(config):
         out.append(f"# warning: {problem}")
+    for problem in dependency_problems(config.peers):  # the jobs may import it on their nodes (`slurm.setup`)
+        out.append(f"# warning: {problem} (here, where you submit; the jobs need it on their nodes)")
     stream.write("\n".join(out).rstrip("\n") + "\n")
 
 
@@ -443,9 +473,12 @@ class SlurmBackend:
             node_logs = [
                 command.log_path.with_name(f"{command.id}.node{k}.log") for k in range(1, run.resources.nodes)
             ]
-            keep_earlier([command.log_path, command.cmd_path, *node_logs], private=True)
+            server = command.server
+            server_files = [server.log_path, server.cmd_path] if server is not None else []
+            keep_earlier([command.log_path, command.cmd_path, *node_logs, *server_files], private=True)
             # The job appends (so the mode stays); a log left by an earlier run must not show.
-            open_private(command.log_path, "wb").close()
+            for log in [command.log_path, *server_files[:1]]:
+                open_private(log, "wb").close()
             # A peer summary file older than this is stale: the log's mtime comes from the clock of the filesystem
             # the job writes to as well, so a skewed clock on this machine cannot make a fresh summary look stale.
             run.started_at = command.log_path.stat().st_mtime
@@ -460,9 +493,12 @@ class SlurmBackend:
                 exit_path=str(exit_path(self.root, command.id)),
                 secret_path=str(self.secret) if self.secret else None,
                 nodes=run.resources.nodes,
+                server=ServerJob.of(server, run.resources.gpus) if server is not None else None,
             )
             folder = self.root / command.id
             write_cmd_file(command)
+            if server is not None:
+                _write_server_cmd_file(server)
             self._append_job_to_cmd_file(run, folder)
             try:
                 self._submit(run, function, folder)
@@ -483,6 +519,7 @@ class SlurmBackend:
             *(f"# setup: {redact_shell_line(line)}" for line in run.resources.setup),
             f"# submitit folder (batch script, stdout/stderr of the job): {folder}",
             f"# exit status: {exit_path(self.root, run.command.id)}",
+            *(_server_lines(run.command.server) if run.command.server is not None else []),
         ]
         with open_private(run.command.cmd_path, "a", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
