@@ -17,6 +17,11 @@ its reason, and the next one runs), fp32 first, then bf16:
   and backward per attention backend, left-padded and not: which give non-finite values).
 * `fp32-swarm`, then `bf16-swarm`: the same trainer as two peers of a swarm on the same GPU (two processes, lock-step
   exchange over a `dir://` folder, each bound to this run by `FTIS_SWARM_RUN` and signing with a fresh secret).
+* `launcher`: the swarm launcher itself (`trl-ftis swarm`, from a config the stage writes into its work folder) starts
+  two peers (`gpu_check_peer.py`) pinned to the same GPU (`gpus`), each capped to a share of its memory
+  (`gpu_share`), each generating with a colocated vLLM engine where `import vllm` works on a GPU, else with the
+  trainer's own `generate`; reported per peer: steps, which generation it used, memory peaks and the peer rows it
+  received and accepted from the other.
 * `zero3`: one optimizer step of a peer under `accelerate launch` with `examples/accelerate/deepspeed_zero3.yaml`, next
   to a plain partner peer whose rows it merges; skipped, with the reason, without CUDA or an importable DeepSpeed.
 
@@ -48,9 +53,10 @@ sys.path.insert(0, str(HERE))
 import gpu_check_setup  # benchmarks/ is not a package: found through sys.path
 
 WORKER = HERE / "gpu_check_worker.py"
+PEER_SCRIPT = HERE / "gpu_check_peer.py"  # the `launcher` stage's peers
 ZERO3_CONFIG = ROOT / "examples" / "accelerate" / "deepspeed_zero3.yaml"
 TIME_PARTS = ("generation", "scoring", "exchange", "training", "other")
-STAGES = ("fp32", "fp32-swarm", "bf16", "bf16-swarm", "zero3")
+STAGES = ("fp32", "fp32-swarm", "bf16", "bf16-swarm", "launcher", "zero3")
 PEERS = ("peer-a", "peer-b")
 
 #: SmolLM2-135M's shape (its `config.json`): a Llama with tied embeddings.
@@ -64,6 +70,9 @@ TINY = {
     "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
     "num_key_value_heads": 2, "max_position_embeddings": 1024, "tie_word_embeddings": True,
 }  # fmt: skip
+#: The `launcher` stage's peers on one GPU: each one's share of its memory, and the share of the whole GPU each one's
+#: colocated vLLM engine may take (below the share: the engine allocates inside the peer's cap).
+GPU_SHARING = {"gpu_share": 0.45, "vllm_gpu_memory_utilization": 0.2, "vllm_max_model_length": 512}
 #: Per mode: the device, the shape, each stage's settings, the time budget (seconds, set-up included) and each stage's
 #: cap within it (a stage gets its cap, less what the later stages keep: `RESERVE` each).
 MODES = {
@@ -76,7 +85,10 @@ MODES = {
                     "learning_rate": 1e-5},
         "zero3": {"rows": 16, "micro_batch": 8, "num_generations": 8, "max_completion_length": 64, "steps": 1,
                   "learning_rate": 1e-5},
-        "caps": {"setup": 40, "fp32": 95, "fp32-swarm": 70, "bf16": 95, "bf16-swarm": 70, "zero3": 90},
+        "launcher": {"rows": 16, "micro_batch": 8, "num_generations": 8, "max_completion_length": 64, "steps": 2,
+                     "learning_rate": 1e-5, "peer_timeout": 60, **GPU_SHARING},
+        "caps": {"setup": 40, "fp32": 85, "fp32-swarm": 60, "bf16": 85, "bf16-swarm": 60, "launcher": 70,
+                 "zero3": 60},
     },
     "cpu": {
         "device": "cpu", "shape": SMOLLM2_135M, "threads": 1, "budget": 1500, "prompt_style": "short",
@@ -86,7 +98,10 @@ MODES = {
                     "learning_rate": 1e-5},
         "zero3": {"rows": 4, "micro_batch": 4, "num_generations": 2, "max_completion_length": 8, "steps": 1,
                   "learning_rate": 1e-5},
-        "caps": {"setup": 60, "fp32": 300, "fp32-swarm": 300, "bf16": 400, "bf16-swarm": 400, "zero3": 60},
+        "launcher": {"rows": 4, "micro_batch": 4, "num_generations": 2, "max_completion_length": 8, "steps": 2,
+                     "learning_rate": 1e-5, "peer_timeout": 120, **GPU_SHARING},
+        "caps": {"setup": 60, "fp32": 300, "fp32-swarm": 300, "bf16": 400, "bf16-swarm": 400, "launcher": 300,
+                 "zero3": 60},
     },
     "dry-run": {
         "device": "cpu", "shape": TINY, "threads": 1, "budget": 240, "prompt_style": "word",
@@ -96,7 +111,10 @@ MODES = {
                     "learning_rate": 1e-5},
         "zero3": {"rows": 8, "micro_batch": 4, "num_generations": 4, "max_completion_length": 8, "steps": 1,
                   "learning_rate": 1e-5},
-        "caps": {"setup": 60, "fp32": 60, "fp32-swarm": 60, "bf16": 60, "bf16-swarm": 60, "zero3": 30},
+        "launcher": {"rows": 8, "micro_batch": 4, "num_generations": 4, "max_completion_length": 8, "steps": 2,
+                     "learning_rate": 1e-5, "peer_timeout": 60, **GPU_SHARING},
+        "caps": {"setup": 60, "fp32": 60, "fp32-swarm": 60, "bf16": 60, "bf16-swarm": 60, "launcher": 90,
+                 "zero3": 30},
     },
 }  # fmt: skip
 #: Seconds each later stage keeps for itself out of an earlier stage's cap (enough to start and say why it failed).
@@ -159,6 +177,80 @@ def stage_timeout(caps: dict, order: list[str], name: str, left: float) -> float
     """`name`'s time limit when `left` seconds of the budget remain: its cap, less `RESERVE` for each later stage."""
     later = order[order.index(name) + 1 :]
     return max(min(caps[name], left - RESERVE * len(later)), 0.0)
+
+
+def swarm_config(plan: dict, *, device: str, gpu: str, spec: Path, exchange: Path, records: dict[str, Path],
+                 use_vllm: bool) -> dict:  # fmt: skip
+    """The `launcher` stage's swarm config, as `trl-ftis swarm` reads it: one `gpu_check_peer.py` peer per entry of
+    `records` (peer id -> its record file), each pinned to GPU `gpu` with `plan["gpu_share"]` of its memory and its
+    own seed, trading rows over the `dir://` folder `exchange`; with `use_vllm`, each generating with a colocated vLLM
+    engine that may take `plan["vllm_gpu_memory_utilization"]` of the GPU (inside its share)."""
+    args = {
+        "check_spec": str(spec), "max_steps": plan["steps"], "per_device_train_batch_size": plan["micro_batch"],
+        "gradient_accumulation_steps": plan["rows"] // plan["micro_batch"],
+        "num_generations": plan["num_generations"], "max_completion_length": plan["max_completion_length"],
+        "learning_rate": plan["learning_rate"], "lr_scheduler_type": "constant", "preset": "paper", "bf16": False,
+        "use_cpu": device == "cpu", "temperature": 1.0, "top_k": 0, "gradient_checkpointing": False,
+        "logging_steps": 1, "report_to": "none", "save_strategy": "no", "disable_tqdm": True,
+        "expected_peers": list(records), "peer_timeout": plan["peer_timeout"], "use_vllm": use_vllm,
+    }  # fmt: skip
+    if use_vllm:
+        args.update(vllm_mode="colocate", vllm_gpu_memory_utilization=plan["vllm_gpu_memory_utilization"],
+                    vllm_max_model_length=plan["vllm_max_model_length"])  # fmt: skip
+    peers = [
+        {"id": name, "gpus": gpu, "gpu_share": plan["gpu_share"], "args": {"seed": seed, "check_result": str(path)}}
+        for seed, (name, path) in enumerate(records.items())
+    ]
+    return {"script": str(PEER_SCRIPT), "launcher": "python", "exchange_url": f"dir://{exchange}", "args": args,
+            "peers": peers}  # fmt: skip
+
+
+def config_text(config: dict) -> str:
+    """`config` as YAML, or as JSON (which YAML reads too) where PyYAML cannot be imported in this process."""
+    try:
+        import yaml
+    except ImportError:
+        return json.dumps(config, indent=1) + "\n"
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def launcher_result(launcher: dict, records: dict[str, dict], steps: int) -> dict:
+    """The `launcher` stage's result from the launcher process's outcome (`exit`, `stopped`) and each peer's record:
+    per peer its steps, generation, GPU and share, memory, seconds per step and the peer rows it received and
+    accepted, and from whom; `failed` unless the launcher exited 0 and every peer trained `steps` steps and accepted
+    peer rows."""
+    peers, problems = {}, []
+    if launcher.get("exit") != 0:
+        problems.append(f"trl-ftis swarm: {launcher.get('stopped') or 'exit ' + str(launcher.get('exit'))}")
+    for name, record in records.items():
+        trainer = record.get("trainer") or {}
+        summary = record.get("summary") or {}
+        split = step_split(trainer.get("steps") or [])
+        peers[name] = {
+            "steps": trainer.get("global_step"), "generation": record.get("generation"),
+            "cuda_visible_devices": record.get("cuda_visible_devices"),
+            "gpu_memory_fraction": record.get("gpu_memory_fraction"), "memory": record.get("memory"),
+            "seconds_per_step": split["seconds_per_step"] if split else None,
+            "peer_rows_per_step": split["peer_rows_per_step"] if split else None,
+            "rows_sent": summary.get("rows_sent"), "rows_received": summary.get("rows_received"),
+            "rows_accepted": summary.get("rows_accepted"),
+            "from": [peer for peer in summary.get("peers") or [] if peer != name],
+        }  # fmt: skip
+        if not record:
+            problems.append(f"{name}: no record")
+            continue
+        errors = "; ".join(e["error"].splitlines()[-1] for e in record.get("errors", []))
+        if errors:
+            problems.append(f"{name}: {errors}")
+        if trainer.get("global_step") != steps:
+            problems.append(f"{name}: {trainer.get('global_step')} of {steps} steps")
+        if not summary.get("rows_accepted"):
+            problems.append(f"{name}: accepted no peer rows ({summary.get('rows_received')} received)")
+    processes = {name: {"record": record} for name, record in records.items()}  # raw, as the other stages keep them
+    result = {"launcher": launcher, "peers": peers, "processes": processes, "status": "failed" if problems else "ok"}
+    if problems:
+        result["reason"] = "; ".join(problems)[:1500]
+    return result
 
 
 # ---- processes ----------------------------------------------------------------------------------------------------
@@ -315,6 +407,61 @@ class Check:
             commands[name] = self.worker(spec)
         return self.run_stage(stage, commands, timeout)
 
+    def import_problem(self, statement: str, timeout: float) -> str | None:
+        """Why `statement` fails in this check's processes (the last line of its error); `None` when it runs."""
+        try:
+            probe = subprocess.run([sys.executable, "-c", statement], check=False, env=self.env, capture_output=True,
+                                   text=True, timeout=timeout)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return f"`{statement}` took more than {timeout:.0f} s"
+        if probe.returncode == 0:
+            return None
+        return (probe.stderr.strip().splitlines() or [f"exit {probe.returncode}"])[-1]
+
+    def launcher(self, timeout: float) -> dict:
+        """`trl-ftis swarm` on a config written here: two peers on one GPU, each with its share, with a colocated vLLM
+        engine where vLLM imports on a GPU; skipped, with the reason, where the launcher cannot be imported."""
+        began = time.time()
+        problem = self.import_problem("import trl_ftis.launcher", max(min(timeout / 4, 60), 5))
+        if problem:
+            return {"status": "skipped", "reason": f"the swarm launcher cannot be imported: {problem} (it needs "
+                    "PyYAML, pydantic and psutil; the check carries psutil, not pydantic)"}  # fmt: skip
+        plan = self.plan["launcher"]
+        vllm = "no CUDA GPU in this mode"
+        if self.plan["device"] == "cuda":
+            vllm = self.import_problem("import vllm", max(min(timeout / 4, 45), 5))
+            vllm = f"vllm cannot be imported: {vllm}" if vllm else None
+        work = self.work / "launcher"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        spec = work / "peer-spec.json"
+        spec.write_text(json.dumps({"shape": self.plan["shape"], "model_seed": 0, "threads": self.plan["threads"],
+                                    "prompt_style": self.plan["prompt_style"]}, indent=1))  # fmt: skip
+        gpu = self.env.get("CUDA_VISIBLE_DEVICES", "").split(",")[0] or "0"
+        records = {name: self.out / "stages" / f"launcher-{name}.json" for name in PEERS}
+        config = swarm_config(plan, device=self.plan["device"], gpu=gpu, spec=spec, exchange=work / "exchange",
+                              records=records, use_vllm=vllm is None)  # fmt: skip
+        path = work / "swarm.yaml"
+        path.write_text(config_text(config))
+        run_dir = work / "gpu-check-launcher"  # its name is the swarm's name, to which the peers bind their messages
+        command = [sys.executable, "-m", "trl_ftis.cli", "swarm", str(path), "--run-dir", str(run_dir), "--grace", "3"]
+        env = {k: v for k, v in self.env.items() if k != "FTIS_SWARM_RUN"}  # the launcher binds its own run
+        logs = self.out / "logs"
+        done = run_processes({"launcher-swarm": command}, env, logs, timeout - (time.time() - began))
+        for name in PEERS:  # the peers' own logs, next to the launcher's (its lines carry every peer's, prefixed)
+            if (run_dir / "logs" / f"{name}.log").exists():
+                shutil.copyfile(run_dir / "logs" / f"{name}.log", logs / f"launcher-{name}.log")
+        if (run_dir / "summary.json").exists():
+            shutil.copyfile(run_dir / "summary.json", self.out / "stages" / "launcher-summary.json")
+        read = {name: json.loads(p.read_text()) if p.exists() else {} for name, p in records.items()}
+        result = launcher_result(done["launcher-swarm"], read, plan["steps"])
+        utilization = plan["vllm_gpu_memory_utilization"] if vllm is None else None
+        result.update(config=config, gpus=gpu, gpu_share=plan["gpu_share"], vllm=vllm or "colocated",
+                      vllm_gpu_memory_utilization=utilization)  # fmt: skip
+        if result["status"] != "ok":
+            result["log_tail"] = log_tail(logs / "launcher-swarm.log")
+        return result
+
     def zero3(self, timeout: float) -> dict:
         reasons = []
         if self.plan["device"] != "cuda":
@@ -361,6 +508,8 @@ class Check:
                 record = {"status": "skipped", "reason": "no time left in the budget"}
             elif stage == "zero3":
                 record = self.zero3(timeout)
+            elif stage == "launcher":
+                record = self.launcher(timeout)
             elif stage.endswith("-swarm"):
                 record = self.swarm(stage, stage.split("-")[0], timeout)
             else:
@@ -425,8 +574,40 @@ def split_line(name: str, split: dict | None) -> str:
         f"{sh[part]:.3f}" for part in TIME_PARTS) + f"  {split['peer_rows_per_step']:6.1f}")  # fmt: skip
 
 
+def memory_text(memory: dict | None) -> str:
+    if not memory:
+        return "not recorded"
+    if memory.get("device") != "cuda":
+        share = memory.get("gpu_memory_fraction")
+        return f"on the {memory.get('device')} (gpu_memory_fraction {share} caps nothing there)"
+    return (f"peak {fmt(memory.get('max_allocated_gib'))} GiB allocated, {fmt(memory.get('max_reserved_gib'))} GiB "
+            f"reserved (cap {memory.get('cap_gib')} of {memory.get('gpu_total_gib')} GiB); the GPU's memory in use at "
+            f"the end, every process: {fmt(memory.get('gpu_in_use_at_end_gib'))} GiB")  # fmt: skip
+
+
+def launcher_lines(record: dict) -> list[str]:
+    """The `launcher` stage's lines under its head line: the set-up, then one line per peer."""
+    vllm = record.get("vllm")
+    engine = (f"a colocated vLLM engine each (vllm_gpu_memory_utilization {record.get('vllm_gpu_memory_utilization')})"
+              if vllm == "colocated" else f"the trainer's own generation ({vllm})")  # fmt: skip
+    head = (f"    trl-ftis swarm: {len(record['peers'])} peers on GPU {record.get('gpus')}, gpu_share "
+            f"{record.get('gpu_share')} each; {engine}")  # fmt: skip
+    lines = [head]
+    for name, peer in record["peers"].items():
+        lines.append(
+            f"    {name}: {peer.get('steps')} steps ({fmt(peer.get('seconds_per_step'))} s/step), generation "
+            f"{peer.get('generation')}, CUDA_VISIBLE_DEVICES {peer.get('cuda_visible_devices')}, share "
+            f"{peer.get('gpu_memory_fraction')}; peer rows received {peer.get('rows_received')}, accepted "
+            f"{peer.get('rows_accepted')} (from {', '.join(peer.get('from') or []) or '-'}); memory "
+            + memory_text(peer.get("memory"))
+        )
+    return lines
+
+
 def report_text(results: dict) -> str:
-    env = next((f["environment"] for f in results.get("figures", {}).values() if f.get("environment")), None) or {}
+    found = [f.get("environment") for f in results.get("figures", {}).values()]
+    found += [record_of(results, "launcher", name).get("environment") for name in PEERS]
+    env = next(filter(None, found), None) or {}
     where = env.get("gpu") or env.get("device", "?")
     head = (f"GPU check ({results['mode']}) at {results.get('git')}, {results['started']}, on {where}: "
             f"{results.get('seconds', '?')} s of a {results['budget_seconds']} s budget")  # fmt: skip
@@ -447,6 +628,8 @@ def report_text(results: dict) -> str:
             continue
         head = f"{stage}: {record['status']} ({record.get('seconds')} s of {record.get('timeout')} s)"
         lines.append(head + (f": {record['reason']}" if record.get("reason") else ""))
+        if stage == "launcher" and record.get("peers"):
+            lines.extend(launcher_lines(record))
         if stage == "zero3" and record["status"] != "skipped":
             lines.append(f"    optimizer steps {record.get('optimizer_steps')}, peer rows merged "
                          f"{record.get('peer_rows_merged')}, grad norm {record.get('grad_norm')}")  # fmt: skip

@@ -1,8 +1,9 @@
 """benchmarks/gpu_check.sh, gpu_check.py, gpu_check_setup.py and gpu_check_worker.py: the figures' math by hand, the
 wheels (which ones a machine gets, an installation into a target folder, a wheel rebuilt from installed files), the
-time plan of the GPU mode, the dry run end to end on the CPU with the stand-ins a bare GPU machine would use (default
-suite), and SmolLM2-135M's shape on the CPU (`slow`)."""
+time plan of the GPU mode, the launcher stage's swarm config and result, the dry run end to end on the CPU with the
+stand-ins a bare GPU machine would use (default suite), and SmolLM2-135M's shape on the CPU (`slow`)."""
 
+import argparse
 import json
 import os
 import subprocess
@@ -81,7 +82,7 @@ def test_the_gpu_plan_fits_one_device_call_with_room_for_a_second():
     order = list(gpu_check.STAGES)
     # A stage's limit is its cap while the budget lasts, less what the later stages keep.
     assert gpu_check.stage_timeout(plan["caps"], order, "fp32", 500) == plan["caps"]["fp32"]
-    assert gpu_check.stage_timeout(plan["caps"], order, "fp32", 100) == 100 - 4 * gpu_check.RESERVE
+    assert gpu_check.stage_timeout(plan["caps"], order, "fp32", 100) == 100 - 5 * gpu_check.RESERVE
     assert gpu_check.stage_timeout(plan["caps"], order, "zero3", 30) == 30
     assert gpu_check.stage_timeout(plan["caps"], order, "bf16", 10) == 0
     # The real shape: SmolLM2-135M's config, tied embeddings, its vocabulary; the row counts the question asks about.
@@ -90,6 +91,105 @@ def test_the_gpu_plan_fits_one_device_call_with_room_for_a_second():
     assert (shape["num_key_value_heads"], shape["intermediate_size"], shape["vocab_size"]) == (3, 1536, 49152)
     assert shape["tie_word_embeddings"] and plan["generation"]["rows"] == [64, 128, 256]
     assert gpu_check.STAGES.index("fp32") < gpu_check.STAGES.index("bf16")  # fp32 first
+    # The launcher stage runs after the trainer's own stages, before ZeRO-3; every mode gives every stage a cap.
+    assert order[-2:] == ["launcher", "zero3"]
+    for mode in gpu_check.MODES.values():
+        assert set(mode["caps"]) == {"setup", *gpu_check.STAGES}
+        # Two peers' shares fit one GPU with room for two CUDA contexts; each one's vLLM engine takes at most half
+        # its share (the engine allocates inside the peer's cap: the rest trains).
+        share, engine = mode["launcher"]["gpu_share"], mode["launcher"]["vllm_gpu_memory_utilization"]
+        assert len(gpu_check.PEERS) * share <= 0.9 and engine <= share / 2
+    assert plan["caps"]["launcher"] >= 60  # the launcher's start, two peers' start-ups (each a vLLM engine's), 2 steps
+
+
+def test_the_launcher_stage_writes_a_swarm_config_the_launcher_accepts(tmp_path):
+    """Two peers pinned to one GPU with their shares; vLLM colocated only when asked; loaded by the real launcher's
+    schema (the peer script's options read from its source), the commands it would run."""
+    from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config
+
+    plan = gpu_check.MODES["gpu"]["launcher"]
+    records = {name: tmp_path / f"launcher-{name}.json" for name in gpu_check.PEERS}
+    common = {"gpu": "0", "spec": tmp_path / "spec.json", "exchange": tmp_path / "exchange", "records": records}
+    config = gpu_check.swarm_config(plan, device="cuda", use_vllm=True, **common)
+    assert config["script"] == str(gpu_check.PEER_SCRIPT) and config["exchange_url"] == f"dir://{tmp_path}/exchange"
+    assert config["args"]["expected_peers"] == ["peer-a", "peer-b"] and config["args"]["use_cpu"] is False
+    assert config["args"]["per_device_train_batch_size"] * config["args"]["gradient_accumulation_steps"] == 16
+    assert config["args"]["use_vllm"] is True and config["args"]["vllm_mode"] == "colocate"
+    assert config["args"]["vllm_gpu_memory_utilization"] == 0.2 < config["peers"][0]["gpu_share"] == 0.45
+    assert [(p["id"], p["gpus"], p["args"]["seed"]) for p in config["peers"]] == [
+        ("peer-a", "0", 0),
+        ("peer-b", "0", 1),
+    ]
+    path = tmp_path / "swarm.yaml"
+    path.write_text(gpu_check.config_text(config))
+    loaded = load_swarm_config(path, run_dir=tmp_path / "run")
+    assert [peer.args["gpu_memory_fraction"] for peer in loaded.peers] == [0.45, 0.45]
+    commands = build_commands(loaded)
+    assert [c.env["CUDA_VISIBLE_DEVICES"] for c in commands] == ["0", "0"]
+    argv = commands[1].argv
+    assert argv[1] == str(gpu_check.PEER_SCRIPT) and argv[argv.index("--peer_id") + 1] == "peer-b"
+    assert (
+        argv[argv.index("--gpu_memory_fraction") + 1] == "0.45" and argv[argv.index("--vllm_mode") + 1] == "colocate"
+    )
+    assert argv[argv.index("--check_result") + 1] == str(records["peer-b"])
+    # The launcher reads the peer script's options from its source: a misspelt one is refused before anything starts.
+    path.write_text(gpu_check.config_text({**config, "args": {**config["args"], "check_spce": "x"}}))
+    with pytest.raises(SwarmConfigError, match=r"`args.check_spce` \(gpu_check_peer.py takes the fields of "
+                       r"CheckPeerArguments, FTISConfig\); did you mean `args.check_spec`"):  # fmt: skip
+        load_swarm_config(path, run_dir=tmp_path / "run")
+    # Without vLLM (no CUDA, or no vLLM that imports) nothing of it is asked for, and the CPU is the device.
+    config = gpu_check.swarm_config(plan, device="cpu", use_vllm=False, **common)
+    assert config["args"]["use_vllm"] is False and config["args"]["use_cpu"] is True
+    assert not [key for key in config["args"] if key.startswith("vllm_")]
+
+
+def test_the_launcher_stage_fails_naming_the_peer_that_fell_short():
+    def record(steps, accepted, received=16, peers=("peer-a", "peer-b"), errors=()):
+        return {"generation": "trainer (transformers generate)", "cuda_visible_devices": "0",
+                "gpu_memory_fraction": 0.45, "errors": list(errors),
+                "memory": {"device": "cuda", "max_allocated_gib": 1.5, "max_reserved_gib": 2.0, "cap_gib": 35.6,
+                           "gpu_total_gib": 79.1, "gpu_in_use_at_end_gib": 5.1},
+                "trainer": {"global_step": steps, "steps": [step(2.0, 1.0, 0, 0.1, 0.9, 8)] * steps},
+                "summary": {"rows_sent": 16, "rows_received": received, "rows_accepted": accepted,
+                            "peers": list(peers)}}  # fmt: skip
+
+    ok = gpu_check.launcher_result({"exit": 0}, {"peer-a": record(2, 13), "peer-b": record(2, 15)}, steps=2)
+    assert ok["status"] == "ok" and "reason" not in ok
+    assert ok["peers"]["peer-a"]["from"] == ["peer-b"] and ok["peers"]["peer-b"]["rows_accepted"] == 15
+    assert ok["peers"]["peer-a"]["seconds_per_step"] == pytest.approx(2.0)
+    assert ok["processes"]["peer-b"]["record"]["trainer"]["global_step"] == 2  # the raw record kept
+    lines = gpu_check.launcher_lines({**ok, "gpus": "0", "gpu_share": 0.45, "vllm": "colocated",
+                                      "vllm_gpu_memory_utilization": 0.2})  # fmt: skip
+    assert lines[0] == ("    trl-ftis swarm: 2 peers on GPU 0, gpu_share 0.45 each; a colocated vLLM engine each "
+                        "(vllm_gpu_memory_utilization 0.2)")  # fmt: skip
+    assert lines[1].startswith("    peer-a: 2 steps (2.000 s/step), generation trainer (transformers generate), ")
+    assert "peer rows received 16, accepted 13 (from peer-b)" in lines[1]
+    assert "peak 1.500 GiB allocated, 2.000 GiB reserved (cap 35.6 of 79.1 GiB)" in lines[1]
+    bad = gpu_check.launcher_result(
+        {"exit": 1}, {"peer-a": record(1, 0, errors=[{"error": "RuntimeError: out of memory"}]), "peer-b": {}}, 2
+    )
+    assert bad["status"] == "failed"
+    assert bad["reason"] == ("trl-ftis swarm: exit 1; peer-a: RuntimeError: out of memory; peer-a: 1 of 2 steps; "
+                             "peer-a: accepted no peer rows (16 received); peer-b: no record")  # fmt: skip
+    stopped = gpu_check.launcher_result({"exit": None, "stopped": "time limit"}, {"peer-a": record(2, 1)}, 2)
+    assert stopped["reason"] == "trl-ftis swarm: time limit"
+
+
+def test_the_launcher_stage_is_skipped_with_the_reason_where_the_launcher_cannot_be_imported(tmp_path):
+    """A machine without pydantic (the check does not carry it): the stage says so and starts nothing."""
+    options = argparse.Namespace(mode="dry-run", budget=None, out=tmp_path / "out", work=tmp_path / "work",
+                                 stand_ins=None, skip=None)  # fmt: skip
+    check = gpu_check.Check(options)
+    (tmp_path / "bare" / "pydantic").mkdir(parents=True)
+    (tmp_path / "bare" / "pydantic" / "__init__.py").write_text("raise ImportError('no pydantic on this machine')\n")
+    check.env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "bare"), str(ROOT / "src")])
+    record = check.launcher(timeout=60)
+    assert record == {
+        "status": "skipped",
+        "reason": "the swarm launcher cannot be imported: ImportError: no pydantic "
+        "on this machine (it needs PyYAML, pydantic and psutil; the check carries psutil, not pydantic)",
+    }
+    assert not (tmp_path / "work" / "launcher").exists() and not list((tmp_path / "out" / "logs").iterdir())
 
 
 # ---- the wheels -----------------------------------------------------------------------------------------------------
@@ -182,7 +282,7 @@ def check_results(out: Path, mode: str, dtypes: tuple[str, ...] = ("fp32", "bf16
     stage alone and as a swarm; the ZeRO-3 stage always)."""
     results = json.loads((out / "gpu_check.json").read_text())
     report = (out / "gpu_check.txt").read_text()
-    expected = [stage for stage in gpu_check.STAGES if stage == "zero3" or stage.split("-")[0] in dtypes]
+    expected = [s for s in gpu_check.STAGES if s in ("launcher", "zero3") or s.split("-")[0] in dtypes]
     assert results["mode"] == mode and results["order"] == expected
     stages = results["stages"]
     assert set(stages) == set(expected)
@@ -221,7 +321,35 @@ def check_results(out: Path, mode: str, dtypes: tuple[str, ...] = ("fp32", "bf16
         assert {case["status"] for case in fig["probe"]} == {"finite"}
         assert f"== {dtype}" in report
     assert "generation share f: alone" in report and "swarm peer step / alone step" in report
+    check_launcher_stage(out, results, report)
     return results, report
+
+
+def check_launcher_stage(out: Path, results: dict, report: str) -> None:
+    """The `launcher` stage on the CPU: `trl-ftis swarm` ran both peers to the end, pinned to one GPU id with their
+    shares (harmless on the CPU), each with the trainer's own generation, and each accepted the other's rows."""
+    stage, plan = results["stages"]["launcher"], results["plan"]["launcher"]
+    assert stage["launcher"]["exit"] == 0 and stage["vllm"] == "no CUDA GPU in this mode"
+    config = stage["config"]
+    assert config["args"]["use_vllm"] is False and config["args"]["use_cpu"] is True
+    assert [(p["gpus"], p["gpu_share"]) for p in config["peers"]] == [(stage["gpus"], plan["gpu_share"])] * 2
+    summary = json.loads((out / "stages" / "launcher-summary.json").read_text())  # the launcher's own summary.json
+    assert summary["exit_code"] == 0 and [row["id"] for row in summary["peers"]] == list(gpu_check.PEERS)
+    for name, peer in stage["peers"].items():
+        other = next(p for p in gpu_check.PEERS if p != name)
+        assert peer["steps"] == plan["steps"] and peer["generation"] == "trainer (transformers generate)"
+        assert peer["cuda_visible_devices"] == stage["gpus"] and peer["gpu_memory_fraction"] == plan["gpu_share"]
+        assert peer["memory"] == {"device": "cpu", "gpu_memory_fraction": plan["gpu_share"]}
+        assert 0 < peer["rows_accepted"] <= peer["rows_received"] and peer["from"] == [other]
+        row = next(r for r in summary["peers"] if r["id"] == name)
+        assert (row["steps"], row["rows_accepted"]) == (plan["steps"], peer["rows_accepted"])
+        steps = stage["processes"][name]["record"]["trainer"]["steps"]
+        assert len(steps) == plan["steps"] and all(s["peer_rows"] > 0 for s in steps)  # merged in every step
+        assert (out / "logs" / f"launcher-{name}.log").exists()
+        assert (f"    {name}: {plan['steps']} steps (" in report
+                and f"accepted {peer['rows_accepted']} (from {other}); memory on the cpu" in report)  # fmt: skip
+    assert "launcher: ok (" in report and "trl-ftis swarm: 2 peers on GPU" in report
+    assert "the trainer's own generation (no CUDA GPU in this mode)" in report
 
 
 def test_the_dry_run_runs_the_fp32_stages_with_the_stand_ins_of_a_bare_machine(tmp_path):
