@@ -11,21 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
-import yaml
 
 from trl_ftis.launcher import load_swarm_config
 from trl_ftis.launcher.memory import MODEL_SHAPES, peer_memory, server_memory
+from trl_ftis.launcher.placement import VLLM_MEMORY_DEFAULT, accelerate_settings, colocated_vllm, process_count
 
-TRL_VLLM_GPU_MEMORY_UTILIZATION = 0.3  # GRPOConfig's default for a colocated engine
 TRL_SERVER_GPU_MEMORY_UTILIZATION = 0.9  # `trl vllm-serve`'s default
-
-
-def _accelerate(path: Path | None) -> dict:
-    if path is None:
-        return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
 def _rows_per_step(peer, processes: int) -> int:
@@ -39,8 +30,8 @@ def estimate_lines(config_path: str, gpu_gb: float, prompt_tokens: int) -> list[
     peers = [peer for peer in config.peers if peer.control_of is None]
     layout = {}
     for peer in peers:
-        accelerate = _accelerate(peer.accelerate_config)
-        processes = peer.num_processes or int(accelerate.get("num_processes", 1) or 1)
+        accelerate = accelerate_settings(peer.accelerate_config) or {}
+        processes = process_count(peer) or 1
         layout[peer.id] = (accelerate, processes, _rows_per_step(peer, processes))
     lines = []
     for peer in peers:
@@ -55,7 +46,7 @@ def estimate_lines(config_path: str, gpu_gb: float, prompt_tokens: int) -> list[
         args = peer.args
         micro_batches = processes * int(args.get("gradient_accumulation_steps", 1))
         received = sum(rows for other, (_, _, rows) in layout.items() if other != peer.id) // micro_batches
-        colocated = bool(args.get("use_vllm")) and args.get("vllm_mode", "colocate") == "colocate"
+        colocated = colocated_vllm(peer)
         estimate = peer_memory(
             shape,
             processes=processes,
@@ -67,7 +58,7 @@ def estimate_lines(config_path: str, gpu_gb: float, prompt_tokens: int) -> list[
             peer_micro_batch_size=args.get("peer_micro_batch_size"),
             deepspeed=deepspeed,
             tokens=prompt_tokens + int(args.get("max_completion_length", 256)),
-            vllm_utilization=float(args.get("vllm_gpu_memory_utilization", TRL_VLLM_GPU_MEMORY_UTILIZATION))
+            vllm_utilization=float(args.get("vllm_gpu_memory_utilization", VLLM_MEMORY_DEFAULT))
             if colocated
             else 0.0,
             gpu_gb=gpu_gb,
