@@ -19,46 +19,14 @@ from pathlib import Path
 
 import pytest
 import yaml
+from pids import alive, written_pids
 
 from trl_ftis import cli, launcher, rules
 from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, local, render_args, run_swarm
-from trl_ftis.launcher.summary import TABLE_COLUMNS
-from trl_ftis.launcher.summary import read_peer_summary
+from trl_ftis.launcher.summary import TABLE_COLUMNS, read_peer_summary
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return not os.path.exists("/proc/self")  # gone meanwhile, or no /proc at all
-
-
-def _pids(pid_dir: Path) -> dict[str, int]:
-    return {p.name[: -len(".pid")]: int(p.read_text()) for p in pid_dir.glob("*.pid")}
-
-
-@pytest.fixture
-def pid_dir(tmp_path):
-    """Where fixture peers write their pids; anything still alive at the end is killed so no test leaks processes."""
-    directory = tmp_path / "pids"
-    directory.mkdir()
-    yield directory
-    for pid in _pids(directory).values():
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _config(tmp_path, peers, **top):
@@ -439,7 +407,7 @@ def test_real_run_streams_logs_and_writes_summary(tmp_path, pid_dir, monkeypatch
     assert rows["b"]["steps"] == 7 and rows["b"]["rows_sent"] is None
     assert rows["c3"]["steps"] is None and "could not read" in rows["c3"]["note"]
     assert all(0 < row["wall_time_s"] < 10 and row["status"] == "ok" for row in rows.values())
-    assert not any(_alive(pid) for pid in _pids(pid_dir).values())
+    assert not any(alive(pid) for pid in written_pids(pid_dir).values())
 
 
 def test_accelerate_peer_runs(tmp_path, pid_dir):
@@ -470,7 +438,7 @@ def test_failing_peer_stops_the_others_quickly(tmp_path, pid_dir):
     assert run_swarm(config, grace=5, stream=out) == 1
     # The sleeper exits on SIGTERM: no need to wait for the 5 s grace, let alone its 60 s sleep.
     assert time.monotonic() - start < 4
-    assert not _alive(_pids(pid_dir)["sleeper"])
+    assert not alive(written_pids(pid_dir)["sleeper"])
     assert "peer crash exited with code 3; stopping the other peers" in out.getvalue()
     assert (
         f"(resume the swarm from its checkpoints with `trl-ftis swarm CONFIG --run-dir {tmp_path / 'run'} --resume`)"
@@ -500,7 +468,7 @@ def test_peer_that_cannot_start_stops_the_started_ones(tmp_path, pid_dir, monkey
     rows = {row["id"]: row for row in json.loads((tmp_path / "run" / "summary.json").read_text())["peers"]}
     assert [rows[p]["status"] for p in "abc"] == ["stopped", "failed to start", "not started"]
     assert rows["a"]["exit_code"] is not None
-    assert not any(_alive(pid) for pid in _pids(pid_dir).values())
+    assert not any(alive(pid) for pid in written_pids(pid_dir).values())
 
 
 @pytest.mark.parametrize(
@@ -522,8 +490,8 @@ def test_sigterm_ignoring_grandchild_is_killed(tmp_path, pid_dir, child, crash):
     start = time.monotonic()
     assert run_swarm(config, grace=1, stream=out) == (1 if crash else 0)
     elapsed = time.monotonic() - start
-    pids = _pids(pid_dir)
-    assert not _alive(pids["parent.child"]) and not _alive(pids["parent"])
+    pids = written_pids(pid_dir)
+    assert not alive(pids["parent.child"]) and not alive(pids["parent"])
     assert 1.0 <= elapsed < 8, out.getvalue()  # SIGKILL only after the grace period
     assert "sending SIGKILL" in out.getvalue()
 
@@ -563,7 +531,7 @@ def test_signal_to_launcher_stops_everything(tmp_path, pid_dir, sig):
             for peer in ("a", "b"):
                 if line.startswith(f"[{peer}] ") and line.rstrip().endswith("ready"):
                     ready.add(peer)
-        pids = _pids(pid_dir)
+        pids = written_pids(pid_dir)
         assert set(pids) == {"a", "b", "b.child"}
         proc.send_signal(sig)
         assert proc.wait(timeout=20) == 130
@@ -575,8 +543,8 @@ def test_signal_to_launcher_stops_everything(tmp_path, pid_dir, sig):
         seen.append(lines.get())
     output = "".join(seen)
     assert f"interrupted by {sig.name}" in output
-    alive = {name: pid for name, pid in pids.items() if _alive(pid)}
-    assert not alive, output
+    running = {name: pid for name, pid in pids.items() if alive(pid)}
+    assert not running, output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["exit_code"] == 130 and {row["status"] for row in summary["peers"]} == {"stopped"}
 

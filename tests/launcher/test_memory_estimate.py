@@ -27,9 +27,7 @@ def test_zero2_shards_gradients_and_adam_but_not_weights_and_peer_rows_share_the
     # 8 rows (4 own + 4 received: DeepSpeed does not chunk) x 800 tokens x (151936 x 8 + 1536 x 28 x 4) bytes.
     assert estimate.activations == 8 * 800 * (151936 * 8 + 1536 * 28 * 4) == 8_880_128_000
     assert estimate.vllm == 0
-    assert estimate.line(80) == (
-        "21.2 GB of 80 GB (27%) = weights 6.2 + gradients 2.1 + Adam 4.1 + activations 8.9"
-    )
+    assert estimate.line(80) == "21.2 GB of 80 GB (27%) = weights 6.2 + gradients 2.1 + Adam 4.1 + activations 8.9"
 
 
 def test_zero3_shards_weights_ddp_shards_nothing():

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 from file_modes import file_mode  # tests/ is on sys.path
+from pids import alive, written_pids
 
 from trl_ftis import cli
 from trl_ftis.launcher import SwarmConfigError, load_swarm_config, run_swarm
@@ -81,38 +82,6 @@ sys.exit(args.exit_code)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return not os.path.exists("/proc/self")
-
-
-def _pids(pid_dir: Path) -> dict[str, int]:
-    return {p.name[: -len(".pid")]: int(p.read_text()) for p in pid_dir.glob("*.pid")}
-
-
-@pytest.fixture
-def pid_dir(tmp_path):
-    """Where peers and servers write their pids; anything still alive at the end is killed."""
-    directory = tmp_path / "pids"
-    directory.mkdir()
-    yield directory
-    for pid in _pids(directory).values():
-        if _alive(pid):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
 def _server(pid_dir: Path, peer_id: str, gpus: str = "3", **block) -> dict:
     """A `vllm_server:` block running the stand-in, which writes its pid to `<pid_dir>/<peer_id>.server.pid`."""
     args = {"pid_file": str(pid_dir / f"{peer_id}.server.pid"), **block.pop("args", {})}
@@ -147,8 +116,8 @@ def _rows(tmp_path) -> dict[str, dict]:
 
 
 def _none_alive(pid_dir: Path, output: str = "") -> None:
-    alive = {name: pid for name, pid in _pids(pid_dir).items() if _alive(pid)}
-    assert not alive, output
+    running = {name: pid for name, pid in written_pids(pid_dir).items() if alive(pid)}
+    assert not running, output
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -285,7 +254,7 @@ def test_server_logs_of_earlier_runs_are_kept_and_only_restarts_only_their_serve
         "b.vllm.log",
         "b.vllm.log.1",
     ]
-    assert set(_pids(pid_dir)) == {"b", "b.server"}  # a and its server never started
+    assert set(written_pids(pid_dir)) == {"b", "b.server"}  # a and its server never started
     assert "vLLM server of a" not in out and out.count("vLLM server of b ready") == 2
     _none_alive(pid_dir, out)
 
@@ -307,7 +276,7 @@ def test_a_server_never_healthy_fails_the_swarm_before_any_peer_starts(tmp_path,
     summary = _summary(tmp_path)
     assert summary["reason"].startswith("vLLM server of peer b never healthy after 1.5 s"), summary["reason"]
     assert "stand-in vLLM server: model=" in out  # the server log's last lines on the console
-    assert set(_pids(pid_dir)) == {"a.server", "b.server"}  # no peer started
+    assert set(written_pids(pid_dir)) == {"a.server", "b.server"}  # no peer started
     rows = _rows(tmp_path)
     assert rows["b"]["status"] == "failed to start" and "never healthy" in rows["b"]["note"]
     assert rows["a"]["status"] == "not started"
@@ -322,7 +291,7 @@ def test_a_server_that_dies_before_it_is_ready_fails_the_swarm_at_once(tmp_path,
     assert time.monotonic() - start < 15  # not the 600 s ready_timeout
     assert _summary(tmp_path)["reason"] == "vLLM server of peer a exited with code 3 before it was ready"
     assert "stand-in: failing at start with code 3" in out  # its log tail
-    assert set(_pids(pid_dir)) == {"a.server"}
+    assert set(written_pids(pid_dir)) == {"a.server"}
     _none_alive(pid_dir, out)
 
 
@@ -397,7 +366,7 @@ def test_a_server_port_in_use_is_refused_before_anything_starts(tmp_path, pid_di
     message = str(error.value)
     assert re.search(rf"peer 'b'.*`vllm_server\.{key}` {port}.*in use", message), message
     assert "peer 'a'" not in message
-    assert not (tmp_path / "run").exists() and not _pids(pid_dir)
+    assert not (tmp_path / "run").exists() and not written_pids(pid_dir)
 
 
 def test_dry_run_warns_of_a_server_port_in_use(tmp_path, pid_dir):
@@ -455,7 +424,7 @@ def test_ctrl_c_stops_the_servers_and_the_peers(tmp_path, pid_dir, when):
                 time.sleep(0.02)
         else:
             wait_for_line(lambda line: line.startswith("[a]") and line.rstrip().endswith("ready"))
-        pids = _pids(pid_dir)
+        pids = written_pids(pid_dir)
         assert set(pids) == ({"a.server"} if waiting else {"a", "a.server"}), "".join(seen)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 130
@@ -467,5 +436,5 @@ def test_ctrl_c_stops_the_servers_and_the_peers(tmp_path, pid_dir, when):
         seen.append(lines.get())
     output = "".join(seen)
     assert "interrupted by SIGINT" in output
-    assert not any(_alive(pid) for pid in pids.values()), output
+    assert not any(alive(pid) for pid in pids.values()), output
     assert _summary(tmp_path)["exit_code"] == 130
