@@ -1,5 +1,5 @@
 """The package's import graph, read from the source (never by importing it), for the architecture tests
-(`tests/test_architecture.py`, `tests/exchange/test_modules.py`): which trl_ftis modules each module imports, anywhere
+(`tests/project/test_architecture.py`, `tests/exchange/test_modules.py`): which trl_ftis modules each module imports, anywhere
 in it (function-level imports included), and which private names of other modules it uses."""
 
 from __future__ import annotations

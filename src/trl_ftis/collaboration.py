@@ -13,7 +13,7 @@ Two owners, both pure bookkeeping (no trainer, no collectives), composed into `F
 [`collaboration_report`] turns both into the summary's numbers and the sentence a user reads at the end of a run:
 "peers supplied N rows, as close to my own sampling as about M rows of mine; they stood in for about S s of my
 generation; the exchange took B s". The pure formulas ([`effective_fraction`], [`generation_share`], [`stand_in_seconds`]) are checked against
-hand-computed values in `tests/test_collaboration.py`.
+hand-computed values in `tests/core/test_collaboration.py`.
 """
 
 from __future__ import annotations

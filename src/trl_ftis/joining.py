@@ -22,7 +22,7 @@ evaluation problems, which leaves training noise out, so the reading says what i
 each arm by more than that ([`INTERVAL_KINDS`]).
 
 Standard library only (the launcher imports it); every formula is checked against hand-computed values in
-`tests/test_joining.py`.
+`tests/core/test_joining.py`.
 """
 
 from __future__ import annotations

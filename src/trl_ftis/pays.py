@@ -31,7 +31,7 @@ the hardware factors). [`factors_from_summaries`] reads the factors from runs' `
 and which assumed; with any factor assumed, [`format_report`] gives no verdict, only what to run to get one.
 `trl-ftis pays RUN_DIR ...` prints the result.
 
-Every formula here is checked against hand-computed values in `tests/test_pays.py`; `benchmarks/peer_gain.py`
+Every formula here is checked against hand-computed values in `tests/core/test_pays.py`; `benchmarks/peer_gain.py`
 measures phi and beta, `benchmarks/frontier.py` the hardware factors of a few configurations of this CPU.
 """
 

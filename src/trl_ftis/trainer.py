@@ -159,7 +159,7 @@ class FTISTrainer(GRPOTrainer):
         environment_factory=None,
     ):
         # The same parameters, in the same order and with the same defaults, as GRPOTrainer.__init__ (TRL 1.16):
-        # tests/test_trainer.py checks it, so positional calls written for GRPOTrainer mean the same here.
+        # tests/core/test_trainer.py checks it, so positional calls written for GRPOTrainer mean the same here.
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = FTISConfig(f"{model_name.split('/')[-1]}-FTIS")
@@ -605,7 +605,7 @@ class FTISTrainer(GRPOTrainer):
         2. it reads `inputs["advantages"]` (accepting shape `(B, T)` as well as `(B,)`) and
            `inputs["old_per_token_logps"]` only after that call, from the `inputs` dict it was given.
 
-        `tests/test_trainer.py::test_trl_loss_contract_*` fail, naming this contract, if a TRL upgrade breaks it.
+        `tests/core/test_trainer.py::test_trl_loss_contract_*` fail, naming this contract, if a TRL upgrade breaks it.
         """
         result = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs

@@ -1,7 +1,7 @@
 """The exchange package is split by concern: the wire format's modules are layered in the order the package's
 docstring lists them, each importing only modules listed before it, and the transports share only public helpers of
 their base. (That no module anywhere uses another's private names, and that there is no import cycle, is checked
-for the whole package by `tests/test_architecture.py`, with the same scanner: `tests/import_graph.py`.)
+for the whole package by `tests/project/test_architecture.py`, with the same scanner: `tests/import_graph.py`.)
 """
 
 from __future__ import annotations

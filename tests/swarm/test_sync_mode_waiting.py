@@ -66,6 +66,6 @@ def test_a_trainer_that_waits_or_trains_alone_says_nothing(tokenizer, make_args,
 def test_the_readmes_recipe_for_joining_a_swarm_names_whom_to_wait_for():
     from pathlib import Path
 
-    readme = " ".join((Path(__file__).resolve().parents[1] / "README.md").read_text().split())
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     recipe = readme[readme.index("That trains exactly as before") :][:400]
     assert all(flag in recipe for flag in ("--exchange_url", "--peer_id", "--expected_peers", "--swarm_run")), recipe

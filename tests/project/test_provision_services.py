@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent / "provision_services.sh"
+SCRIPT = Path(__file__).resolve().parents[1] / "provision_services.sh"
 BASH = shutil.which("bash")
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from swarm_helpers import make_swarm, rows
-from test_checkpoint import make_trainer  # tests/ is on sys.path
+from test_checkpoint_resume import make_trainer  # tests/ is on sys.path
 from transformers.trainer import TRAINER_STATE_NAME
 
 import trl_ftis.swarm.checkpoint as checkpoints

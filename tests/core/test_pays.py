@@ -238,7 +238,7 @@ def test_measured_learning_is_what_the_raw_summary_says():
 
     from trl_ftis.pays import MEASURED_LEARNING
 
-    raw = (Path(__file__).resolve().parents[1] / "benchmarks/results/peer_gain-grid.txt").read_text()
+    raw = (Path(__file__).resolve().parents[2] / "benchmarks/results/peer_gain-grid.txt").read_text()
     number = r"(-?[\d.]+)"
     for (partners, peers), values in MEASURED_LEARNING.items():
         phi = re.search(rf"^\| {partners}-{peers} \| {number} \| \[{number}, {number}\]", raw, re.MULTILINE)

@@ -152,7 +152,7 @@ def test_secrets_never_reach_trackers_logs_or_saved_arguments(tmp_path):
     args = FTISConfig(
         str(tmp_path), use_cpu=True, swarm_secret="s3cret-value", exchange_url="redis://:hunter2@redis.local:6379/0"
     )
-    saved = args.redacted_copy()  # what the trainer writes to training_args.bin (see tests/test_secrets.py)
+    saved = args.redacted_copy()  # what the trainer writes to training_args.bin (see tests/core/test_secrets.py)
     for text in (json.dumps(args.to_dict()), str(args), repr(args), pickle.dumps(saved).decode("latin-1")):
         assert "s3cret-value" not in text and "hunter2" not in text
     assert pickle.loads(pickle.dumps(args)).swarm_secret == "s3cret-value"  # a pickled copy still trains

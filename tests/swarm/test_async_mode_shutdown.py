@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
-from test_async_exchange import async_trainer, worker_threads
+from test_async_mode import async_trainer, worker_threads
 from transformers import TrainerCallback
 
 from trl_ftis.swarm.exchange_modes import ExchangeWorker

@@ -116,7 +116,7 @@ def test_the_gsm8k_example_under_accelerate_on_the_gpu(tmp_path, accelerate_conf
 
     from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     model_dir = tmp_path / "model"
     tokenizer = build_char_tokenizer(SYSTEM_CHAT_TEMPLATE, alphabet=PRINTABLE_ALPHABET)
     build_tiny_llama(tokenizer, hidden_size=32, num_layers=1, max_position_embeddings=1024).save_pretrained(model_dir)

@@ -49,7 +49,7 @@ def last_metrics(trainer):
 # Configuration
 # --------------------------------------------------------------------------------------------------------------------
 def test_the_tiny_settings_use_the_paper_preset(make_args):
-    """`make_args` (the tiny CPU settings) starts from `preset="paper"`; TRL's own defaults: tests/test_dropin.py."""
+    """`make_args` (the tiny CPU settings) starts from `preset="paper"`; TRL's own defaults: tests/core/test_dropin.py."""
     args = make_args()
     assert args.preset == "paper"
     assert (args.variant, args.is_cap, args.kl_threshold, args.kl_reduction) == ("f-tis", 2.0, 50.0, "group_max_len")
