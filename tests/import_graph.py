@@ -1,6 +1,7 @@
 """The package's import graph, read from the source (never by importing it), for the architecture tests
-(`tests/project/test_architecture.py`, `tests/exchange/test_modules.py`): which trl_ftis modules each module imports, anywhere
-in it (function-level imports included), and which private names of other modules it uses."""
+(`tests/project/test_architecture.py`, `tests/exchange/test_modules.py`): which trl_ftis modules each module imports,
+anywhere in it (function-level imports and those under `if TYPE_CHECKING:` included), and which private names of other
+modules it uses."""
 
 from __future__ import annotations
 
@@ -95,12 +96,14 @@ def lazy_exports(package: str) -> dict[str, str]:
     return {}
 
 
-def imported_modules(path: Path) -> set[str]:
-    """The trl_ftis modules `path` imports when it runs: `from trl_ftis.x import y` is module `x.y` when `y` is a
-    submodule (importing it runs `x.y`, not more of `x`), module `x` and the submodule `x` loads `y` from when `x`
-    exports `y` lazily, else module `x`. Imports under `if TYPE_CHECKING:` never run and are left out."""
+def imported_modules(path: Path, runtime: bool = True) -> set[str]:
+    """The trl_ftis modules `path` imports: `from trl_ftis.x import y` is module `x.y` when `y` is a submodule
+    (importing it runs `x.y`, not more of `x`), module `x` and the submodule `x` loads `y` from when `x` exports `y`
+    lazily, else module `x`. With `runtime` (what runs), imports under `if TYPE_CHECKING:` are left out; without it
+    they count: a type checker follows them, and a cycle through them is a cycle of what each module needs to be
+    understood."""
     found = {name for name, _ in plain_imports(path)}
-    for target, names in from_imports(path, runtime=True):
+    for target, names in from_imports(path, runtime=runtime):
         lazy = lazy_exports(target)
         for name, _ in names:
             if f"{target}.{name}" in MODULES:
@@ -110,9 +113,10 @@ def imported_modules(path: Path) -> set[str]:
     return {name for name in found if name in MODULES and name != module_name(path)}
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the trl_ftis modules it imports."""
-    return {name: imported_modules(path) for name, path in MODULES.items()}
+def import_graph(runtime: bool = False) -> dict[str, set[str]]:
+    """Module -> the trl_ftis modules it imports ([`imported_modules`]): all of them, those under
+    `if TYPE_CHECKING:` included, unless `runtime`."""
+    return {name: imported_modules(path, runtime=runtime) for name, path in MODULES.items()}
 
 
 def private_uses(path: Path) -> list[str]:
@@ -174,3 +178,25 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return found
+
+
+def cycle_path(graph: dict[str, set[str]], component: list[str]) -> list[str]:
+    """One import chain around `component` (a strongly connected component of `graph`), starting and ending at its
+    first module: the shortest way back to it through the component, so that a failure names the imports to cut."""
+    start, inside = component[0], set(component)
+    previous: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for other in sorted(graph.get(node, ())):
+                if other == start:
+                    chain = [node]
+                    while chain[-1] != start:
+                        chain.append(previous[chain[-1]])
+                    return [start, *reversed(chain[:-1]), start] if node != start else [start, start]
+                if other in inside and other not in previous:
+                    previous[other] = node
+                    following.append(other)
+        frontier = following
+    return component

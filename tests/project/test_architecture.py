@@ -12,7 +12,8 @@ Rooms, bottom to top:
   never import the launcher, the tasks or the demo; the tasks never import the launcher or the demo.
 
 Inside and across rooms: no module imports another module's private (underscore) names, and no two modules import
-each other, directly or through others (function-level imports count: a cycle hidden inside a function is still one).
+each other, directly or through others (function-level imports count: a cycle hidden inside a function is still one;
+so do imports under `if TYPE_CHECKING:`: a cycle only a type checker follows still ties the modules together).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import pytest
 from import_graph import (
     PACKAGE,
     PATHS,
+    cycle_path,
     cycles,
     import_graph,
     imported_names,
@@ -117,8 +119,12 @@ def test_no_module_imports_another_modules_private_names(path):
     assert not bad, f"{path.relative_to(PACKAGE)} imports private names {bad}: make them public, or move them"
 
 
-def test_there_is_no_import_cycle():
-    assert cycles(import_graph()) == []
+def test_there_is_no_import_cycle_not_even_through_type_checking_imports():
+    # A cycle only through `if TYPE_CHECKING:` imports never fails at run time, but it still ties the modules
+    # together: neither can be read, typed or moved without the other.
+    graph = import_graph()
+    found = [" -> ".join(cycle_path(graph, component)) for component in cycles(graph)]
+    assert not found, "import cycles between trl_ftis modules:\n" + "\n".join(found)
 
 
 def test_the_cycle_and_private_name_checks_catch_what_they_look_for(monkeypatch):
@@ -134,3 +140,19 @@ def test_the_cycle_and_private_name_checks_catch_what_they_look_for(monkeypatch)
     assert private_uses(trainer) == ["trl_ftis.swarm.client._private_helper", "trl_ftis.exchange.keys._ed25519"]
     assert ["trl_ftis.swarm.client", "trl_ftis.trainer"] in cycles(import_graph())
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    graph = {"a": {"b"}, "b": {"c", "a"}, "c": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]] and cycle_path(graph, ["a", "b", "c"]) == ["a", "b", "a"]
+
+
+def test_the_cycle_check_counts_imports_under_type_checking(monkeypatch):
+    # The check itself: two modules that import each other, one of them only for its annotations, are a cycle of the
+    # graph the check reads, though not of what runs.
+    config, swarm = PACKAGE / "config.py", PACKAGE / "swarm" / "admission.py"
+    sources = {
+        config: "from .objective import parse_variant\n",
+        swarm: "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..config import FTISConfig\n",
+    }
+    sources[config] += "from .swarm import admission\n"
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: sources.get(self, ""))
+    assert ["trl_ftis.config", "trl_ftis.swarm.admission"] in cycles(import_graph())
+    assert ["trl_ftis.config", "trl_ftis.swarm.admission"] not in cycles(import_graph(runtime=True))
