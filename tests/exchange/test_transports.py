@@ -29,6 +29,7 @@ try:  # tests/ is on sys.path in pytest's default (prepend) import mode; be robu
 except ImportError:  # pragma: no cover
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from redis_server import redis_url  # noqa: F401
+from waits import returns_within  # tests/ is on sys.path
 
 KINDS = ["memory", "dir", pytest.param("redis", marks=pytest.mark.redis)]
 
@@ -148,30 +149,32 @@ def test_wait_returns_false_within_timeout_when_nothing_arrives(make_transport):
     t.publish(b"old", sender="alice", round=0)
     t.poll()  # nothing new after this
     start = time.monotonic()
-    assert t.wait(0.3) is False
-    elapsed = time.monotonic() - start
-    assert 0.25 <= elapsed < 0.3 + 0.5
-    start = time.monotonic()
-    assert t.wait(0) is False
-    assert time.monotonic() - start < 0.5
+    # A wait that ignored its timeout would block until a message came: none comes before the hang guard.
+    assert returns_within(lambda: t.wait(0.3), what="wait(0.3)") is False
+    assert time.monotonic() - start >= 0.25  # it did wait (a lower bound: the test is about waiting that long)
+    assert returns_within(lambda: t.wait(0), what="wait(0)") is False
 
 
 def test_wait_returns_true_soon_after_a_publish_from_another_thread(make_transport):
     reader, writer = make_transport(), make_transport()
+    publishing = threading.Event()
 
     def publish_later():
         time.sleep(0.2)
+        publishing.set()  # before the publish: a reader may wake before publish() itself has returned
         writer.publish(b"wake up", sender="bob", round=1)
 
+    def wait_then_look():
+        woke = reader.wait(600.0)  # a wait that missed the publish would run into this, far past the hang guard
+        return woke, publishing.is_set()
+
     thread = threading.Thread(target=publish_later)
-    start = time.monotonic()
     thread.start()
     try:
-        assert reader.wait(10.0) is True
-        elapsed = time.monotonic() - start
+        # it woke up for the publish (after it, not before: nothing was there earlier), not at its timeout
+        assert returns_within(wait_then_look, what="wait(600) after a publish") == (True, True)
     finally:
         thread.join()
-    assert 0.15 <= elapsed < 2.0
     # wait() does not consume: the message comes from the next poll, once.
     assert _payloads(reader.poll()) == [b"wake up"]
     assert reader.poll() == []
@@ -181,9 +184,7 @@ def test_wait_returns_at_once_when_something_is_pending(make_transport):
     t = make_transport()
     t.publish(b"pending", sender="alice", round=0)
     for _ in range(2):  # wait() does not consume: asking again before polling still says True at once
-        start = time.monotonic()
-        assert t.wait(10.0) is True
-        assert time.monotonic() - start < 1.0
+        assert returns_within(lambda: t.wait(600.0), what="wait(600) with a message pending") is True
     assert _payloads(t.poll()) == [b"pending"]
     assert t.poll() == []
 
@@ -659,7 +660,7 @@ def acl_redis(tmp_path):
     is not made on a shared one); `acl.admin`: a client of the default user."""
     from redis_server import RedisServerUnavailable, start_redis_server
 
-    from trl_ftis.launcher.slurm_jobs import REDIS_PEER_COMMANDS
+    from trl_ftis.launcher.slurm.jobs import REDIS_PEER_COMMANDS
 
     redis = pytest.importorskip("redis")
     try:
@@ -804,10 +805,12 @@ def test_redis_unreachable_server_raises_transport_error_within_deadline_without
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     start = time.monotonic()
-    with pytest.raises(TransportError) as info:
-        open_transport(f"redis://:s3cret-pw@127.0.0.1:{port}/0", connect_timeout=0.5, socket_timeout=0.5)
-    elapsed = time.monotonic() - start
-    assert 0.4 <= elapsed < 0.5 + 1.5  # retried until the deadline, not forever
+    with pytest.raises(TransportError) as info:  # retried until the deadline, not forever (the hang guard)
+        returns_within(
+            lambda: open_transport(f"redis://:s3cret-pw@127.0.0.1:{port}/0", connect_timeout=0.5, socket_timeout=0.5),
+            what="opening an unreachable Redis",
+        )
+    assert time.monotonic() - start >= 0.4  # retried until the deadline (a lower bound), not given up at once
     message = str(info.value)
     assert f"127.0.0.1:{port}" in message
     exc = info.value
