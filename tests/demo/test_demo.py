@@ -122,7 +122,7 @@ def test_the_demo_says_whether_a_peer_and_a_baseline_can_be_told_apart():
 def test_dependency_deprecation_warnings_are_hidden_ours_are_not():
     import warnings
 
-    from trl_ftis.demo.quiet import quiet_dependency_warnings
+    from trl_ftis.dependency_warnings import quiet_dependency_warnings
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

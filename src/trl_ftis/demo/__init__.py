@@ -5,9 +5,7 @@ supervised loop ([`.supervised`]) that warms up the tiny models and heals the de
 The core (`trl_ftis.objective`, `config`, `trainer`, `peer_rows`, `swarm`, `exchange`) never imports this package.
 """
 
-from .quiet import quiet_dependency_warnings
-
-__all__ = ["main", "quiet_dependency_warnings"]
+__all__ = ["main"]
 
 
 def main(argv=None):

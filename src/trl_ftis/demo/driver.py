@@ -11,8 +11,8 @@
 3. Starts a swarm of heterogeneous peers, each its own process, exchanging completions through a `dir://` exchange:
    `full` (SmolLM2, full fine-tuning) and `lora` (SmolLM2 + LoRA adapter) and, with `--small-peer`, `small` (a
    pruned copy with 24 of the 30 decoder layers, healed once by supervised steps: a third, smaller model; a longer
-   run, since every swarm peer then trains on 24 rows a step; not timed). Unless `--no-baseline`, two baselines run next to them:
-   `alone` (SmolLM2 full fine-tuning on its own rows only: the same own generation as a swarm peer) and
+   run, since every swarm peer then trains on 24 rows a step; not timed). Unless `--no-baseline`, two baselines run
+   next to them: `alone` (SmolLM2 full fine-tuning on its own rows only: the same own generation as a swarm peer) and
    `alone-rows` (the same, generating as many rows a step as a swarm peer trains on: the same rows per step).
 4. Prints per-peer progress while it runs and a table at the end (held-out greedy accuracy before and after, its
    change against two standard errors, both baselines, rows generated and trained on a step, rows shared and
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args(argv)
-    from .quiet import quiet_dependency_warnings
+    from ..dependency_warnings import quiet_dependency_warnings
 
     quiet_dependency_warnings()
     settings = dict(QUICK if options.quick else FULL)

@@ -19,7 +19,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from trl_ftis.demo.quiet import quiet_dependency_warnings  # noqa: E402
+from trl_ftis.dependency_warnings import quiet_dependency_warnings  # noqa: E402
 
 quiet_dependency_warnings()  # before the imports that warn
 

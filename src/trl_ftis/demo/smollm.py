@@ -11,9 +11,9 @@ with `AutoModelForCausalLM.from_pretrained(folder)` / `AutoTokenizer.from_pretra
 [`make_pruned_copy`] derives smaller peers that share the tokenizer (hence can exchange token ids in a swarm) by
 keeping an evenly spaced subset of the decoder layers. A pruned copy is *weaker* than its source, and for SmolLM2-135M
 (30 narrow layers) much weaker: without retraining, dropping layers degrades it fast (observed in earlier runs; no
-raw record was kept). So a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of rewarded
-completions it needs healing (e.g. distillation from the full model) first. On other models, check before relying on
-it.
+raw record was kept). So a pruned SmolLM2 is a cheap, different peer only in speed and parameters; as a source of
+rewarded completions it needs healing (e.g. distillation from the full model) first. On other models, check before
+relying on it.
 
 Both write atomically (a temporary sibling folder, a completion marker written last, then one rename), so an
 interrupted run never leaves a folder that later calls would use; later calls return the cached folder at once.
