@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..files import write_json_atomic
+from ..json_files import write_json_atomic
 from ..rules import REDIS_PASSWORD_ENV
 from .commands import free_port, open_private, redact_argv
 from .processes import ProcessTracker, die_with_parent

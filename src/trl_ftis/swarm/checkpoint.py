@@ -50,7 +50,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from ..collaboration import PeerValue, StepClock
 from ..exchange.limits import Limits
-from ..files import plain_json, write_json_atomic
+from ..json_files import plain_json, write_json_atomic
 from ..peer_rows import PeerRow
 from ..rules import MAX_LOGP
 from .ledger import LedgerState, PeerRowLedger

@@ -1,4 +1,5 @@
-"""Writing files that other processes read while they are written (checkpoint states, launcher summaries)."""
+"""JSON files that other processes read while they are written (checkpoint states, launcher summaries): written
+whole or not at all, NumPy values as plain JSON."""
 
 from __future__ import annotations
 
