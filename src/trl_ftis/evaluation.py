@@ -19,7 +19,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .collaboration import SummaryCallback
+from .summary_file import SummaryCallback
 
 __all__ = ["HeldOutEvaluation", "add_held_out_evaluation", "held_out_results", "run_curve"]
 

@@ -1,7 +1,7 @@
 """What a swarm peer's end-of-run summary says about its exchange, in words: the warnings that must not stay quiet.
 
 Two readers, one wording. The peer itself logs [`exchange_warning`] when its training ends
-(`trl_ftis.collaboration.SummaryCallback`); the launcher (`trl-ftis swarm`) reads each peer's `ftis_summary.json` and
+(`trl_ftis.summary_file.SummaryCallback`); the launcher (`trl-ftis swarm`) reads each peer's `ftis_summary.json` and
 prints [`exchange_problem`], which says everything `exchange_warning` says and more that only matters seen from
 outside (most messages refused, any refused for a missing or wrong signature). Standard library only: the launcher
 must not load torch or transformers to word a warning.

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .collaboration import effective_fraction
 from .objective import FTISTerms, row_weights
+from .peer_value import effective_fraction
 
 
 def source_sums(
@@ -76,7 +76,7 @@ def metric_groups(
 
 def value_sums(sums: torch.Tensor, sources: Sequence[str]) -> list[tuple[str | None, dict[str, float]]]:
     """`(source, totals)` for own rows (source `None`) and each peer with rows, from [`source_sums`] over every process: the keyword
-    arguments of `trl_ftis.collaboration.PeerValue.record_loss` (rows, Σ row weight, Σ row weight², rows filtered)."""
+    arguments of `trl_ftis.peer_value.PeerValue.record_loss` (rows, Σ row weight, Σ row weight², rows filtered)."""
     out = []
     for index, name in enumerate([None, *sources]):
         n_rows, n_filtered, *_, row_w, row_w2 = sums[index].tolist()
@@ -145,7 +145,7 @@ def record_term_statistics(
 ) -> None:
     """Append the statistics of the F-TIS terms to `metrics` (name -> list of values: the Trainer's metrics of one
     mode) for own rows, all peer rows, each of `sources` and, with `age` (swarm rows), peer rows by age in their
-    sender's steps (`ftis/peer_age/<k>/...`). In training, `value` (`trl_ftis.collaboration.PeerValue`) records what
+    sender's steps (`ftis/peer_age/<k>/...`). In training, `value` (`trl_ftis.peer_value.PeerValue`) records what
     reached the loss and `filtered` counts the rows the filter zeroed. Every process runs the same collectives
     whatever its rows (`sources` is the same everywhere)."""
     if age is not None:

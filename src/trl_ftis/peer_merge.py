@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from accelerate.utils import gather_object
 
-from .collaboration import merge_counts
 from .objective import group_max_len
 from .own_rows import is_truncated
 from .peer_rows import UNMERGEABLE_FIELDS, AdmittedRow, ScoredRow, build_peer_batch, concat_rows, with_group_statistics
+from .peer_value import merge_counts
 
 __all__ = ["PeerMerge"]
 
@@ -32,7 +32,7 @@ class PeerMerge:
         accelerator: the trainer's `Accelerator` (collectives, device).
         admission (`trl_ftis.swarm.admission.Admission`): its `guard_statistics`, the last guard.
         ledger (`trl_ftis.swarm.ledger.PeerRowLedger`): drops, sources and row counts are counted there.
-        value (`trl_ftis.collaboration.PeerValue`): rows and tokens merged, per source.
+        value (`trl_ftis.peer_value.PeerValue`): rows and tokens merged, per source.
         lock: the round runner's lock (an async worker's admission writes the ledger too).
         log (`Callable[[str, float], None]`): appends a training metric.
         completion_logps (`Callable[[dict, slice], Tensor]`): the current model's log-probs of a batch's rows.

@@ -34,7 +34,7 @@ from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
-from .collaboration import PeerValue, StepClock, StepClockCallback, SummaryCallback, collaboration_report
+from .collaboration_report import collaboration_report
 from .config import FTISConfig, SwarmCredentials
 from .console import apply_console_env
 from .generator_logps import (
@@ -66,7 +66,10 @@ from .peer_rows import (
     checked_rows,
 )
 from .peer_summary import peer_summary
+from .peer_value import PeerValue
 from .rules import MULTI_TURN_REFUSAL
+from .step_clock import StepClock, StepClockCallback
+from .summary_file import SummaryCallback
 from .swarm import (
     DROP_REASONS,
     STRIP_REASONS,
@@ -791,7 +794,7 @@ class FTISTrainer(GRPOTrainer):
         )
 
     def collaboration(self) -> dict[str, Any]:
-        """What collaboration bought so far (`trl_ftis.collaboration.collaboration_report`): `time_seconds` (this
+        """What collaboration bought so far (`trl_ftis.collaboration_report.collaboration_report`): `time_seconds` (this
         process's optimizer steps split into `generation`, `scoring`, `exchange`, `training`, `other`),
         `generation_share` (f), `own_generation`, `peer_value` (in total and per peer: rows accepted, rows in the loss,
         tokens, effective sample size fraction, filtered fraction, own rows they are worth, own generation seconds

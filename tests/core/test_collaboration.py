@@ -1,4 +1,5 @@
-"""The ledger of what collaboration bought (`trl_ftis.collaboration`): the pure formulas and owners against
+"""The ledger of what collaboration bought (`trl_ftis.step_clock`, `trl_ftis.peer_value`,
+`trl_ftis.collaboration_report`): the pure formulas and owners against
 hand-computed values, then in a trainer: `ftis/time/...`, `ess_frac`, `summary()`, the checkpoint and the card."""
 
 import dataclasses
@@ -10,17 +11,11 @@ import torch
 from swarm_helpers import LockStepPartner, make_swarm
 from tiny_trainers import exchange_trainer, tiny_trainer, without_control_tokens
 
-from trl_ftis.collaboration import (
-    OWN,
-    PeerValue,
-    StepClock,
-    collaboration_report,
-    effective_fraction,
-    generation_share,
-    stand_in_seconds,
-)
+from trl_ftis.collaboration_report import collaboration_report, stand_in_seconds
 from trl_ftis.loss_metrics import metric_groups, source_sums, value_sums
 from trl_ftis.objective import FTISTerms
+from trl_ftis.peer_value import OWN, PeerValue, effective_fraction
+from trl_ftis.step_clock import StepClock, generation_share
 
 
 # -- pure formulas -------------------------------------------------------------------------------------------------
@@ -260,8 +255,8 @@ def test_peer_rows_are_valued_in_the_summary_the_checkpoint_and_the_card(tokeniz
     own = summary["own_generation"]
     assert other["generation_seconds_stood_in"] == pytest.approx(tokens * own["seconds"] / own["tokens"], rel=1e-4)
     assert (
-        f"peers supplied 32 rows ({tokens} tokens), as close to my own sampling as about {other['rows_worth']:.0f} rows"
-        in (summary["collaboration"])
+        f"peers supplied 32 rows ({tokens} tokens), as close to my own sampling as about "
+        f"{other['rows_worth']:.0f} rows" in summary["collaboration"]
     )
     logged = [entry["ftis/peers/other/ess_frac"] for entry in trainer.state.log_history if "ftis/peer_rows" in entry]
     assert len(logged) == 2 and all(0 < fraction <= 1 for fraction in logged)

@@ -1,5 +1,5 @@
 """A swarm that exchanged nothing does not end silently: the end of a peer's run warns when it accepted no peer rows,
-or dropped more than it accepted, with the counts by reason (`trl_ftis.collaboration.exchange_warning`)."""
+or dropped more than it accepted, with the counts by reason (`trl_ftis.exchange_report.exchange_warning`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 from swarm_helpers import make_swarm
 from tiny_trainers import tiny_trainer
 
-from trl_ftis.collaboration import exchange_warning
+from trl_ftis.exchange_report import exchange_warning
 from trl_ftis.peer_rows import PeerRow
 
 

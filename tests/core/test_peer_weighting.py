@@ -151,8 +151,8 @@ def test_ess_scales_each_peers_rows_and_leaves_own_rows_unchanged(apply_ftis):
 
 def test_the_loss_scale_and_the_ledgers_effective_fraction_are_one_formula():
     """`peer_weighting="ess"` scales rows by `source_ess_scale` (tensors, per source); the summary reports the same
-    quantity from sums (`collaboration.effective_fraction`). They must agree, also at the edges (all filtered)."""
-    from trl_ftis.collaboration import effective_fraction
+    quantity from sums (`peer_value.effective_fraction`). They must agree, also at the edges (all filtered)."""
+    from trl_ftis.peer_value import effective_fraction
 
     generator = torch.Generator().manual_seed(0)
     weights = torch.rand(40, generator=generator) * 2

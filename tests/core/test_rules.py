@@ -275,10 +275,10 @@ def test_the_generator_logp_bound_is_the_same_for_the_wire_and_the_trainer():
 
 
 def test_shared_names_are_the_ones_each_part_uses():
-    from trl_ftis import collaboration, config
+    from trl_ftis import config, summary_file
 
     assert config.SWARM_SECRET_ENV == rules.SWARM_SECRET_ENV == "FTIS_SWARM_SECRET"
-    assert collaboration.SUMMARY_FILE == rules.SUMMARY_FILE  # the summary callback writes the file the launcher reads
+    assert summary_file.SUMMARY_FILE == rules.SUMMARY_FILE  # the summary callback writes the file the launcher reads
 
 
 @pytest.mark.parametrize(

@@ -393,13 +393,6 @@ def test_a_peer_without_the_secret_is_warned_about_at_the_end(tmp_path, capsys):
     assert rows["healthy"]["warning"] is None and rows["healthy"]["messages_refused"] == 2
 
 
-def test_collaboration_still_exports_exchange_warning():
-    pytest.importorskip("transformers")
-    from trl_ftis import collaboration, exchange_report
-
-    assert collaboration.exchange_warning is exchange_report.exchange_warning
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # on_failure: continue, and restarting a failed peer while the others train
 # ----------------------------------------------------------------------------------------------------------------

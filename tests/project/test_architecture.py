@@ -4,7 +4,7 @@ no module grows past one concern's size.
 Rooms, bottom to top:
 
 * the core, at the top of the package: `config`, `objective`, `trainer` and the modules they alone need (`peer_rows`,
-  `own_rows`, `peer_merge`, `peer_inbox`, `micro_batches`, `collaboration`, `rules`, ...);
+  `own_rows`, `peer_merge`, `peer_inbox`, `micro_batches`, `step_clock`, `peer_value`, `rules`, ...);
 * the exchange (`exchange/`: the wire format and the transports) and the swarm (`swarm/`: the client, the rounds
   and their exchange modes, the admission of received rows, the ledger, the checkpointed state). The core reaches
   the swarm only through `trl_ftis.swarm`'s own exports, never its modules;

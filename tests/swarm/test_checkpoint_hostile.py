@@ -20,9 +20,10 @@ from transformers.trainer import TRAINER_STATE_NAME
 
 import trl_ftis.swarm.checkpoint as checkpoints
 from trl_ftis import PeerRow
-from trl_ftis.collaboration import PeerValue, StepClock
 from trl_ftis.demo.tiny import tiny_grpo_config
 from trl_ftis.exchange.transports import open_transport
+from trl_ftis.peer_value import PeerValue
+from trl_ftis.step_clock import StepClock
 from trl_ftis.swarm.checkpoint import (
     RowLimits,
     StateLimits,

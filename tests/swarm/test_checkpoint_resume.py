@@ -11,7 +11,8 @@ from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
-from trl_ftis.collaboration import PeerValue, StepClock
+from trl_ftis.peer_value import PeerValue
+from trl_ftis.step_clock import StepClock
 from trl_ftis.swarm.checkpoint import (
     build_state,
     parse_state,

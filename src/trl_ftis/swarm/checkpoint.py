@@ -13,7 +13,7 @@ module saves and reads what the state's owners hand it, and needs no trainer:
   the messages accepted in the round window, so that a restarted peer that reads them again from the exchange does
   not train on them twice;
 * the peer rows queued by `FTISTrainer.add_peer_rows` and not yet merged ([`rows_to_json`]);
-* what collaboration bought so far (`trl_ftis.collaboration`): the step clock's totals and the value of peer rows,
+* what collaboration bought so far (`trl_ftis.step_clock`, `trl_ftis.peer_value`): the step clock's totals and the value of peer rows,
   so that a resumed run's summary covers the whole run.
 
 [`build_state`] writes the dict, [`parse_state`] checks one (a malformed dict raises `ValueError` before anything is
@@ -48,11 +48,12 @@ from typing import Any
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from ..collaboration import PeerValue, StepClock
 from ..exchange.limits import Limits
 from ..json_files import plain_json, write_json_atomic
 from ..peer_rows import PeerRow
+from ..peer_value import PeerValue
 from ..rules import MAX_LOGP
+from ..step_clock import StepClock
 from .ledger import LedgerState, PeerRowLedger
 from .round_budget import RoundBudget
 
