@@ -5,7 +5,7 @@ import pickle
 import subprocess
 import sys
 
-from trl_ftis.launcher.slurm_jobs import RedisJob
+from trl_ftis.launcher.slurm.jobs import RedisJob
 
 
 def redis_job_in(folder, *, server="redis-server", secret_path=None, start_timeout=20) -> RedisJob:

@@ -27,7 +27,7 @@ from trl_ftis.launcher.backend import Backend, Console, Outcome, PeerState, Sign
 from trl_ftis.launcher.driver import backend_for, drive
 from trl_ftis.launcher.local import LocalBackend
 from trl_ftis.launcher.schema import SCHEDULERS
-from trl_ftis.launcher.slurm import SlurmBackend
+from trl_ftis.launcher.slurm.backend import SlurmBackend
 
 
 class FakeBackend:

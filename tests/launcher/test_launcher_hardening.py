@@ -28,13 +28,13 @@ from trl_ftis.launcher import (
     commands,
     load_swarm_config,
     run_swarm,
-    slurm,
-    slurm_jobs,
 )
 from trl_ftis.launcher.commands import keep_earlier, write_cmd_file
 from trl_ftis.launcher.preflight import secret_warnings
-from trl_ftis.launcher.slurm import SlurmBackend
-from trl_ftis.launcher.slurm_schema import SlurmResources
+from trl_ftis.launcher.slurm import backend as slurm
+from trl_ftis.launcher.slurm import jobs as slurm_jobs
+from trl_ftis.launcher.slurm.backend import SlurmBackend
+from trl_ftis.launcher.slurm.schema import SlurmResources
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 PW = "hunter2-pw"

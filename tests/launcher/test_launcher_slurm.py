@@ -27,9 +27,11 @@ from redis_jobs import redis_job_in, run_pickled  # tests/ is on sys.path
 
 from trl_ftis import cli
 from trl_ftis.launcher import SwarmConfigError, build_commands, dry_run, load_swarm_config, run_swarm
-from trl_ftis.launcher.slurm import TERMINAL_STATES, LogTail, squeue
-from trl_ftis.launcher.slurm_jobs import PeerJob, answers_ping
-from trl_ftis.launcher.slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources, parse_slurm_time
+from trl_ftis.launcher.slurm.backend import LogTail
+from trl_ftis.launcher.slurm.cli import squeue
+from trl_ftis.launcher.slurm.jobs import PeerJob, answers_ping
+from trl_ftis.launcher.slurm.schema import REDIS_JOB_EXCHANGE, SlurmResources, parse_slurm_time
+from trl_ftis.launcher.slurm.watch import TERMINAL_STATES
 from trl_ftis.launcher.summary import SUMMARY_FIELDS, format_summary_table
 
 # `make test` runs on two pytest-xdist workers (`--dist loadgroup`): this module's tests share one, so that the
@@ -397,7 +399,10 @@ def test_log_tail_yields_complete_lines_and_survives_truncation(tmp_path):
 def test_peer_job_runs_the_command_logs_and_reports_its_exit_code(tmp_path):
     secret = tmp_path / "redis.secret"
     secret.write_text("pw-123\n")
-    script = "import os, sys; print('peer', os.environ['X'], len(os.environ['FTIS_REDIS_PASSWORD'])); sys.exit(int(sys.argv[1]))"
+    script = (
+        "import os, sys; print('peer', os.environ['X'], len(os.environ['FTIS_REDIS_PASSWORD'])); "
+        "sys.exit(int(sys.argv[1]))"
+    )
     job = PeerJob(
         peer_id="a",
         argv=[sys.executable, "-c", script, "0"],

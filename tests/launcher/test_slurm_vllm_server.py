@@ -20,8 +20,8 @@ from redis_jobs import run_pickled  # tests/ is on sys.path
 
 from trl_ftis import cli
 from trl_ftis.launcher import load_swarm_config
-from trl_ftis.launcher.slurm import SlurmBackend
-from trl_ftis.launcher.slurm_jobs import PeerFailedError, PeerJob, ServerJob, split_gpus
+from trl_ftis.launcher.slurm.backend import SlurmBackend
+from trl_ftis.launcher.slurm.jobs import PeerFailedError, PeerJob, ServerJob, split_gpus
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = str(ROOT / "tests" / "fixtures" / "swarm_peer.py")

@@ -7,9 +7,9 @@ cannot hang the others in a collective.
 
 The package, one concern per module (each step can be used and tested alone), imported bottom to top without a cycle:
 
-* `validation`, `schema`, `slurm_schema`: the YAML schema (documented in `docs/swarm-launcher.md`), declared with
+* `validation`, `schema`, `slurm.schema`: the YAML schema (documented in `docs/swarm-launcher.md`), declared with
   pydantic. `load_swarm_config` returns a `SwarmConfig`; every problem is reported at once, naming the peer and the
-  key (a did-you-mean for unknown keys), before anything starts. `slurm_schema` is the SLURM section (`slurm:`
+  key (a did-you-mean for unknown keys), before anything starts. `slurm.schema` is the SLURM section (`slurm:`
   resources, the `redis:` job).
 * `commands`: `build_commands(config)` turns it into one `PeerCommand` (argv + environment additions) per peer,
   whatever the backend; nothing starts. Also `check_files` and the redaction of secrets for display (`redact_env`,
@@ -20,8 +20,8 @@ The package, one concern per module (each step can be used and tested alone), im
   signals, prefixed output, the watch loop, the stop that always runs, the summary and the exit code. `BACKENDS` maps
   each scheduler to its backend.
 * `local` (`LocalBackend`, with `processes`: every process the peers started, found with psutil, and die-with-parent)
-  and `slurm` (`SlurmBackend`: a Redis job, one submitit job per peer, `squeue`/`scontrol`/`scancel`, their logs and
-  exit files; `slurm_jobs` is what runs inside those jobs): the two backends.
+  and the `slurm` subpackage (`SlurmBackend`: a Redis job, one submitit job per peer, `squeue`/`scontrol`/`scancel`,
+  their logs and exit files; `slurm.jobs` is what runs inside those jobs): the two backends.
 * `summary`: each peer's summary file, the summary rows, `format_summary_table` and the end-of-run exchange warnings
   (worded by `trl_ftis.exchange_report`, standard library only).
 * `restart`: `restart_config(config, only, resume)`, the CLI's `--only PEER_ID` (some peers of the swarm, each with the
@@ -58,7 +58,7 @@ from .schema import PEER_KEYS as PEER_KEYS
 from .schema import RESERVED_ARGS as RESERVED_ARGS
 from .schema import TOP_LEVEL_KEYS as TOP_LEVEL_KEYS
 from .schema import PeerConfig, SwarmConfig, SwarmConfigError, load_swarm_config
-from .slurm_schema import RedisJobConfig, SlurmResources
+from .slurm.schema import RedisJobConfig, SlurmResources
 from .summary import SUMMARY_FIELDS, format_summary_table
 
 __all__ = [

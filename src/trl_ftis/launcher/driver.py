@@ -31,7 +31,7 @@ from .preflight import before_start, secret_warnings
 from .restarts_merge import merge_restarts
 from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
 from .seeds import run_seeds, seed_config
-from .slurm import SlurmBackend
+from .slurm.backend import SlurmBackend
 from .summary import earlier_rows, report_summary, summary_rows
 
 __all__ = ["BACKENDS", "backend_for", "drive", "dry_run", "run_swarm"]

@@ -2,7 +2,7 @@
 validated `SwarmConfig` the backends run.
 
 The schema is three kinds of section, each a `validation.Spec` model whose fields are its keys: `SwarmSpec` (the top
-level), `PeerSpec` (one entry of `peers`) and the SLURM sections of `slurm_schema` (`SlurmResources`, `RedisSpec`). A
+level), `PeerSpec` (one entry of `peers`) and the SLURM sections of `slurm.schema` (`SlurmResources`, `RedisSpec`). A
 backend that needs keys of its own adds its section there. Each field's validator says what is wrong in the
 launcher's words; checks across the keys of one peer run as validators of the later key (pydantic hands them the
 earlier ones), checks across peers as the validator of `peers`, and what the top level decides for every peer (the
@@ -66,7 +66,7 @@ from .schema_values import (
     top_launcher_value,
     top_level,
 )
-from .slurm_schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
+from .slurm.schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
 from .validation import Spec, bad, format_problems, problems, said, with_problems
 from .vllm_schema import VllmServerConfig, VllmServerSpec, server_arg_conflicts
 
@@ -397,7 +397,7 @@ class SwarmConfig:
 
     `scheduler` names the backend that runs it (`SCHEDULERS`). With `scheduler == "slurm"` every peer is one SLURM
     job; `redis` is then the Redis server job the launcher starts first (or None), and while its address is unknown
-    `exchange_url` is `slurm_schema.REDIS_JOB_EXCHANGE`."""
+    `exchange_url` is `slurm.schema.REDIS_JOB_EXCHANGE`."""
 
     peers: list[PeerConfig]
     run_dir: Path

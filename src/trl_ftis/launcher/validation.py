@@ -1,7 +1,7 @@
 """How the launcher's pydantic schema says what is wrong: the base model, the errors its validators raise, and the
 translation of pydantic's `ValidationError` into the user's list of problems, each naming where it is and the key.
 
-The schema (`schema.py`, `slurm_schema.py`) declares every YAML section as a `Spec` model: its fields are the keys
+The schema (`schema.py`, `slurm/schema.py`) declares every YAML section as a `Spec` model: its fields are the keys
 (unknown keys are refused with a did-you-mean), and each field's validator raises one of
 
 * `bad(message)`: the message follows the key's path, ``peers[1] (id 'b'): `slurm.gpus` must be an integer >= 0 ...``

@@ -1,4 +1,4 @@
-"""What runs inside the SLURM jobs `launcher/slurm.py` submits: the callables submitit pickles and its worker calls.
+"""What runs inside the SLURM jobs `backend.SlurmBackend` submits: the callables submitit pickles and its worker calls.
 
 * `PeerJob`: runs one peer's command (the one `commands.build_commands` builds, as the local launcher runs it) with
   its output in `<run_dir>/logs/<id>.log`, then writes the exit code to `<run_dir>/slurm/<id>.exit` (JSON) and, if it
@@ -36,14 +36,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..json_files import write_json_atomic
-from ..rules import REDIS_PASSWORD_ENV
-from .commands import free_port, open_private, redact_argv
-from .processes import ProcessTracker, die_with_parent
-from .vllm_servers import health_answers, log_tail, port_problem
+from ...json_files import write_json_atomic
+from ...rules import REDIS_PASSWORD_ENV
+from ..commands import free_port, open_private, redact_argv
+from ..processes import ProcessTracker, die_with_parent
+from ..vllm_servers import health_answers, log_tail, port_problem
 
 if TYPE_CHECKING:
-    from .vllm_servers import ServerCommand
+    from ..vllm_servers import ServerCommand
 
 __all__ = [
     "REDIS_PEER_COMMANDS",
@@ -438,7 +438,8 @@ class PeerJob:
 
 
 def ipv4_addresses() -> list[str]:
-    """This host's IPv4 addresses other than loopback (Linux: every interface; elsewhere: what its name resolves to)."""
+    """This host's IPv4 addresses other than loopback (Linux: every interface; elsewhere: what its name resolves
+    to)."""
     found: list[str] = []
     try:
         import fcntl

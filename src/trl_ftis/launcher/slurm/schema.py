@@ -4,7 +4,8 @@ pydantic models of the schema (`validation.Spec`): every problem at once, each n
 `SlurmResources` is both the schema of one `slurm:` mapping and the value the launcher submits with: a peer's
 resources are the top-level mapping overridden key by key by its own (`merge_resources`, through the keys each one
 set). `RedisSpec` is the `redis:` mapping; `schema.load_swarm_config` turns it into the `RedisJobConfig` of the job
-the launcher starts. Standard library and pydantic only (submitit is needed only to submit, see `launcher/slurm.py`).
+the launcher starts. Standard library and pydantic only (submitit is needed only to submit, see
+`launcher/slurm/backend.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field
 
-from .validation import Spec, bad
+from ..validation import Spec, bad
 
 __all__ = [
     "REDIS_JOB_EXCHANGE",

@@ -3,16 +3,16 @@ from here. `SlurmBackend` follows `backend.Backend`; the driver runs it (signals
 
 What it does in the driver's steps:
 
-1. `start`: with a Redis job (`redis: {start: true}`, the default on SLURM): submits `slurm_jobs.RedisJob`, waits until the
+1. `start`: with a Redis job (`redis: {start: true}`, the default on SLURM): submits `jobs.RedisJob`, waits until the
    server it starts answers from this machine, and hands every peer `--exchange_url redis://ftis@HOST:PORT/0?swarm=S`
-   (its ACL user, `slurm_jobs.redis_acl`; the password through `FTIS_REDIS_PASSWORD`, read in the job from a file
+   (its ACL user, `jobs.redis_acl`; the password through `FTIS_REDIS_PASSWORD`, read in the job from a file
    only the user can read; never printed).
-   Then it submits one job per peer (`slurm_jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the local
-   launcher runs it) with the peer's `slurm` resources. A peer's vLLM server (`vllm_server:`) runs in the peer's own
-   job (`slurm_jobs.ServerJob`): started on its first node before the peer, stopped when the peer ends.
+   Then it submits one job per peer (`jobs.PeerJob`, which runs the command `commands.build_commands` builds, as the
+   local launcher runs it) with the peer's `slurm` resources. A peer's vLLM server (`vllm_server:`) runs in the peer's
+   own job (`jobs.ServerJob`): started on its first node before the peer, stopped when the peer ends.
 2. `poll`: polls `squeue` (and `scontrol` for a job that ended; `sacct` is never needed, so clusters without
    accounting work), prints each peer's log lines as they arrive in `<run_dir>/logs/<id>.log`, prefixed like the
-   local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit` (`slurm_watch.JobWatch` reads the
+   local launcher, and reads each peer's exit code from `<run_dir>/slurm/<id>.exit` (`watch.JobWatch` reads the
    states and exit codes and decides what they mean).
 3. `stop`: on a failing peer (non-zero exit, or its job ending FAILED, CANCELLED, TIMEOUT, NODE_FAIL, ... before the
    peer finished), on Ctrl-C / SIGTERM / SIGHUP, and after success, every job still in the queue is cancelled: running
@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ..rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
-from .backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
-from .commands import (
+from ...rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
+from ..backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
+from ..commands import (
     build_commands,
     check_files,
     is_secret_name,
@@ -51,37 +51,24 @@ from .commands import (
     shell_quote,
     write_cmd_file,
 )
-from .placement import dependency_problems
-from .schema import SwarmConfig
-from .slurm_cli import (
+from ..placement import dependency_problems
+from ..schema import SwarmConfig
+from ..vllm_servers import ServerCommand
+from .cli import (
     describe_resources,
-    job_outcome,
     options_text,
     restrict_folder,
     scancel,
     scancel_names,
     script_lines,
     signals_blocked,
-    squeue,
     submitit_parameters,
 )
-from .slurm_jobs import PeerJob, RedisJob, ServerJob, answers_ping
-from .slurm_schema import REDIS_JOB_EXCHANGE, SlurmResources
-from .slurm_watch import TERMINAL_STATES, JobWatch, SlurmJob, exit_path, node_exit_paths, read_exit_code
-from .vllm_servers import ServerCommand
+from .jobs import PeerJob, RedisJob, ServerJob, answers_ping
+from .schema import REDIS_JOB_EXCHANGE, SlurmResources
+from .watch import JobWatch, SlurmJob, exit_path, node_exit_paths, read_exit_code
 
-# Re-exported, as callers import them from here: TERMINAL_STATES (slurm_watch), job_outcome, scancel, squeue (slurm_cli).
-__all__ = [
-    "TERMINAL_STATES",
-    "LogTail",
-    "SlurmBackend",
-    "job_outcome",
-    "redis_job_url",
-    "scancel",
-    "slurm_problems",
-    "squeue",
-    "swarm_name",
-]
+__all__ = ["LogTail", "SlurmBackend", "redis_job_url", "slurm_problems", "swarm_name"]
 
 SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scancel", "scontrol")
 SLURM_DIR = "slurm"  # <run_dir>/slurm: submitit's folders, exit files, the Redis job's files, jobs.txt
@@ -628,8 +615,9 @@ class SlurmBackend:
                 return
             if time.monotonic() > deadline or self.signals.count != signals_before:
                 ids = " ".join(job.job_id for job in left)
+                states = ", ".join(j.state or "?" for j in left)
                 self.say(
-                    f"WARNING: jobs {ids} are cancelled but SLURM still lists them ({', '.join(j.state or '?' for j in left)}); "
+                    f"WARNING: jobs {ids} are cancelled but SLURM still lists them ({states}); "
                     f"check with `squeue -j {ids.replace(' ', ',')}`"
                 )
                 return

@@ -14,12 +14,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backend import Console, Outcome, PeerState
-from .restart import restart_command
-from .schema import SwarmConfig
-from .slurm_cli import job_outcome, squeue
-from .slurm_schema import SlurmResources
-from .summary import describe_code
+from ..backend import Console, Outcome, PeerState
+from ..restart import restart_command
+from ..schema import SwarmConfig
+from ..summary import describe_code
+from .cli import job_outcome, squeue
+from .schema import SlurmResources
 
 __all__ = ["TERMINAL_STATES", "JobWatch", "SlurmJob", "exit_path", "node_exit_paths", "read_exit_code"]
 
@@ -68,7 +68,7 @@ class SlurmJob(PeerState):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Exit files (written by `slurm_jobs.PeerJob`)
+# Exit files (written by `jobs.PeerJob`)
 # --------------------------------------------------------------------------------------------------------------------
 
 

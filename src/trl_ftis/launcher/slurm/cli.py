@@ -15,9 +15,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..rules import REDACTED, redact_text
-from .commands import is_secret_name, redact_shell_line
-from .slurm_schema import SlurmResources, format_minutes
+from ...rules import REDACTED, redact_text
+from ..commands import is_secret_name, redact_shell_line
+from .schema import SlurmResources, format_minutes
 
 __all__ = [
     "describe_resources",
