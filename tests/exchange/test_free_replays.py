@@ -11,7 +11,7 @@ from swarm_helpers import make_swarm, publish_raw, rows, wire_message  # tests/ 
 
 from trl_ftis.exchange import decode_message, encode_message
 from trl_ftis.exchange.transports import open_transport
-from trl_ftis.swarm.round_windows import PerSenderWindow
+from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
 
 SECRET = "swarm-secret"
 
@@ -38,7 +38,7 @@ class Recorder:
 
 
 def free_receiver(url, tokenizer, peer_id="me", **overrides):
-    return make_swarm(url, peer_id, tokenizer, window=PerSenderWindow, secret=SECRET, **overrides)
+    return make_swarm(url, peer_id, tokenizer, window=FreeWindow, secret=SECRET, **overrides)
 
 
 def keeping(url, tokenizer, peer_id="a"):
@@ -149,7 +149,7 @@ def test_a_restart_from_an_older_checkpoint_is_a_newer_epoch_and_its_old_start_s
     restarted.load_state_dict(checkpoint)  # resumed at step 41, from an older checkpoint
     assert restarted.epoch > sender.epoch
     publish(restarted, 41)
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.sender_order"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.exchange_modes.free_order"):
         result = receiver.collect(1)
     assert "Peer 'a' restarted (its messages now come from a new start, at its step 41, after step 50)" in caplog.text
     assert {row.round for row in result.rows} == {41} and receiver.sender_rounds == {"a": 41}

@@ -6,8 +6,9 @@ import uuid
 import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 
+from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
+from trl_ftis.swarm.exchange_modes.sync_window import SyncWindow
 from trl_ftis.swarm.round_budget import RoundBudget, RoundSpending
-from trl_ftis.swarm.round_windows import LockStepWindow, PerSenderWindow
 
 ROUNDS = 24
 
@@ -17,7 +18,7 @@ def big_rows(sender, round, groups=32, size=4):
     return [row for g in range(groups) for row in rows(sender, count=size, group=f"{sender}-{round}-{g}", round=round)]
 
 
-@pytest.mark.parametrize("window", [LockStepWindow, PerSenderWindow], ids=["lock-step", "free"])
+@pytest.mark.parametrize("window", [SyncWindow, FreeWindow], ids=["sync", "free"])
 def test_a_members_volume_never_costs_an_honest_regular_its_rows(tokenizer, window):
     url = f"memory://shares-{uuid.uuid4().hex}"
     member = make_swarm(url, "member", tokenizer)

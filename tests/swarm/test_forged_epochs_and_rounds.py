@@ -13,7 +13,7 @@ from swarm_helpers import make_swarm, publish_raw, rows, wire_message  # tests/ 
 from trl_ftis.exchange import encode_message
 from trl_ftis.exchange.transports import open_transport
 from trl_ftis.swarm import clocks
-from trl_ftis.swarm.round_windows import PerSenderWindow
+from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
 
 SECRET = "members-only"
 FAR = 2**63 - 1  # the largest epoch (and round) the wire format carries
@@ -31,7 +31,7 @@ def forge(url, tokenizer, sender, round, *, epoch, created=None, prompt="forged"
 
 
 def free(url, tokenizer, peer_id="me", **overrides):
-    return make_swarm(url, peer_id, tokenizer, window=PerSenderWindow, secret=SECRET, **overrides)
+    return make_swarm(url, peer_id, tokenizer, window=FreeWindow, secret=SECRET, **overrides)
 
 
 def genuine(result, sender="victim"):
@@ -64,7 +64,7 @@ def test_free_a_forged_newer_start_or_round_stops_the_peer_only_until_it_sends_a
         forge(url, tokenizer, "victim", 10**9, epoch=victim.epoch)
     me.collect(1)
     time.sleep(0.01)  # the victim's next message is made after the forged one
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.sender_order"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.exchange_modes.free_order"):
         victim.publish(rows("victim", group="g1"), 1)
         assert genuine(me.collect(2)) == [1]
     assert "a member signed it under its name" in caplog.text
@@ -193,7 +193,7 @@ def test_lock_step_forged_leads_of_two_regulars_are_undone_by_their_next_message
     assert me.round_offset > 10**8  # moved: the median regular showed a live lead
     time.sleep(0.01)
     taken = 0
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.round_windows"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.exchange_modes.sync_window"):
         for step in range(4, 8):
             for peer in regulars:
                 peers[peer].publish(rows(peer, group=f"{peer}{step}"), step)
@@ -247,11 +247,11 @@ def test_start_epoch(saved, now, expected):
 def small_table(monkeypatch):
     """A sender table of 6 (10,000 in a real swarm), so that a flood fills it in one collect; its clock moves only
     when a test says so (`peer_timeout` is 0.2 s of it)."""
-    from trl_ftis.swarm import round_windows, sender_order
+    from trl_ftis.swarm.exchange_modes import free_order, free_window
 
-    monkeypatch.setattr(round_windows, "MAX_KNOWN_PEERS", 6)
+    monkeypatch.setattr(free_window, "MAX_KNOWN_PEERS", 6)
     clock = Clock(time.time())
-    monkeypatch.setattr(sender_order, "time", clock)
+    monkeypatch.setattr(free_order, "time", clock)
     return clock
 
 

@@ -15,13 +15,14 @@ from trl_ftis import FTISConfig
 from trl_ftis.swarm.exchange_modes import (
     EXCHANGE_MODE_NAMES,
     EXCHANGE_MODES,
-    Background,
-    FreeRunning,
-    LockStep,
+    AsyncMode,
+    FreeMode,
     RoundOutcome,
+    SyncMode,
     register_exchange_mode,
 )
-from trl_ftis.swarm.round_windows import LockStepWindow, PerSenderWindow
+from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
+from trl_ftis.swarm.exchange_modes.sync_window import SyncWindow
 
 PACKAGE = Path(trl_ftis.__file__).parent
 MODE_BRANCH = re.compile(
@@ -36,16 +37,16 @@ def test_no_module_branches_on_the_exchange_modes_name(module):
 
 
 def test_the_registry_holds_the_three_modes_with_their_windows():
-    assert EXCHANGE_MODES == {"sync": LockStep, "async": Background, "free": FreeRunning}
-    assert [mode.window for mode in (LockStep, Background, FreeRunning)] == [
-        LockStepWindow,
-        LockStepWindow,
-        PerSenderWindow,
+    assert EXCHANGE_MODES == {"sync": SyncMode, "async": AsyncMode, "free": FreeMode}
+    assert [mode.window for mode in (SyncMode, AsyncMode, FreeMode)] == [
+        SyncWindow,
+        SyncWindow,
+        FreeWindow,
     ]
-    assert [mode.horizontal for mode in (LockStep, Background, FreeRunning)] == [True, False, False]
+    assert [mode.horizontal for mode in (SyncMode, AsyncMode, FreeMode)] == [True, False, False]
 
 
-class EverySecondStep(LockStep):
+class EverySecondStep(SyncMode):
     """The worked example of docs/swarm.md: lock-step rounds at even steps only."""
 
     name = "every_second_step"
@@ -83,7 +84,7 @@ def test_an_unknown_or_taken_mode_name_is_refused(tmp_path, every_second_step):
     with pytest.raises(ValueError, match="exchange_mode must be one of"):
         FTISConfig(str(tmp_path), use_cpu=True, exchange_mode="every_third_step")
 
-    class Impostor(LockStep):
+    class Impostor(SyncMode):
         name = "every_second_step"
 
     with pytest.raises(ValueError, match="already registered"):

@@ -12,7 +12,7 @@ from swarm_helpers import publish_raw as write
 from swarm_helpers import wire_message as message
 
 from trl_ftis import FTISConfig
-from trl_ftis.config import SwarmCredentials
+from trl_ftis.credentials import SwarmCredentials
 from trl_ftis.exchange import (
     ExchangeError,
     decode_message,
@@ -21,7 +21,7 @@ from trl_ftis.exchange import (
     peek_header,
 )
 from trl_ftis.rules import MAX_BINDING_CHARS, SWARM_NAME_ENV, SWARM_RUN_ENV
-from trl_ftis.swarm.round_windows import EVIDENCE_CLOCK_SLACK
+from trl_ftis.swarm.exchange_modes.sync_window import EVIDENCE_CLOCK_SLACK
 
 SECRET = "members-only"
 

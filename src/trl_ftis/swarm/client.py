@@ -15,7 +15,7 @@ The round protocol (`docs/swarm.md`, "The round protocol"):
 * rounds are the only clock: a message is taken when its round is in `[round - max_staleness,
   round + max_rounds_ahead]` (reasons `stale`, `ahead`), whatever its `created` time says; a peer that finds the
   swarm far ahead of it (it joined late, stalled or resumed an older checkpoint) moves its round forward to the
-  swarm's, once live peers show it (`trl_ftis.swarm.round_windows.LockStepWindow.align`);
+  swarm's, once live peers show it (`trl_ftis.swarm.exchange_modes.sync_window.SyncWindow.align`);
 * a message is used once: identical bytes delivered again are refused (`duplicate`), and nothing else is, so no
   one can pre-empt a peer's own message by sending first under its name;
 * every round has a budget ([`RoundBudget`]): what each sender, all newcomers together, and all senders together
@@ -51,10 +51,11 @@ from ..rules import (
     redact_url,
 )
 from .clocks import EPOCH_LEAD_LIMIT, epoch_lead, now_epoch, start_epoch
+from .exchange_modes.sync_window import SyncWindow
 from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
-from .round_windows import MAX_KNOWN_PEERS, LockStepWindow
+from .round_windows import MAX_KNOWN_PEERS
 from .swarm_state import check_swarm_state
 
 if TYPE_CHECKING:
@@ -120,11 +121,11 @@ class Swarm:
         swarm_name / run_id: the swarm and the run of it this peer belongs to (`FTISConfig.swarm_name`, `swarm_run`).
             Every message it sends names them, inside what is signed, and every message it receives must name the same
             ones (refused: `swarm`, `run`), so that messages of another swarm, or of an earlier run of this one
-            (replayed, or left in a reused exchange), are refused before their body is read. Without `run_id`, catch-up
-            evidence ([`LockStepWindow.align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK` seconds before this
-            peer started.
+            (replayed, or left in a reused exchange), are refused before their body is read. Without `run_id`,
+            catch-up evidence ([`SyncWindow.align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK`
+            seconds before this peer started.
         window: the round window's policy class, built with this swarm (`trl_ftis.swarm.round_windows`):
-            [`LockStepWindow`] (the default: one shared round, waiting and catch-up) or [`PerSenderWindow`]
+            [`SyncWindow`] (the default: one shared round, waiting and catch-up) or [`FreeWindow`]
             (`exchange_mode="free"`: each sender in its own order; [`collect`] never waits; a sender's message is
             fresh while it is at most `max_staleness` of that sender's steps older than the newest message it
             delivered ([`sender_rounds`]); no `ahead` refusal and no catch-up; an expected peer is never waited for
@@ -158,7 +159,7 @@ class Swarm:
         max_rounds_ahead: int = DEFAULT_MAX_ROUNDS_AHEAD,
         budget: RoundBudget | None = None,
         cross_tokenizer: bool = False,
-        window: type = LockStepWindow,
+        window: type = SyncWindow,
         swarm_name: str | None = None,
         run_id: str | None = None,
         order_key: bytes | None = None,
@@ -203,7 +204,7 @@ class Swarm:
         # as duplicates, so no one can pre-empt a peer's own message by writing first under its name.
         self._seen: dict[bytes, int] = {}
         # This peer's swarm round is its step + `round_offset`, which a lock-step window moves forward when it
-        # finds the swarm far ahead (`LockStepWindow.align`).
+        # finds the swarm far ahead (`SyncWindow.align`).
         self.round_offset = 0
         # Newest round of an accepted message per sender: a peer one round ahead may deliver round r + 1 while this
         # peer collects round r; in round r + 1 it has then delivered already and is not waited for again.
@@ -399,7 +400,7 @@ class Swarm:
 
         Args:
             round: this peer's step; the round window is taken around its swarm round, `round + round_offset`
-                (`round_offset` moves forward when this peer finds the swarm far ahead of it: [`LockStepWindow.align`]).
+                (`round_offset` moves forward when this peer finds the swarm far ahead of it: [`SyncWindow.align`]).
             max_rows: rows to accept at most this round (all senders together); default `budget.max_rows`. A
                 trainer that keeps `cap` rows a round passes a few times `cap`, so that selection can still be fair.
             share: rows reserved at least for each regular, and for the newcomers together, this round (a message
@@ -436,7 +437,13 @@ class Swarm:
                 sender = self._accept(envelope, round, result, state, dropped)
                 if sender is not None:
                     fresh.add(sender)
-            round = self.window.after_poll(round, result, state, dropped, fresh)  # lock-step: catch up
+            moved, deferred = self.window.after_poll(round, result, state, dropped)  # sync: catch up (or back)
+            self.round_offset += moved - round
+            round = moved
+            for envelope, digest, message in deferred:
+                sender = self.take(envelope, digest, message, round, result, state, dropped)
+                if sender is not None:
+                    fresh.add(sender)
             if envelopes and time.monotonic() <= state.until and not self._interrupted.is_set():
                 continue  # drain: a poll is bounded, what is left comes with the next one (unless told to stop)
             if not self.waits or self.window.satisfied(fresh) or self._interrupted.is_set():
@@ -470,8 +477,8 @@ class Swarm:
         if self._collects == LONELY_COLLECTS and not self.known_peers:
             logger.warning(
                 "Peer %r has accepted no message from any other peer in %d rounds on the exchange %s: are the others "
-                "using the same exchange_url (folder, Redis URL and ?swarm=) and started? (`ftis/exchange/refused/...` "
-                "counts messages that arrived and were refused.)",
+                "using the same exchange_url (folder, Redis URL and ?swarm=) and started? "
+                "(`ftis/exchange/refused/...` counts messages that arrived and were refused.)",
                 self.peer_id,
                 LONELY_COLLECTS,
                 redact_url(self.url),
@@ -558,8 +565,8 @@ class Swarm:
             self.warn_once(
                 sender,
                 "temperature",
-                f"Refusing peer {sender!r}: it samples at temperature {message.temperature}, we at {self.temperature}; "
-                "all peers of a swarm must use one temperature.",
+                f"Refusing peer {sender!r}: it samples at temperature {message.temperature}, "
+                f"we at {self.temperature}; all peers of a swarm must use one temperature.",
                 level=logging.ERROR,
             )
             return None
@@ -701,7 +708,7 @@ class Swarm:
         (nothing is changed then). Checkpoints are shared, so nothing in `state` is trusted: every map holds at most
         as many entries as this swarm ever keeps, every count and round is a whole number in [0, 2**63), `seen`
         holds at most the digests a round window can hold, and `round_offset` is at most the newest round a sender
-        showed (the swarm only ever moves forward to such a round: [`LockStepWindow.align`])."""
+        showed (the swarm only ever moves forward to such a round: [`SyncWindow.align`])."""
         checked = check_swarm_state(state, most_seen=self.window.most_seen, run_id=self.run_id, peer_id=self.peer_id)
         self.known_peers = set(checked.known_peers)
         self.peer_models = dict(checked.peer_models)

@@ -8,9 +8,9 @@ anything for longer than a stated bound:
   that runs fast is refused only until the receiver's clock is within the limit of that start.
 * A message's `created` counts as at most [`CREATED_SLACK`] seconds ahead of the receiver's clock ([`heard_at`]).
   A sender's messages are taken in the order of their (start, round), or when they were created later than every
-  message taken from that sender ([`trl_ftis.swarm.sender_order.SenderOrder`]): an honest sender never makes a later
-  message of an earlier round or start, so a far-future round or start signed under its name stops its messages for
-  at most `CREATED_SLACK` seconds after the last such message.
+  message taken from that sender ([`trl_ftis.swarm.exchange_modes.free_order.SenderOrder`]): an honest sender never
+  makes a later message of an earlier round or start, so a far-future round or start signed under its name stops its
+  messages for at most `CREATED_SLACK` seconds after the last such message.
 * A start's epoch is never older than the one it resumed from ([`start_epoch`]).
 """
 

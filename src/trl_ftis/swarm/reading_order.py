@@ -1,5 +1,6 @@
 """The order in which a receiver examines one poll's envelopes ([`reading_order`]): what a round reads first when it
-cannot read everything, decided from the transport's untrusted hints only ([`trl_ftis.swarm.round_budget.RoundBudget`])."""
+cannot read everything, decided from the transport's untrusted hints only
+([`trl_ftis.swarm.round_budget.RoundBudget`])."""
 
 from __future__ import annotations
 
@@ -29,16 +30,16 @@ def reading_order(
     envelopes whose round hint is outside the window, or missing, last (by distance, then arrival).
 
     `window` is `(max_staleness, max_rounds_ahead)` around `round`. Except when enough regulars to move this peer
-    (`LockStepWindow.align`: half of them, the median) file envelopes beyond
+    (`SyncWindow.align`: half of them, the median) file envelopes beyond
     the window: then each one's newest such envelope comes first, so that a peer lagging behind the swarm sees it
     even when peers level with it fill its rows (read last, those envelopes would be dropped unread). Fewer
     regulars filing so, liars among them, get no early place.
 
     When the round's rows run out before the poll does, the senders read are another subset every round, so
     every sender is read over rounds. Hints only order the work: a lying hint costs its writer, never another
-    sender, anything but a place. Free-running (`is_old` given: [`trl_ftis.swarm.sender_order.SenderOrder.is_old`]), there
-    is no window around `round`, and envelopes whose round hint is not above their sender's newest accepted round
-    count as outside it: read last, they are refused unless their sender restarted (a newer epoch)."""
+    sender, anything but a place. In the free mode (`is_old` given:
+    [`trl_ftis.swarm.exchange_modes.free_order.SenderOrder.is_old`]), there is no window around `round`, and
+    envelopes whose round hint is not above their sender's newest accepted round count as outside it: read last, they are refused unless their sender restarted (a newer epoch)."""
     free = is_old is not None  # no shared round: the receiver's round says nothing
     max_staleness, max_rounds_ahead = window
 
@@ -56,7 +57,8 @@ def reading_order(
         ahead = not free and isinstance(hint, int) and hint - round > max_rounds_ahead and sender in regulars
         if ahead and (sender not in probes or hint > probes[sender][0]):
             probes[sender] = (hint, index)
-    # As many leaders as move the median of `LockStepWindow.align` (a regular showing no lead counts as level with this peer).
+    # As many leaders as move the median of `SyncWindow.align` (a regular showing no lead counts as level with this
+    # peer).
     leaders = len(regulars) - len(regulars) // 2
     probe_index = {index for _, index in probes.values()} if len(probes) >= leaders else set()
     timely = [(index, envelope) for index, envelope in enumerate(envelopes) if not late(envelope)]

@@ -1,53 +1,26 @@
 """The round window a [`trl_ftis.swarm.client.Swarm`] reads messages through: which messages are fresh, whom a collect
-waits for, and how a peer that fell behind catches up. One policy object per kind, given to the swarm by the trainer's
-exchange mode (`trl_ftis.swarm.exchange_modes`):
+waits for, and how a peer that fell behind catches up. Each exchange mode declares its own
+(`trl_ftis.swarm.exchange_modes`: the sync window of the sync and async modes, the free window of the free mode);
+the swarm builds it with itself as the window's [`WindowHost`], and drives it through [`RoundWindow`].
 
-* [`LockStepWindow`]: one shared round. A message is fresh from `max_staleness` rounds behind this peer's round to
-  `max_rounds_ahead` ahead; a collect waits for the expected peers (each must deliver something new) and stops
-  waiting for one that missed a deadline until it sends again; a peer that finds the swarm far ahead moves its round
-  forward ([`LockStepWindow.align`]).
-* [`PerSenderWindow`]: no shared clock (free-running). Each sender's messages are taken in order of its own (start,
-  step) only ([`trl_ftis.swarm.sender_order.SenderOrder`]) and judged against that sender's newest; nothing is waited for,
-  and an expected peer is missing once silent for `peer_timeout` seconds.
-
-A window owns its state (the lock-step one: the expected peers not waited for, each sender's newest round and start
-as catch-up evidence; the per-sender one: each sender's order) and writes it into the swarm's checkpoint state under
-the keys every swarm state has ([`WINDOW_STATE`]), so a checkpoint reads the same whatever the window.
+A window owns its state and writes it into the swarm's checkpoint state under the keys every swarm state has
+([`WINDOW_STATE`]), so a checkpoint reads the same whatever the window.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-from .clocks import heard_at
-from .round_budget import RoundResult, RoundSpending
-from .sender_order import SenderOrder
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..exchange import Message
+    from ..exchange import Envelope, Message
+    from .round_budget import RoundBudget, RoundResult, RoundSpending
 
-__all__ = [
-    "EVIDENCE_CLOCK_SLACK",
-    "MAX_KNOWN_PEERS",
-    "MAX_SWARM_ROUND",
-    "WINDOW_STATE",
-    "CatchUp",
-    "LockStepWindow",
-    "PerSenderWindow",
-]
-
-logger = logging.getLogger(__name__)
+__all__ = ["MAX_KNOWN_PEERS", "MAX_SWARM_ROUND", "WINDOW_STATE", "RoundWindow", "WindowHost"]
 
 MAX_KNOWN_PEERS = 10_000  # senders remembered (memory bound under a flood of invented ids): the swarm's bound too
 MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
-EVIDENCE_CLOCK_SLACK = 60.0
-"""Without a run id, catch-up evidence counts only from messages stamped (`created`) at most this many seconds before
-this peer started: leftovers of an earlier run cannot move it."""
 WINDOW_STATE: dict[str, Any] = {
     "absent": [],
     "absent_count": 0,
@@ -59,373 +32,83 @@ WINDOW_STATE: dict[str, Any] = {
 """The keys of a swarm state that a window owns, with the value a window that keeps nothing under them writes."""
 
 
-@dataclass
-class CatchUp:
-    """One move forward of a lock-step peer ([`LockStepWindow.align`]), kept so that it can be undone."""
+class WindowHost(Protocol):
+    """What a round window may ask of the swarm client that reads through it (and nothing else): the settings that
+    bound the window, who is expected and who left, the digests of accepted messages, and one-time warnings."""
 
-    size: int  # rounds moved
-    leaders: frozenset[str]  # the senders whose leads were at the median or above
-    needed: int  # how many of them the median needed
-    forgotten: dict[bytes, int]  # digests of the window left behind (refused as duplicates again after an undo)
-    disowned: set[str] = field(default_factory=set)  # leaders that sent later messages of earlier rounds since
+    peer_id: str
+    run_id: str | None
+    expected_peers: list[str]
+    num_expected_peers: int | None
+    peer_timeout: float
+    max_staleness: int
+    max_rounds_ahead: int
+    budget: RoundBudget
+    departed: dict[str, int]
+    known_peers: set[str]
+
+    def listed_peers(self) -> frozenset[str]:
+        """The peers this one was told of (`expected_peers`, else the peers of the public keys)."""
+
+    def forget(self, round: int) -> dict[bytes, int]:
+        """Drop the digests of messages that fell out of the window around `round`; returns them."""
+
+    def remember(self, digests: Mapping[bytes, int]) -> None:
+        """Take back digests [`forget`] dropped."""
+
+    def warn_once(self, who: str, reason: str, text: str) -> None:
+        """Log `text` once per (`who`, `reason`)."""
 
 
-class LockStepWindow:
-    """One shared round window, with waiting and catch-up (`exchange_mode` `sync` and `async`)."""
+class RoundWindow(Protocol):
+    """A round window, as the swarm client drives it during a collect and in its checkpoint state."""
 
-    is_old: Callable | None = None  # no sender order: `reading_order` sorts by the shared window only
-
-    def __init__(self, swarm):  # the `trl_ftis.swarm.client.Swarm` that reads through this window
-        self.swarm = swarm
-        # Expected peers that missed a deadline are not waited for until they send again: a dead peer costs one
-        # timeout, not one per round.
-        self.absent: set[str] = set()
-        self.absent_count = 0
-        # Round alignment ([`align`]): `newest` is the newest verified round of each sender as of the previous poll (a
-        # later, newer one shows it is live); `hinted`, the senders whose far-ahead messages were refused unread
-        # (their next one is read). `newest_epoch` is the start of each sender that `newest` holds a round of: a newer
-        # start's rounds replace an older one's, and an older start's messages are no evidence and are refused once
-        # a newer start of the sender was seen.
-        self.newest: dict[str, int] = {}
-        self.newest_epoch: dict[str, int] = {}
-        # When the message holding each sender's newest was made (`clocks.heard_at`): a later-made message of an
-        # earlier (start, round) shows that newest was not the sender's ([`note_round`]).
-        self.newest_heard: dict[str, float] = {}
-        self.hinted: set[str] = set()
-        self.started_at = time.time()  # wall clock, compared with messages' `created` (catch-up evidence only)
-        self.catch_up: CatchUp | None = None  # the last move forward, until it is undone or replaced
-
-    # -- waiting -------------------------------------------------------------------------------------------------
-    @property
-    def waits(self) -> bool:
-        """Whether a collect waits for expected peers."""
-        return bool(self.swarm.expected_peers) or bool(self.swarm.num_expected_peers)
-
-    def waited_for(self) -> set[str]:
-        """The expected peers a round still waits for: not absent, not departed."""
-        swarm = self.swarm
-        return set(swarm.expected_peers) - self.absent - set(swarm.departed)
+    waits: bool
+    """Whether a collect waits for expected peers."""
+    is_old: Callable | None
+    """Orders a sender's replays and leftovers last (`reading_order`), or `None` for a shared round."""
 
     def satisfied(self, fresh: set[str]) -> bool:
-        swarm = self.swarm
-        if swarm.expected_peers and not self.waited_for() <= fresh:
-            return False
-        if swarm.num_expected_peers is None:
-            return True
-        departed = set(swarm.departed)
-        return len(fresh - departed) >= swarm.num_expected_peers - self.absent_count - len(departed)
+        """Whether the senders that delivered something new (`fresh`) are all a collect waits for."""
 
-    def finish(self, round: int, result: RoundResult, state: RoundSpending, fresh: set[str]) -> None:
-        """At the end of a collect: the expected peers that delivered nothing new are `missing`, and not waited for
-        again until they send."""
-        swarm = self.swarm
-        self.absent -= fresh  # a peer that delivers again is waited for again
-        if swarm.num_expected_peers is not None:
-            self.absent_count = min(self.absent_count, max(swarm.num_expected_peers - len(fresh), 0))
-        if not self.waits or self.satisfied(fresh):
-            return
-        if swarm.expected_peers and not self.waited_for() <= fresh:
-            result.missing = sorted(self.waited_for() - fresh)
-            self.absent |= set(result.missing)
-        else:
-            departed = set(swarm.departed)
-            shortfall = swarm.num_expected_peers - self.absent_count - len(departed) - len(fresh - departed)
-            result.missing = [f"{shortfall} of {swarm.num_expected_peers} peers"]
-            self.absent_count += shortfall
-        logger.warning(
-            "Round %d: nothing new from %s after %.1f s; training on what arrived, and not waiting for them again "
-            "until they send.",
-            round,
-            ", ".join(result.missing),
-            result.waited,
-        )
+    def refuses_unread(self, envelope: Envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
+        """Whether an envelope is refused before it is read (counted in `result`)."""
 
-    # -- staleness -----------------------------------------------------------------------------------------------
-    def outside(self, message_round: int, round: int) -> str | None:
-        if round - message_round > self.swarm.max_staleness:
-            return "stale"
-        if message_round - round > self.swarm.max_rounds_ahead:
-            return "ahead"
-        return None
+    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
+        """Whether a verified message is set aside until the end of the poll ([`after_poll`] decides)."""
+
+    def after_poll(
+        self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter
+    ) -> tuple[int, list[tuple[Envelope, bytes, Message]]]:
+        """After a poll: the (possibly moved) round and the deferred messages to take now."""
 
     def refusal(self, sender: str, message: Message, round: int, state: RoundSpending) -> str | None:
-        """Why a verified message is not taken (`stale`, `ahead`), or None."""
-        if message.epoch < self.newest_epoch.get(sender, 0):
-            return "stale"  # an older start of a sender that has restarted since: superseded
-        return self.outside(message.round, round)
-
-    def refuses_unread(self, envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
-        """Whether an envelope filed beyond the window is refused before it is read (`ahead`): a peer far ahead, a
-        leftover of a longer run, or a lie that can only get its own message skipped (a genuine message's hint is
-        its round). Stale hints are read (they come last, see `reading_order`), so that a slow peer shows in its
-        `rows_stale`."""
-        swarm, hint = self.swarm, envelope.sender_hint
-        if not (
-            isinstance(envelope.round_hint, int)
-            and envelope.round_hint - round > swarm.max_rounds_ahead
-            and not self.may_lead(hint, state.regulars)
-        ):
-            return False
-        result.refused["ahead"] += 1
-        if isinstance(hint, str):
-            state.hinted.add(hint)  # from the next poll on, its messages are read: it may be a live swarm ahead
-        swarm.warn_once(
-            str(hint),
-            "ahead",
-            f"{hint!r} is ahead of this peer (a message filed under its round {envelope.round_hint}, ours is {round}; "
-            f"max_rounds_ahead={swarm.max_rounds_ahead}): its rows are not used until one catches up.",
-        )
-        return True
-
-    def staleness(self, round: int, message: Message) -> int | None:
-        """A taken message's lag behind this peer's round (`ftis/peers/<peer>/staleness`)."""
-        return round - message.round
+        """Why a verified message is not taken (a refusal reason), or `None`."""
 
     def note(self, sender: str, message: Message, result: RoundResult, state: RoundSpending) -> None:
-        pass  # the shared window needs no per-sender bookkeeping of what it took
+        """Record a taken message."""
+
+    def staleness(self, round: int, message: Message) -> int | None:
+        """A taken message's lag behind this peer's round, or `None` when the window has no shared round."""
 
     def restarted(self, sender: str, message: Message) -> bool:
-        return False  # a restart shows in the round alignment, not in a sender order
+        """Whether a taken message shows its sender restarted."""
+
+    def finish(self, round: int, result: RoundResult, state: RoundSpending, fresh: set[str]) -> None:
+        """At the end of a collect: name the expected peers missing (`result.missing`)."""
 
     def pruned(self, seen: dict[bytes, int], round: int) -> dict[bytes, int]:
-        """The digests of accepted messages still in the window: older ones are refused as stale anyway (and, after
-        an undone catch-up, those of the rounds left ahead: out of reach for as many rounds as it moved)."""
-        oldest, newest = round - self.swarm.max_staleness, round + self.swarm.max_rounds_ahead
-        if any(not oldest <= accepted <= newest for accepted in seen.values()):
-            return {digest: accepted for digest, accepted in seen.items() if oldest <= accepted <= newest}
-        return seen
+        """The digests of accepted messages still worth keeping."""
 
     def most_seen(self, known_peers: int) -> int:
-        """The digests a saved state may hold: a round window's messages."""
-        swarm = self.swarm
-        return swarm.budget.max_messages * (swarm.max_staleness + swarm.max_rounds_ahead + 2)
+        """The digests a saved state may hold."""
 
     @property
     def sender_rounds(self) -> dict[str, int]:
-        return {}
-
-    @property
-    def sender_epochs(self) -> dict[str, int]:
-        return {}
-
-    # -- catching up ---------------------------------------------------------------------------------------------
-    def may_lead(self, hint: str | None, regulars: frozenset[str]) -> bool:
-        """Whether an envelope filed far ahead is read anyway, because its sender may be a live swarm that this peer
-        lags behind ([`align`]): a regular's; with no regulars, one from a sender seen before (the first far-ahead
-        envelope of a sender is refused unread, as leftovers of an earlier run are)."""
-        if regulars:
-            return hint in regulars
-        return hint in self.newest or hint in self.hinted
-
-    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
-        """Whether a verified message is set aside until the end of the poll, for [`align`] to decide: it is outside
-        the window and shows a live peer far ahead ([`note_round`]), or the last catch-up may be undone."""
-        shows_lead = self.note_round(sender, message, round, state)
-        # While a catch-up may still be undone, every message outside the window waits too: the round may go back.
-        return (shows_lead or self.catch_up is not None) and self.outside(message.round, round) is not None
-
-    def note_round(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
-        """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
-        its newest of an earlier poll (leftovers of an earlier run all come in the first poll and never count) and
-        more than `max_staleness` rounds ahead (this peer's messages are stale to it), from a sender whose lead
-        counts (a regular; any sender when there are none). Only messages that can belong to the present run are
-        evidence: with a run id every accepted one is (others are refused, `run`); without one, those stamped
-        (`created`) at most `EVIDENCE_CLOCK_SLACK` seconds before this peer started, so that leftovers of a longer
-        earlier run can neither move this peer nor, recorded as a sender's newest, hide that sender's live lead. A
-        sender's newest round is kept per start (`epoch`): an older start's message is no evidence, and a newer
-        start's rounds replace the older start's, however large those were."""
-        message_round, epoch = message.round, message.epoch
-        if self.swarm.run_id is None and message.created < self.started_at - EVIDENCE_CLOCK_SLACK:
-            return False  # may belong to an earlier run (a leftover, a replay): no evidence either way
-        heard = heard_at(message.created)
-        if (
-            sender in self.newest
-            and heard > self.newest_heard.get(sender, self.started_at)
-            and ((epoch, message_round) < (self.newest_epoch.get(sender, 0), self.newest[sender]))
-        ):
-            # Made later than the sender's newest, yet of an earlier start or round: an honest sender never does
-            # that, so the newest was signed by another member (the shared secret cannot tell). Follow this one.
-            self.newest[sender], self.newest_epoch[sender], self.newest_heard[sender] = message_round, epoch, heard
-            state.newest.pop(sender, None)
-            if self.catch_up is not None and sender in self.catch_up.leaders:
-                self.catch_up.disowned.add(sender)
-            return False
-        if (epoch, message_round) > state.newest.get(sender, (-1, -1)):
-            state.newest[sender] = (epoch, message_round)
-            state.newest_heard[sender] = heard
-        known = self.newest_epoch.get(sender, 0)
-        if epoch < known:
-            return False  # an older start of the sender: no evidence
-        # A newer start than the one recorded shows its lead only from its second poll on, like a new sender.
-        previous = self.newest.get(sender) if epoch == known else None
-        if (
-            previous is None
-            or message_round <= previous
-            or message_round - round <= self.swarm.max_staleness
-            or (state.regulars and sender not in state.regulars)
-        ):
-            return False
-        state.leads[sender] = max(state.leads.get(sender, message_round), message_round)
-        return True
-
-    def align(self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter, fresh: set[str]) -> int:
-        """After a poll: catch up with a swarm that is ahead, and return the (possibly new) swarm round.
-
-        A peer that joins late, was stalled or resumed from an older checkpoint is behind the others: its messages
-        are stale to them and theirs are ahead of it, so without this it would never exchange again. When the median
-        lead of the regulars (a regular that shows none counts as level with this peer; with no regulars, of the
-        senders that show one) is more than `max_staleness` rounds, this peer's round jumps forward to it (the
-        swarm's `round_offset`); rounds only move forward. A lead counts only from a signed, newer message than the
-        sender's previous one, so leftovers of an earlier run, forged hints and strangers move nothing; a member
-        can only move this peer forward, which isolates it at worst (documented in `docs/security.md`)."""
-        swarm = self.swarm
-        for sender, (epoch, newest) in state.newest.items():
-            if sender in self.newest or len(self.newest) < MAX_KNOWN_PEERS:
-                known = self.newest_epoch.get(sender, 0)
-                if epoch > known or sender not in self.newest or (epoch == known and newest > self.newest[sender]):
-                    self.newest[sender], self.newest_epoch[sender] = newest, max(epoch, known)
-                    self.newest_heard[sender] = state.newest_heard[sender]
-        state.newest, state.newest_heard = {}, {}
-        round = self.undo_catch_up(round)
-        self.hinted |= set(list(state.hinted)[: max(MAX_KNOWN_PEERS - len(self.hinted), 0)])
-        state.hinted = set()
-        deferred, state.deferred = state.deferred, []
-        if state.leads:
-            leads = (
-                [state.leads.get(peer, round) for peer in state.regulars]
-                if state.regulars
-                else list(state.leads.values())
-            )
-            target = min(sorted(leads)[len(leads) // 2], MAX_SWARM_ROUND)
-            if target - round > swarm.max_staleness:
-                self.catch_up = CatchUp(
-                    size=target - round,
-                    leaders=frozenset(sender for sender, lead in state.leads.items() if lead >= target),
-                    needed=len(leads) - len(leads) // 2,  # leads at the median or above
-                    forgotten=swarm.forget(target),
-                )
-                swarm.round_offset += target - round
-                logger.warning(
-                    "Round %d: the swarm is at round %d (%s), more than max_staleness=%d rounds ahead: this peer "
-                    "moves to round %d so that its rows are fresh to the others again (its step + %d).",
-                    round,
-                    target,
-                    ", ".join(f"{peer!r}: {lead}" for peer, lead in sorted(state.leads.items())[:8]),
-                    swarm.max_staleness,
-                    target,
-                    swarm.round_offset,
-                )
-                round = target
-                state.leads.clear()
-        for envelope, digest, message in deferred:
-            sender = swarm.take(envelope, digest, message, round, result, state, dropped)
-            if sender is not None:
-                fresh.add(sender)
-        return round
-
-    def undo_catch_up(self, round: int) -> int:
-        """Move back by the last catch-up when too few of the peers whose leads made it still stand by them: each
-        sent a message made later than its lead but of an earlier round ([`note_round`]), so that lead was signed by
-        another member under its name. Returns the (possibly earlier) swarm round."""
-        catch_up, swarm = self.catch_up, self.swarm
-        if catch_up is None or len(catch_up.leaders - catch_up.disowned) >= catch_up.needed:
-            return round
-        self.catch_up = None
-        swarm.round_offset -= catch_up.size
-        swarm.remember(catch_up.forgotten)
-        logger.warning(
-            "Round %d: %s, whose leads moved this peer %d rounds forward, sent later messages of earlier rounds: "
-            "those leads were not theirs (another member signed them; peer_keys_file prevents it). This peer moves "
-            "back to round %d.",
-            round,
-            ", ".join(map(repr, sorted(catch_up.disowned))),
-            catch_up.size,
-            round - catch_up.size,
-        )
-        return round - catch_up.size
-
-    after_poll = align
-
-    # -- checkpoints ---------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            **WINDOW_STATE,
-            "absent": sorted(self.absent),
-            "absent_count": self.absent_count,
-            "newest": dict(self.newest),
-            "newest_epochs": dict(self.newest_epoch),
-        }
-
-    def load(self, checked: Mapping[str, Any]) -> None:
-        """Restore the window's keys of a swarm state, checked by `Swarm.load_state_dict`."""
-        swarm = self.swarm
-        self.absent = set(checked["absent"]) & set(swarm.expected_peers)
-        self.absent_count = min(checked["absent_count"], swarm.num_expected_peers or 0)  # never more than expected
-        self.newest = dict(checked["newest"])
-        self.newest_epoch = {sender: checked["newest_epochs"].get(sender, 0) for sender in checked["newest"]}
-        self.newest_heard = dict.fromkeys(self.newest, time.time())  # a message made after the load can disown them
-        self.catch_up = None
-
-
-class PerSenderWindow:
-    """Each sender in its own order, nothing waited for (`exchange_mode="free"`)."""
-
-    waits = False
-
-    def __init__(self, swarm):  # the `trl_ftis.swarm.client.Swarm` that reads through this window
-        self.swarm = swarm
-        self.order = SenderOrder(swarm.max_staleness, swarm.peer_timeout, MAX_KNOWN_PEERS)
-        self.is_old = self.order.is_old  # replays and leftovers are read last, not skipped (their epoch may be newer)
-
-    def finish(self, round: int, result: RoundResult, state: RoundSpending, fresh: set[str]) -> None:
-        """At the end of a collect: keep each sender's rows within `max_staleness` of its own newest, follow each
-        sender's newest accepted message, and name the expected peers silent for `peer_timeout` as missing."""
-        swarm = self.swarm
-        self.order.window(result, state)
-        result.missing = self.order.silent(swarm.expected_peers, swarm.num_expected_peers, swarm.departed)
-
-    def refusal(self, sender: str, message: Message, round: int, state: RoundSpending) -> str | None:
-        """Taken in order only (`stale`; `senders` when as many senders as kept are followed), then judged against the
-        sender's own newest round once the collect is over ([`finish`])."""
-        return self.order.refusal(sender, message, state, self.swarm.listed_peers())
-
-    def refuses_unread(self, envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
-        return False  # no shared round to be ahead of
-
-    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
-        return False  # no shared clock to catch up with
-
-    def after_poll(self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter, fresh: set[str]):
-        return round
-
-    def staleness(self, round: int, message: Message) -> int | None:
-        return None  # measured against the sender's own newest, once the collect is over
-
-    def note(self, sender: str, message: Message, result: RoundResult, state: RoundSpending) -> None:
-        self.order.note(sender, message, result, state)
-
-    def restarted(self, sender: str, message: Message) -> bool:
-        return self.order.restarted(sender, message)  # a restart shows as a newer epoch, whatever its round
-
-    def pruned(self, seen: dict[bytes, int], round: int) -> dict[bytes, int]:
-        """No shared round: keep the newest digests, a window's worth per known sender."""
-        keep = max(64, 2 * (self.swarm.max_staleness + 1) * (len(self.swarm.known_peers) + 1))
-        return dict(list(seen.items())[-keep:]) if len(seen) > keep else seen
-
-    def most_seen(self, known_peers: int) -> int:
-        swarm = self.swarm
-        return max(64, 2 * (swarm.max_staleness + 1) * (known_peers + 1)) + swarm.budget.max_messages
-
-    @property
-    def sender_rounds(self) -> dict[str, int]:
-        return self.order.rounds
-
-    @property
-    def sender_epochs(self) -> dict[str, int]:
-        return self.order.epochs
+        """Each sender's newest accepted round in its own order (empty for a shared round)."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {**WINDOW_STATE, **self.order.state_dict()}
+        """The window's keys of a swarm state ([`WINDOW_STATE`])."""
 
     def load(self, checked: Mapping[str, Any]) -> None:
-        self.order.load(checked["sender_rounds"], checked["sender_epochs"])
+        """Restore the window's keys of a checked swarm state."""

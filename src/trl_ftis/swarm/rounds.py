@@ -37,12 +37,13 @@ from ..peer_rows import (
     with_group_statistics,
 )
 from ..rules import exchange_scheme
-from .arrivals import Taken
 from .client import RoundBudget, RoundResult, Swarm
 from .exchange_modes import EXCHANGE_MODES, RoundAbandoned, RoundOutcome
+from .exchange_modes.free_queue import Taken
 
 if TYPE_CHECKING:
-    from ..config import FTISConfig, SwarmCredentials
+    from ..config import FTISConfig
+    from ..credentials import SwarmCredentials
     from .admission import Admission
     from .ledger import PeerRowLedger
 
@@ -233,8 +234,8 @@ class RoundRunner:
         bytes_sent = swarm.publish(own_rows, round)
         cap = self.peer_row_cap(len(own_rows))
         # Decode at most a few times what this round can use: rows beyond that cost nothing.
-        # Each regular's share of the round's rows holds at least a message like ours: a member's volume cannot crowd an
-        # honest peer out, and an honest peer's message is never cut to nothing by its share.
+        # Each regular's share of the round's rows holds at least a message like ours: a member's volume cannot crowd
+        # an honest peer out, and an honest peer's message is never cut to nothing by its share.
         result = swarm.collect(
             round, max_rows=None if cap is None else max(4 * cap, 64), share=len(own_rows) if cap is not None else None
         )

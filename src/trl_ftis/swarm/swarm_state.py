@@ -92,7 +92,7 @@ def check_swarm_state(
         raise ValueError(f"Swarm state: 'run' is malformed: it {binding_problem(saved_run)}.")
     if saved_run != run_id:
         # What senders showed in another run says nothing of this one: a sender's newest round of a longer earlier
-        # run would hide its live lead (`LockStepWindow.note_round`). This peer's own alignment is kept: the swarm
+        # run would hide its live lead (`SyncWindow.note_round`). This peer's own alignment is kept: the swarm
         # resumes with it.
         logger.info(
             "Resuming peer %r in run %r from the state of run %r: the other peers' rounds are not carried over.",

@@ -1,9 +1,9 @@
 """Exchange modes: how a trainer's swarm rounds meet its training steps, one module each behind one protocol
 ([`ExchangeMode`]), chosen by `FTISConfig.exchange_mode` through [`EXCHANGE_MODES`].
 
-* `sync` ([`LockStep`]): the round runs inside the step, which waits for the expected peers.
-* `async` ([`Background`]): the round runs in a background worker; a step trains on the previous round's rows.
-* `free` ([`FreeRunning`]): nothing waits; arrived rows are queued and each step takes the fresh ones.
+* `sync` ([`SyncMode`]): the round runs inside the step, which waits for the expected peers.
+* `async` ([`AsyncMode`]): the round runs in a background worker; a step trains on the previous round's rows.
+* `free` ([`FreeMode`]): nothing waits; arrived rows are queued and each step takes the fresh ones.
 
 A new mode is one module with a class that follows [`ExchangeMode`], and one [`register_exchange_mode`] call
 (`docs/swarm.md`, "Writing an exchange mode").
@@ -11,25 +11,25 @@ A new mode is one module with a class that follows [`ExchangeMode`], and one [`r
 
 from __future__ import annotations
 
-from .background import Background
+from .async_mode import AsyncMode
 from .base import ExchangeMode, ExchangeWorker, RoundAbandoned, RoundOutcome
-from .free_running import FreeRunning
-from .lock_step import LockStep
+from .free_mode import FreeMode
+from .sync_mode import SyncMode
 
 __all__ = [
     "EXCHANGE_MODES",
     "EXCHANGE_MODE_NAMES",
-    "Background",
+    "AsyncMode",
     "ExchangeMode",
     "ExchangeWorker",
-    "FreeRunning",
-    "LockStep",
+    "FreeMode",
+    "SyncMode",
     "RoundAbandoned",
     "RoundOutcome",
     "register_exchange_mode",
 ]
 
-EXCHANGE_MODES: dict[str, type] = {mode.name: mode for mode in (LockStep, Background, FreeRunning)}
+EXCHANGE_MODES: dict[str, type] = {mode.name: mode for mode in (SyncMode, AsyncMode, FreeMode)}
 """`exchange_mode` value -> the class the round runner builds (with itself as its only argument)."""
 EXCHANGE_MODE_NAMES: list[str] = list(EXCHANGE_MODES)
 """The names, in one list that registration extends: `FTISConfig.exchange_mode`'s choices on a command line (a mode

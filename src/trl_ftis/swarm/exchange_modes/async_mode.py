@@ -7,24 +7,24 @@ import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..round_windows import LockStepWindow
 from .base import ExchangeWorker, RoundOutcome, WorkerMode, no_arrivals
+from .sync_window import SyncWindow
 
 if TYPE_CHECKING:
     from ...peer_rows import PeerRow
 
-__all__ = ["Background"]
+__all__ = ["AsyncMode"]
 
 logger = logging.getLogger(__name__)
 
 
-class Background(WorkerMode):
+class AsyncMode(WorkerMode):
     """The background mode ([`ExchangeMode`](base.py)): this step's round is handed to an [`ExchangeWorker`], and
     the step trains on the previous round's rows (waiting for it only if it is not done yet). The rows are one round
     older than in lock-step: their age and the staleness metrics count it."""
 
     name = "async"
-    window = LockStepWindow
+    window = SyncWindow
     horizontal = False
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:

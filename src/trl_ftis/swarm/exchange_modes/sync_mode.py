@@ -6,20 +6,20 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..round_windows import LockStepWindow
 from .base import RoundOutcome, no_arrivals
+from .sync_window import SyncWindow
 
 if TYPE_CHECKING:
     from ...peer_rows import PeerRow
 
-__all__ = ["LockStep"]
+__all__ = ["SyncMode"]
 
 
-class LockStep:
+class SyncMode:
     """The lock-step mode ([`ExchangeMode`](base.py)): `round` is the runner's whole round, at the step."""
 
     name = "sync"
-    window = LockStepWindow
+    window = SyncWindow
     horizontal = True
 
     def __init__(self, runner):

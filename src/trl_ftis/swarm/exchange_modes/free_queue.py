@@ -1,7 +1,7 @@
 """The rows that arrived and wait for a step to train on them (`exchange_mode="free"`).
 
 In the free-running exchange no step waits for a peer: the exchange worker collects whatever arrived (checked and
-decoded by the swarm, not admitted yet), and [`ArrivalQueue`] keeps it until a step takes it. Each step takes the
+decoded by the swarm, not admitted yet), and [`FreeQueue`] keeps it until a step takes it. Each step takes the
 fresh rows, newest first and shared fairly between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row
 cap, and admits only those: a step's cost is set by the rows it trains on. Rows left over join a later step while
 they are fresh. A row's age is counted in its sender's own steps: the sender's newest delivered round
@@ -9,8 +9,8 @@ they are fresh. A row's age is counted in its sender's own steps: the sender's n
 rounds after the sender's newest (it restarted from an older checkpoint since), are dropped as `stale`; when more
 rows arrive than the queue holds, the oldest go first (`queue_full`).
 
-The queue is owned by the [`trl_ftis.swarm.rounds.RoundRunner`] and used by the training loop only (the worker's results
-are added by the loop when it takes them), so it needs no lock.
+The queue is owned by the free mode ([`trl_ftis.swarm.exchange_modes.free_mode.FreeMode`]) and used by the training
+loop only (the worker's results are added by the loop when it takes them), so it needs no lock.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from ..peer_rows import PeerRow, select_rows
+from ...peer_rows import PeerRow, select_rows
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Taken:
     """Rows dropped as too old, per sender."""
 
 
-class ArrivalQueue:
+class FreeQueue:
     """
     Received peer rows waiting to be trained on, bounded in rows.
 
@@ -60,9 +60,7 @@ class ArrivalQueue:
 
     def __init__(self, max_rows: int, max_staleness: int):
         if max_rows < 0 or max_staleness < 0:
-            raise ValueError(
-                f"ArrivalQueue needs max_rows >= 0 and max_staleness >= 0, got {max_rows}, {max_staleness}"
-            )
+            raise ValueError(f"FreeQueue needs max_rows >= 0 and max_staleness >= 0, got {max_rows}, {max_staleness}")
         self.max_rows = int(max_rows)
         self.max_staleness = int(max_staleness)
         self._arrivals: list[Arrival] = []

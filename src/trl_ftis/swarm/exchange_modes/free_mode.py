@@ -1,5 +1,5 @@
 """`exchange_mode="free"`: nothing waits. A background worker publishes and collects whatever has arrived, its rows
-go into an [`ArrivalQueue`], and each step takes the fresh rows it holds (at most `max_staleness` of their sender's
+go into an [`FreeQueue`], and each step takes the fresh rows it holds (at most `max_staleness` of their sender's
 own steps old) and admits them; a step that finds the worker still busy leaves it running and trains on the queue."""
 
 from __future__ import annotations
@@ -9,31 +9,31 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..arrivals import ArrivalQueue, Taken
-from ..round_windows import PerSenderWindow
 from .base import ExchangeWorker, RoundOutcome, WorkerMode
+from .free_queue import FreeQueue, Taken
+from .free_window import FreeWindow
 
 if TYPE_CHECKING:
     from ...peer_rows import PeerRow, ScoredRow
 
-__all__ = ["FreeRunning"]
+__all__ = ["FreeMode"]
 
 logger = logging.getLogger(__name__)
 
 
-class FreeRunning(WorkerMode):
+class FreeMode(WorkerMode):
     """The free-running mode ([`ExchangeMode`](base.py)). It owns the queue of arrived rows (saved with a checkpoint),
     the own rows not handed to the worker yet (it was busy), the metrics of a round settled outside a step, and the
     snapshots of the swarm's view as of the worker's last finished round."""
 
     name = "free"
-    window = PerSenderWindow
+    window = FreeWindow
     horizontal = False
 
     def __init__(self, runner):
         super().__init__(runner)  # its closing is never set: a free round only publishes and collects
         # Bounded once the first round sets the cap.
-        self.arrivals = ArrivalQueue(max_rows=0, max_staleness=runner.config.max_staleness)
+        self.arrivals = FreeQueue(max_rows=0, max_staleness=runner.config.max_staleness)
         self._unsent: list[tuple[list[PeerRow], int]] = []
         self._settled_metrics: dict[str, float] = {}
         # Snapshots of the swarm's view as of the worker's last finished round (the worker changes the swarm's own).

@@ -1,0 +1,82 @@
+"""The free window (`exchange_mode="free"`): no shared clock. Each sender's messages are taken in order of its own
+(start, step) only ([`trl_ftis.swarm.exchange_modes.free_order.SenderOrder`]) and judged against that sender's newest;
+nothing is waited for, and an expected peer is missing once silent for `peer_timeout` seconds."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..round_budget import RoundResult, RoundSpending
+from ..round_windows import MAX_KNOWN_PEERS, WINDOW_STATE, WindowHost
+from .free_order import SenderOrder
+
+if TYPE_CHECKING:
+    from ...exchange import Message
+
+__all__ = ["FreeWindow"]
+
+
+class FreeWindow:
+    """Each sender in its own order, nothing waited for (`exchange_mode="free"`)."""
+
+    waits = False
+
+    def __init__(self, host: WindowHost):
+        self.host = host
+        self.order = SenderOrder(host.max_staleness, host.peer_timeout, MAX_KNOWN_PEERS)
+        self.is_old = self.order.is_old  # replays and leftovers are read last, not skipped (their epoch may be newer)
+
+    def finish(self, round: int, result: RoundResult, state: RoundSpending, fresh: set[str]) -> None:
+        """At the end of a collect: keep each sender's rows within `max_staleness` of its own newest, follow each
+        sender's newest accepted message, and name the expected peers silent for `peer_timeout` as missing."""
+        swarm = self.host
+        self.order.window(result, state)
+        result.missing = self.order.silent(swarm.expected_peers, swarm.num_expected_peers, swarm.departed)
+
+    def refusal(self, sender: str, message: Message, round: int, state: RoundSpending) -> str | None:
+        """Taken in order only (`stale`; `senders` when as many senders as kept are followed), then judged against the
+        sender's own newest round once the collect is over ([`finish`])."""
+        return self.order.refusal(sender, message, state, self.host.listed_peers())
+
+    def refuses_unread(self, envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
+        return False  # no shared round to be ahead of
+
+    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
+        return False  # no shared clock to catch up with
+
+    def after_poll(self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter):
+        return round, []  # no shared round to move, nothing set aside
+
+    def staleness(self, round: int, message: Message) -> int | None:
+        return None  # measured against the sender's own newest, once the collect is over
+
+    def note(self, sender: str, message: Message, result: RoundResult, state: RoundSpending) -> None:
+        self.order.note(sender, message, result, state)
+
+    def restarted(self, sender: str, message: Message) -> bool:
+        return self.order.restarted(sender, message)  # a restart shows as a newer epoch, whatever its round
+
+    def pruned(self, seen: dict[bytes, int], round: int) -> dict[bytes, int]:
+        """No shared round: keep the newest digests, a window's worth per known sender."""
+        keep = max(64, 2 * (self.host.max_staleness + 1) * (len(self.host.known_peers) + 1))
+        return dict(list(seen.items())[-keep:]) if len(seen) > keep else seen
+
+    def most_seen(self, known_peers: int) -> int:
+        swarm = self.host
+        return max(64, 2 * (swarm.max_staleness + 1) * (known_peers + 1)) + swarm.budget.max_messages
+
+    @property
+    def sender_rounds(self) -> dict[str, int]:
+        return self.order.rounds
+
+    @property
+    def sender_epochs(self) -> dict[str, int]:
+        return self.order.epochs
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**WINDOW_STATE, **self.order.state_dict()}
+
+    def load(self, checked: Mapping[str, Any]) -> None:
+        self.order.load(checked["sender_rounds"], checked["sender_epochs"])
