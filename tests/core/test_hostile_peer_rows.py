@@ -26,6 +26,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from swarm_helpers import make_swarm  # tests/ is on sys.path
+from waits import returns_within
 
 from trl_ftis import FTISTrainer, PeerRow
 from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
@@ -768,8 +769,6 @@ def test_special_and_added_tokens_inside_a_completion_are_dropped_at_both_levels
 def test_oversize_prompts_and_texts_are_dropped_from_their_length_before_any_tokenisation(tokenizer, make_args):
     """Issue 23: one 16 MiB prompt added ~30 s and ~6 GB to a step (admission tokenised all of it before dropping
     it as too_long); 256 texts of 128 KiB cost ~22 s. Both are now bounded by what this receiver can use."""
-    import time
-
     trainer = make_trainer(tokenizer, make_args, swarm=True, cross_tokenizer=True)
     admission = trainer._admission
     assert admission.max_prompt_chars < 2**20 and admission.max_text_chars < 2**12  # derived from its settings
@@ -784,11 +783,10 @@ def test_oversize_prompts_and_texts_are_dropped_from_their_length_before_any_tok
     texts = rows("f", 256, ids=(500,), group="texts")
     for row in texts:
         row.foreign_tokenizer, row.completion_text, row.ends_with_eos = True, "4" * 2**17, True
-    started = time.monotonic()
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(admission.tokenizer.__class__, "__call__", spy)
-        kept = admission.admit(rows("p", 2, prompt=huge_prompt, group="huge") + rows("q", 2) + texts)
-    assert time.monotonic() - started < 5
+        pool = rows("p", 2, prompt=huge_prompt, group="huge") + rows("q", 2) + texts
+        kept = returns_within(lambda: admission.admit(pool), what="admitting huge texts")  # a hang guard only
     assert len(kept) == 2 and trainer._ledger.dropped["too_long"] == 2 + 256
     assert max(seen, default=0) < 2**16, "neither the prompt nor the texts reached the tokenizer"
 

@@ -345,10 +345,14 @@ def test_converted_smollm2_matches_the_gguf_model(smollm2_folder):
 
 @pytest.mark.slow
 @needs_smollm2
-def test_prepare_smollm2_is_cached(smollm2_folder):
-    started = time.perf_counter()
+def test_prepare_smollm2_is_cached(smollm2_folder, monkeypatch):
+    def no_gguf():
+        raise AssertionError("a cached folder needs no GGUF file")
+
+    monkeypatch.setattr(smollm, "find_smollm2_gguf", no_gguf)
+    written = {path: path.stat().st_mtime_ns for path in smollm2_folder.rglob("*")}
     assert prepare_smollm2(smollm2_folder.parent) == smollm2_folder
-    assert time.perf_counter() - started < 1.0
+    assert {path: path.stat().st_mtime_ns for path in smollm2_folder.rglob("*")} == written  # nothing converted again
 
 
 @pytest.mark.slow

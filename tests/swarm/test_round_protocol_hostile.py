@@ -16,6 +16,7 @@ import pytest
 from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 from swarm_helpers import publish_raw as write
 from swarm_helpers import wire_message as message
+from waits import returns_within
 
 from trl_ftis.cli import main as cli_main
 from trl_ftis.exchange import (
@@ -178,7 +179,8 @@ def flood(tokenizer, url, count, *, round=0):
 def test_a_thousand_invented_ids_do_not_crowd_out_the_honest_peers(tokenizer, memory_url, regulars):
     budget = RoundBudget(max_bytes=4 * 2**20, max_messages=200, max_rows=2000, newcomer_messages=32)
     options = {"expected_peers": ["b", "c"]} if regulars == "expected" else {}
-    a = make_swarm(memory_url, "a", tokenizer, secret=SECRET, budget=budget, **options)
+    # a flood that hid b's or c's message would make the round wait the whole timeout, far past the hang guard
+    a = make_swarm(memory_url, "a", tokenizer, secret=SECRET, budget=budget, peer_timeout=600.0, **options)
     b, c = (make_swarm(memory_url, peer, tokenizer, secret=SECRET) for peer in ("b", "c"))
     round = 0
     if regulars == "known":  # the honest peers were met in an earlier round, before the flood
@@ -189,9 +191,7 @@ def test_a_thousand_invented_ids_do_not_crowd_out_the_honest_peers(tokenizer, me
     flood(tokenizer, memory_url, 1000, round=round)  # each a valid message signed with the shared secret
     b.publish(rows("b", count=8, prompt="honest"), round)
     c.publish(rows("c", count=8, prompt="honest"), round)
-    started = time.monotonic()
-    result = a.collect(round)
-    assert time.monotonic() - started < 30
+    result = returns_within(lambda: a.collect(round), what="a round under a flood")
     assert prompts(result, "b") == ["honest"] * 8 and prompts(result, "c") == ["honest"] * 8
     assert result.regulars == {"b", "c"}
     # The flood cost the newcomers' one shared allowance, and the round stayed within its budget.
@@ -258,8 +258,8 @@ def test_an_endless_flood_costs_a_round_at_most_its_time_budget(tokenizer, memor
     budget = RoundBudget(max_seconds=0.3)
     a = make_swarm(memory_url, "a", tokenizer, transport=Endless(memory_url), budget=budget)
     started = time.monotonic()
-    result = a.collect(0)
-    assert 0.3 <= time.monotonic() - started < 3.0 and Endless.polls > 1
+    result = returns_within(lambda: a.collect(0), what="a round under an endless flood")  # not drained for ever
+    assert time.monotonic() - started >= 0.3 and Endless.polls > 1  # it read for its time budget (a lower bound)
     assert result.messages_read == budget.newcomer_messages  # the rest was dropped unread
     assert sum(result.refused.values()) == 100 * Endless.polls
 
@@ -520,7 +520,7 @@ def test_the_config_holds_the_key_paths_and_swarm_credentials_checks_the_files(m
     paths, public = keyring
     args = make_args(peer_id="a", private_key_file=str(paths["a"]), peer_keys_file=str(public))
     assert args.max_rounds_ahead == DEFAULT_MAX_ROUNDS_AHEAD == 4 and args.max_round_bytes == RoundBudget().max_bytes
-    assert "private_key_file" not in args._redacted()  # a path, not a secret
+    assert "private_key_file" not in args.redacted_fields()  # a path, not a secret
     credentials = args.swarm_credentials()
     assert public_key_text(credentials.private_key) == public_key_text(load_private_key(paths["a"]))
     assert set(credentials.public_keys) == set(load_public_keys(public))

@@ -4,9 +4,9 @@ greedy evaluation (no download, no real model)."""
 import json
 import sys
 import threading
-import time
 
 import pytest
+from waits import returns_within  # tests/ is on sys.path
 
 from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
 from trl_ftis.tasks.math_problems import (
@@ -168,10 +168,9 @@ def test_conversational_completions_use_the_last_assistant_message():
     ],
 )
 def test_garbage_never_raises(completion):
-    start = time.perf_counter()
-    assert strict_reward([completion], ["72"]) == [0.0]
-    assert answer_reward([completion], ["\\frac{1}{2}"]) == [0.0]
-    assert time.perf_counter() - start < 10
+    # a hang guard only (a pattern that backtracks without end on such input would never return)
+    assert returns_within(lambda: strict_reward([completion], ["72"]), what="strict_reward") == [0.0]
+    assert returns_within(lambda: answer_reward([completion], ["\\frac{1}{2}"]), what="answer_reward") == [0.0]
 
 
 def test_unparsable_gold_gives_zero_rather_than_raising():
