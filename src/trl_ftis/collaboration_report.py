@@ -27,10 +27,10 @@ def collaboration_report(
 ) -> dict[str, Any]:
     """The summary's ledger of what collaboration bought.
 
-    Returns `time_seconds` (totals of `trl_ftis.step_clock.TIME_KEYS`), `generation_share`, `own_generation` (rows, tokens and seconds
-    this trainer generated), `peer_value` (per peer and in total: `rows_accepted` from the swarm, `rows_in_loss`,
-    `tokens`, `ess_frac`, `filtered_frac`, `rows_worth` and `generation_seconds_stood_in`: the peer rows' tokens at
-    this trainer's own generation cost per token), and `collaboration`, the sentence for people.
+    Returns `time_seconds` (totals of `trl_ftis.step_clock.TIME_KEYS`), `generation_share`, `own_generation` (rows,
+    tokens and seconds this trainer generated), `peer_value` (per peer and in total: `rows_accepted` from the swarm,
+    `rows_in_loss`, `tokens`, `ess_frac`, `filtered_frac`, `rows_worth` and `generation_seconds_stood_in`: the peer
+    rows' tokens at this trainer's own generation cost per token), and `collaboration`, the sentence for people.
     """
     totals = {key: round(value_, 6) for key, value_ in clock.totals.items()}
     own = value.report(OWN)
@@ -75,7 +75,7 @@ def collaboration_sentence(total: Mapping[str, Any], own_rows: int, share: float
     saved = "-" if saved is None else f"{saved:.3g}"
     return (
         f"peers supplied {total['rows_in_loss']} rows ({total['tokens']} tokens), as close to my own sampling as "
-        f"about {total['rows_worth']:.0f} rows of mine (effective sample size: not what they taught, which only a control "
-        f"trained alone measures); they stood in for about {saved} s of my generation; the exchange took "
+        f"about {total['rows_worth']:.0f} rows of mine (effective sample size: not what they taught, which only a "
+        f"control trained alone measures); they stood in for about {saved} s of my generation; the exchange took "
         f"{exchange:.3g} s; {own_rows} own rows; generation share f = {f}"
     )

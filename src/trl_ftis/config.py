@@ -1,75 +1,32 @@
-"""`FTISConfig`: `GRPOConfig` (every default as TRL sets it) plus the F-TIS options, and the paper's settings of
-TRL's options as one preset (`PRESETS`)."""
+"""`FTISConfig`: `GRPOConfig` (every default as TRL sets it) plus the F-TIS options, each documented here; what the
+config does with them lives by concern: the paper's preset (`trl_ftis.presets`), the checks of the objective's and the
+swarm's fields (`trl_ftis.config_checks`), and the secrets (`trl_ftis.config_secrets`)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
-import logging
-import numbers
-import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from trl import GRPOConfig
 
-from .credentials import SwarmCredentials, read_swarm_credentials
-from .objective import (
-    FILTER_MODES,
-    IMPORTANCE_SAMPLING_LEVELS,
-    KL_REDUCTIONS,
-    LOSS_TYPES,
-    THRESHOLD_MODES,
-    parse_variant,
-)
+from .config_checks import COLLABORATION_MODES, PEER_WEIGHTINGS, check_ftis_fields
+from .config_secrets import SecretFields
+from .objective import FILTER_MODES, KL_REDUCTIONS, THRESHOLD_MODES
+from .presets import check_preset, resolve_preset_options, say_what_the_preset_set
 from .rules import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
-    REDACTED,
     SWARM_NAME_ENV,
     SWARM_RUN_ENV,
     SWARM_SECRET_ENV,
-    binding_problem,
-    check_expected_peers,
-    check_peer_id,
-    check_round_window,
-    check_temperature,
-    is_peer_id,
-    normalise_exchange_url,
-    redact_url,
 )
-from .swarm import EXCHANGE_MODE_NAMES, EXCHANGE_MODES
-
-logger = logging.getLogger(__name__)
-
-COLLABORATION_MODES = ("vertical", "horizontal")
-# How peer rows weigh against own rows in the loss: as F-TIS weights them, or also by their source's ESS fraction.
-PEER_WEIGHTINGS = ("none", "ess")
-# The round inside the step, in a background worker one round late, or free-running: never waiting (swarm/rounds.py).
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "paper": {
-        # The paper's aggregation: the mean over completions of each completion's token mean (TRL: "dapo").
-        "loss_type": "grpo",
-        # With dropout on, generation and scoring differ and even a peer's own rows are off-policy (TRL: False).
-        "disable_dropout": True,
-        # Log-probs are compared across models: bf16 noise summed over a completion moves the filter statistic.
-        # `None` here: on with bf16/fp16, off in fp32, where it changes nothing (TRL: False).
-        "cast_lm_head_to_fp32": None,
-    },
-}
-"""`FTISConfig.preset`: named sets of TRL's own options. A preset sets only the options not given,
-so a value given (TRL's default included) wins; the rest of the paper's recipe (G = 12, top-k 50, ...) is in
-`examples/configs/`."""
-START_UP_LINES_LOGGED: set[str] = set()  # once-per-process lines already logged (a preset's, the fp32 head's)
-TRL_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-"""`GRPOConfig`'s field defaults, as TRL sets them (an option a preset may set resolves to these without one)."""
+from .swarm import EXCHANGE_MODE_NAMES
 
 
-@dataclass
-class FTISConfig(GRPOConfig):
+@dataclass(repr=False)  # `repr()` is SecretFields's, which redacts
+class FTISConfig(SecretFields, GRPOConfig):
     r"""
     Configuration class for the [`FTISTrainer`].
 
@@ -180,8 +137,8 @@ class FTISConfig(GRPOConfig):
             advantage normalisation. `"horizontal"` (ablation): peers share prompts and groups of the same prompt
             are normalised together over all models.
         exchange_compact (`bool`, *optional*, defaults to `False`):
-            Send 16-bit log-probs and compressed messages (fewer bytes: docs/benchmarks.md, section 3; log-prob error below 0.01 nats);
-            the default sends exact fp32 log-probs (8 bytes a token).
+            Send 16-bit log-probs and compressed messages (fewer bytes: docs/benchmarks.md, section 3; log-prob error
+            below 0.01 nats); the default sends exact fp32 log-probs (8 bytes a token).
         max_rounds_ahead (`int`, *optional*, defaults to `4`):
             Messages from rounds later than `current_round + max_rounds_ahead` are refused (reason `ahead`). With
             `max_staleness` it makes the round window, the only clock of the swarm (`docs/swarm.md`).
@@ -245,8 +202,8 @@ class FTISConfig(GRPOConfig):
             character more on the wire).
         preset (`str` or `None`, *optional*, defaults to `None`):
             A named set of TRL's own options to start from: `"paper"`, the paper's objective settings (see the note
-            below and [`PRESETS`]). It sets only the options not given, and logs once what it set. `None`: every
-            `GRPOConfig` default as TRL sets it.
+            below and `trl_ftis.presets.PRESETS`). It sets only the options not given, and logs once what it set.
+            `None`: every `GRPOConfig` default as TRL sets it.
         text_level_peer_rows (`bool`, *optional*, defaults to `False`):
             With `cross_tokenizer`: treat the rows of peers that share this tokenizer as text too (re-tokenised,
             sequence-level weight), as if their tokenizer differed. For measuring what the cross-tokenizer
@@ -258,7 +215,7 @@ class FTISConfig(GRPOConfig):
     > `beta=0.0`, `disable_dropout=False`, `cast_lm_head_to_fp32=False`), so `FTISConfig` with the flags of a
     > `GRPOConfig` trains what `GRPOTrainer` trains, plus peers. F-TIS is defined for every TRL loss type
     > (`docs/objective.md`, "Every TRL loss"). The paper's settings of those options are one preset,
-    > `preset="paper"` ([`PRESETS`]):
+    > `preset="paper"` (`trl_ftis.presets.PRESETS`):
     > - `loss_type="grpo"`: the paper's aggregation, the mean over completions of each completion's token mean;
     > - `disable_dropout=True`: with dropout on, generation and scoring differ and even a peer's own samples are
     >   off-policy;
@@ -361,8 +318,8 @@ class FTISConfig(GRPOConfig):
     exchange_url: str | None = field(
         default=None,
         metadata={
-            "help": "Where peers exchange completions: dir:///path, redis://host:port/db, rediss://..., memory://name. "
-            "None: train alone."
+            "help": "Where peers exchange completions: dir:///path, redis://host:port/db, rediss://..., "
+            "memory://name. None: train alone."
         },
     )
     peer_timeout: float = field(
@@ -405,9 +362,9 @@ class FTISConfig(GRPOConfig):
     peer_micro_batch_size: int | None = field(
         default=None,
         metadata={
-            "help": "Rows per forward and backward when peer rows enlarge a micro-batch (the same gradient, in chunks). "
-            "None: per_device_train_batch_size; 0: the whole micro-batch at once. Not under DeepSpeed, nor with "
-            "peer_weighting='ess', kl_threshold_mode='quantile' or top_entropy_quantile < 1."
+            "help": "Rows per forward and backward when peer rows enlarge a micro-batch (the same gradient, in "
+            "chunks). None: per_device_train_batch_size; 0: the whole micro-batch at once. Not under DeepSpeed, nor "
+            "with peer_weighting='ess', kl_threshold_mode='quantile' or top_entropy_quantile < 1."
         },
     )
     trust_peer_rewards: bool = field(
@@ -545,36 +502,13 @@ class FTISConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        if self.preset is not None and self.preset not in PRESETS:
-            raise ValueError(f"Unknown preset {self.preset!r}; expected one of {', '.join(PRESETS)} (or none).")
-        changed = self._resolve_preset_options(("loss_type", "disable_dropout"))
+        check_preset(self.preset)
+        changed = resolve_preset_options(self, ("loss_type", "disable_dropout"))
         super().__post_init__()
         # After TRL's set-up, which decides `bf16` (on unless fp16), on which the preset's fp32 head depends.
-        changed += self._resolve_preset_options(("cast_lm_head_to_fp32",))
-        if changed:
-            line = f"preset={self.preset!r} sets " + ", ".join(changed)
-            if line not in START_UP_LINES_LOGGED:
-                START_UP_LINES_LOGGED.add(line)
-                logger.warning("%s.", line)
-        self._validate_ftis()
-
-    def _resolve_preset_options(self, names: tuple[str, ...]) -> list[str]:
-        """Each of `names` not given (`None`) gets the preset's value, or TRL's default without a preset; returns
-        what the preset set, for the start-up line."""
-        preset = PRESETS.get(self.preset, {})
-        changed = []
-        for name in names:
-            if getattr(self, name) is not None:
-                continue
-            value = TRL_DEFAULTS[name]
-            if name in preset:
-                value = preset[name]
-                if name == "cast_lm_head_to_fp32" and value is None:
-                    value = bool(self.bf16 or self.fp16)
-                if value != TRL_DEFAULTS[name]:
-                    changed.append(f"{name}={value!r} (TRL's default: {TRL_DEFAULTS[name]!r})")
-            setattr(self, name, value)
-        return changed
+        changed += resolve_preset_options(self, ("cast_lm_head_to_fp32",))
+        say_what_the_preset_set(self.preset, changed)
+        check_ftis_fields(self)
 
     @classmethod
     def from_grpo_config(cls, config: GRPOConfig) -> FTISConfig:
@@ -604,197 +538,5 @@ class FTISConfig(GRPOConfig):
             if f.name not in inherited:
                 default = f.default_factory() if f.default is dataclasses.MISSING else f.default
                 setattr(converted, f.name, copy.deepcopy(default))
-        converted._validate_ftis()
+        check_ftis_fields(converted)
         return converted
-
-    def _validate_ftis(self):
-        """Checks (and completes) the F-TIS and swarm fields; `GRPOConfig.__post_init__` has run."""
-        self.variant = parse_variant(self.variant).name  # raises ValueError on an unknown name
-        if not self.is_cap >= 1.0:  # also rejects NaN
-            raise ValueError(
-                f"is_cap must be a number >= 1.0 (the weight of an on-policy token is 1), got {self.is_cap}."
-            )
-        if not self.kl_threshold >= 0.0:
-            raise ValueError(f"kl_threshold must be a number >= 0, got {self.kl_threshold}.")
-        if self.kl_reduction not in KL_REDUCTIONS:
-            raise ValueError(
-                f"Unknown kl_reduction {self.kl_reduction!r}; expected one of {', '.join(KL_REDUCTIONS)}."
-            )
-        if self.filter_mode not in FILTER_MODES:
-            raise ValueError(f"Unknown filter_mode {self.filter_mode!r}; expected one of {', '.join(FILTER_MODES)}.")
-        if self.kl_threshold_mode not in THRESHOLD_MODES:
-            raise ValueError(
-                f"Unknown kl_threshold_mode {self.kl_threshold_mode!r}; expected one of {', '.join(THRESHOLD_MODES)}."
-            )
-        if not 0.0 < self.filter_target_fraction < 1.0:
-            raise ValueError(f"filter_target_fraction must be in (0, 1), got {self.filter_target_fraction}.")
-        if not 0.0 <= self.threshold_momentum < 1.0:
-            raise ValueError(f"threshold_momentum must be in [0, 1), got {self.threshold_momentum}.")
-        if self.kl_threshold_mode == "fixed":
-            self._warn_ignored_quantile_fields()
-        if self.peer_weighting not in PEER_WEIGHTINGS:
-            raise ValueError(
-                f"peer_weighting must be one of {', '.join(PEER_WEIGHTINGS)}, got {self.peer_weighting!r}."
-            )
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"Unknown loss_type {self.loss_type!r}; expected one of {', '.join(LOSS_TYPES)}.")
-        if self.importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-            raise ValueError(
-                f"Unknown importance_sampling_level {self.importance_sampling_level!r}; expected one of "
-                f"{', '.join(IMPORTANCE_SAMPLING_LEVELS)}."
-            )
-        check_temperature(self.temperature)  # also rejects NaN
-        self._validate_swarm()
-
-    def _warn_ignored_quantile_fields(self):
-        """With `kl_threshold_mode="fixed"` the quantile threshold's fields have no effect: a warning for each one
-        set to another value than its default (the default cannot be told apart from not setting it)."""
-        defaults = {f.name: f.default for f in dataclasses.fields(FTISConfig)}
-        for name in ("filter_target_fraction", "threshold_momentum"):
-            if getattr(self, name) != defaults[name]:
-                logger.warning(
-                    "%s=%r has no effect with kl_threshold_mode='fixed' (only the quantile threshold uses it); set "
-                    "kl_threshold_mode='quantile' to use it, or leave it at its default %r.",
-                    name,
-                    getattr(self, name),
-                    defaults[name],
-                )
-
-    def _validate_swarm(self):
-        if self.peer_id is None:
-            self.peer_id = self.run_name if is_peer_id(self.run_name) else "peer"
-        elif self.run_name is None:
-            # Trackers (wandb, trackio, ...) name the run after `run_name`: one run per peer, named after it.
-            self.run_name = self.peer_id
-        check_peer_id(self.peer_id, "peer_id")
-        if self.exchange_url is not None:
-            self.exchange_url = normalise_exchange_url(self.exchange_url)
-            if (
-                (self.bf16 or self.fp16)
-                and not self.cast_lm_head_to_fp32
-                and "lm_head_fp32" not in START_UP_LINES_LOGGED
-            ):
-                START_UP_LINES_LOGGED.add("lm_head_fp32")
-                logger.warning(
-                    "cast_lm_head_to_fp32 is off (TRL's default) in %s: peers compare log-probs across models, and "
-                    "half-precision noise summed over a completion moves the filter statistic. Set "
-                    "cast_lm_head_to_fp32=True (or preset='paper') unless this is what you measure.",
-                    "bf16" if self.bf16 else "fp16",
-                )
-        if not self.peer_timeout >= 0:
-            raise ValueError(f"peer_timeout must be >= 0 seconds, got {self.peer_timeout}.")
-        for peer in self.expected_peers or []:
-            check_peer_id(peer, "expected_peers")
-        check_expected_peers(self.expected_peers, self.num_expected_peers)  # alternatives, never both
-        check_round_window(self.max_staleness, self.max_rounds_ahead)
-        for name in ("swarm_name", "swarm_run"):
-            value = getattr(self, name)
-            problem = None if value is None or (name == "swarm_run" and value == "") else binding_problem(value)
-            if problem is not None:
-                raise ValueError(f"{name} {problem}.")
-        if self.max_round_bytes < 1:
-            raise ValueError(f"max_round_bytes must be >= 1, got {self.max_round_bytes}.")
-        if self.max_peer_message_rows < 1:
-            raise ValueError(f"max_peer_message_rows must be >= 1, got {self.max_peer_message_rows}.")
-        if self.max_peer_rows is not None and self.max_peer_rows < 0:
-            raise ValueError(f"max_peer_rows must be >= 0, got {self.max_peer_rows}.")
-        if self.max_peer_ratio is not None and not self.max_peer_ratio >= 0:
-            raise ValueError(f"max_peer_ratio must be >= 0, got {self.max_peer_ratio}.")
-        size = self.peer_micro_batch_size  # whole rows, as max_staleness (a fraction fails the chunked loss mid-step)
-        if size is not None and (isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0):
-            raise ValueError(f"peer_micro_batch_size must be >= 0 (0: no chunks) and a whole number, got {size!r}.")
-        if self.collaboration_mode not in COLLABORATION_MODES:
-            raise ValueError(
-                f"collaboration_mode must be one of {', '.join(COLLABORATION_MODES)}, got {self.collaboration_mode!r}."
-            )
-        if self.exchange_mode not in EXCHANGE_MODES:
-            raise ValueError(
-                f"exchange_mode must be one of {', '.join(map(repr, EXCHANGE_MODES))}, got {self.exchange_mode!r}."
-            )
-        if self.collaboration_mode == "horizontal" and not EXCHANGE_MODES[self.exchange_mode].horizontal:
-            raise ValueError(
-                f"exchange_mode={self.exchange_mode!r} cannot be combined with collaboration_mode='horizontal': "
-                "horizontal mode normalises this step's own rows together with the same round's peer rows, which "
-                "only a mode that collects at the step has (sync). Use exchange_mode='sync', or the vertical mode."
-            )
-        if self.gpu_memory_fraction is not None and not 0 < self.gpu_memory_fraction <= 1:  # also rejects NaN
-            raise ValueError(f"gpu_memory_fraction must be a fraction in (0, 1], got {self.gpu_memory_fraction}.")
-        if self.text_level_peer_rows and not self.cross_tokenizer:
-            raise ValueError("text_level_peer_rows=True needs cross_tokenizer=True (it treats peer rows as text).")
-        for name in ("private_key_file", "peer_keys_file"):  # paths only: the files are read by swarm_credentials()
-            value = getattr(self, name)
-            if value is not None:
-                setattr(self, name, os.path.expanduser(os.fspath(value)))
-
-    def swarm_credentials(self) -> SwarmCredentials:
-        """
-        What this peer signs and verifies with, read now: the swarm secret (`swarm_secret`, else the environment
-        variable `FTIS_SWARM_SECRET`), this peer's private key (`private_key_file`) and the swarm's public keys
-        (`peer_keys_file`), loaded and checked against each other, and the swarm and run its messages are bound to
-        (`swarm_name`, else `FTIS_SWARM_NAME`; `swarm_run`, else `FTIS_SWARM_RUN`; an empty value: none).
-
-        [`FTISTrainer`] calls it once, before it loads the model, so that a wrong path or a malformed key file fails
-        at once, naming the file; the config itself never reads the environment or a file. Raises `ValueError` (a
-        missing, unreadable or malformed file, a key file that registers another key for this peer, a peer with an
-        `exchange_url` and no run id, neither given nor empty on purpose); warns when only
-        one of the two key files is set, or when the public keys have no entry for this peer.
-        """
-        return read_swarm_credentials(self)
-
-    # Secrets. Only what is shown or saved is redacted: `to_dict()` / `to_json_string()` (logs, trackers, the model
-    # card), `str()` / `repr()`, and the trainer's `training_args.bin` (written from `redacted_copy()`). Copies and
-    # pickles (`copy.copy`, `copy.deepcopy`, `pickle`, multiprocessing, accelerate) keep the real values on purpose: a
-    # copy that trained with `<redacted>` as its secret would silently never exchange.
-
-    def _redacted(self) -> dict[str, str]:
-        """Field -> value shown instead: the secret, and the exchange URL without its password."""
-        hidden = {}
-        if self.swarm_secret:
-            hidden["swarm_secret"] = REDACTED
-        if self.exchange_url and redact_url(self.exchange_url) != self.exchange_url:
-            hidden["exchange_url"] = redact_url(self.exchange_url)
-        return hidden
-
-    def redacted_copy(self) -> FTISConfig:
-        """A shallow copy of this config with the swarm secret and the exchange URL password replaced by
-        `<redacted>`, for what is written to disk or uploaded (`FTISTrainer` saves `training_args.bin` from it).
-
-        `self` is unchanged, and the copy is never validated again (`__post_init__` does not run): it is for
-        saving, not for training (it could not verify a single message)."""
-        clone = copy.copy(self)
-        clone.__dict__.update(self._redacted())
-        return clone
-
-    @staticmethod
-    def saving_redacted(method):
-        """`method` (a Trainer method that saves `self.args`, such as `Trainer._save`, which writes
-        `training_args.bin` with `torch.save(self.args, ...)`) run with `self.args` swapped for its `redacted_copy()`.
-
-        The swap lasts only while `method` runs: the trainer has its real config back afterwards, also when `method`
-        raises. Only the two secret fields differ in the copy, so everything else `method` reads is the same."""
-
-        @functools.wraps(method)
-        def wrapper(trainer, *args, **kwargs):
-            real = trainer.args
-            trainer.args = real.redacted_copy()
-            try:
-                return method(trainer, *args, **kwargs)
-            finally:
-                trainer.args = real
-
-        return wrapper
-
-    def to_dict(self):
-        # Secrets must never reach logs, trackers or the model card (`to_json_string` and `to_sanitized_dict` use
-        # this too).
-        data = super().to_dict()
-        data.update(self._redacted())
-        return data
-
-    def __str__(self):
-        text = super().__str__()
-        for name, shown in self._redacted().items():
-            text = text.replace(f"{name}={getattr(self, name)},", f"{name}={shown},")
-        return text
-
-    __repr__ = __str__

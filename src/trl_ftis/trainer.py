@@ -35,8 +35,9 @@ from trl.models.utils import disable_gradient_checkpointing
 from trl.trainer.utils import get_config_model_id, use_adapter
 
 from .collaboration_report import collaboration_report
-from .config import FTISConfig, SwarmCredentials
+from .config import FTISConfig
 from .console import apply_console_env
+from .credentials import SwarmCredentials
 from .generator_logps import (
     GeneratorLogpsRecorder,
     generate_with,
@@ -794,8 +795,8 @@ class FTISTrainer(GRPOTrainer):
         )
 
     def collaboration(self) -> dict[str, Any]:
-        """What collaboration bought so far (`trl_ftis.collaboration_report.collaboration_report`): `time_seconds` (this
-        process's optimizer steps split into `generation`, `scoring`, `exchange`, `training`, `other`),
+        """What collaboration bought so far (`trl_ftis.collaboration_report.collaboration_report`): `time_seconds`
+        (this process's optimizer steps split into `generation`, `scoring`, `exchange`, `training`, `other`),
         `generation_share` (f), `own_generation`, `peer_value` (in total and per peer: rows accepted, rows in the loss,
         tokens, effective sample size fraction, filtered fraction, own rows they are worth, own generation seconds
         they stood in for) and `collaboration`, the same as one sentence."""

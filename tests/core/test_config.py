@@ -66,10 +66,10 @@ def test_the_swarm_refuses_both_as_the_config_does(tokenizer):
 
 @pytest.mark.parametrize("name, value", [("filter_target_fraction", 0.3), ("threshold_momentum", 0.5)])
 def test_a_quantile_only_field_set_in_fixed_mode_is_warned_about(caplog, name, value):
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.config_checks"):
         config = _config(**{name: value})
     assert getattr(config, name) == value  # kept as given: a warning, not an error
-    messages = [record.getMessage() for record in caplog.records if record.name == "trl_ftis.config"]
+    messages = [record.getMessage() for record in caplog.records if record.name == "trl_ftis.config_checks"]
     default = {f.name: f.default for f in dataclasses.fields(FTISConfig)}[name]
     assert messages == [
         f"{name}={value!r} has no effect with kl_threshold_mode='fixed' (only the quantile threshold uses it); set "
@@ -78,10 +78,10 @@ def test_a_quantile_only_field_set_in_fixed_mode_is_warned_about(caplog, name, v
 
 
 def test_quantile_fields_warn_only_when_they_have_no_effect(caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.config_checks"):
         _config()  # fixed mode, defaults
         _config(kl_threshold_mode="quantile", filter_target_fraction=0.3, threshold_momentum=0.5)
-    assert [r for r in caplog.records if r.name == "trl_ftis.config"] == []
+    assert [r for r in caplog.records if r.name == "trl_ftis.config_checks"] == []
     for name in ("filter_target_fraction", "threshold_momentum"):
         help_text = FTISConfig.__dataclass_fields__[name].metadata["help"]
         assert "No effect with 'fixed' (a warning when set to another value there)" in help_text
@@ -206,7 +206,7 @@ def test_the_secret_help_says_when_the_environment_is_read():
 
 
 def test_credentials_describe_how_messages_are_authenticated():
-    from trl_ftis.config import SwarmCredentials
+    from trl_ftis.credentials import SwarmCredentials
 
     assert SwarmCredentials(None, None, None).describe().startswith("none: messages are neither signed nor checked")
     assert SwarmCredentials("s", None, None).describe() == "a shared swarm secret (HMAC)"

@@ -13,8 +13,7 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from trl_ftis import FTISConfig, FTISTrainer
-from trl_ftis import config as config_module
+from trl_ftis import FTISConfig, FTISTrainer, presets
 from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
@@ -24,14 +23,14 @@ BASIC = {"use_cpu": True, "report_to": []}
 @pytest.fixture(autouse=True)
 def fresh_start_up_lines(monkeypatch):
     """Each test sees the once-per-process lines as a fresh process would."""
-    monkeypatch.setattr(config_module, "START_UP_LINES_LOGGED", set())
+    monkeypatch.setattr(presets, "START_UP_LINES_LOGGED", set())
 
 
 def test_every_inherited_field_default_is_trls_or_resolves_to_it():
     """The options a preset may set default to `None` ("not given") and resolve to TRL's default without one."""
     trl_fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
     ours = {f.name: f for f in dataclasses.fields(FTISConfig)}
-    preset_options = set(config_module.PRESETS["paper"])
+    preset_options = set(presets.PRESETS["paper"])
     for name, theirs in trl_fields.items():
         expected = None if name in preset_options else theirs.default
         assert ours[name].default == expected, name
@@ -51,7 +50,7 @@ def test_a_default_ftisconfig_holds_every_value_a_default_grpoconfig_holds(tmp_p
 
 
 def test_the_paper_preset_sets_its_options_and_says_so_once(tmp_path, caplog):
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.presets"):
         paper = FTISConfig(output_dir=str(tmp_path), preset="paper", bf16=True, **BASIC)
         FTISConfig(output_dir=str(tmp_path), preset="paper", bf16=True, **BASIC)
     assert (paper.loss_type, paper.disable_dropout, paper.cast_lm_head_to_fp32) == ("grpo", True, True)
@@ -69,7 +68,7 @@ def test_a_value_given_wins_over_the_preset_trls_default_included(tmp_path, capl
     args = FTISConfig(output_dir=str(tmp_path), preset="paper", loss_type="dr_grpo", bf16=False, **BASIC)
     assert (args.loss_type, args.disable_dropout) == ("dr_grpo", True)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.presets"):
         lora = FTISConfig(output_dir=str(tmp_path), preset="paper", disable_dropout=False, bf16=True, **BASIC)
     assert (lora.loss_type, lora.disable_dropout, lora.cast_lm_head_to_fp32) == ("grpo", False, True)
     assert "disable_dropout" not in caplog.text  # only what the preset set is said
@@ -95,7 +94,7 @@ def test_the_preset_parses_from_the_command_line():
 
 def test_a_half_precision_swarm_peer_without_the_fp32_head_is_warned_once(tmp_path, caplog):
     swarm = {"exchange_url": "memory://dropin", "peer_id": "a", **BASIC}
-    with caplog.at_level(logging.WARNING, logger="trl_ftis.config"):
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.config_checks"):
         FTISConfig(output_dir=str(tmp_path), bf16=True, **swarm)
         FTISConfig(output_dir=str(tmp_path), bf16=True, **swarm)
         FTISConfig(output_dir=str(tmp_path), bf16=True, cast_lm_head_to_fp32=True, **swarm)

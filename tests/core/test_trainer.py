@@ -89,7 +89,7 @@ def test_every_ftis_field_is_documented_and_parsable():
         assert field.metadata.get("help"), name
         assert f"\n        {name} (`" in FTISConfig.__doc__, name  # documented under Parameters
     assert FTISConfig.__doc__.count("Parameters:") == 1
-    from trl_ftis.config import PRESETS
+    from trl_ftis.presets import PRESETS
 
     for name in PRESETS["paper"]:  # the preset's options, each explained in the class's note
         assert f"> - `{name}=" in FTISConfig.__doc__, name
