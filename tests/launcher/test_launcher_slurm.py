@@ -598,14 +598,12 @@ def test_slurm_failing_peer_cancels_every_other_job(tmp_path, slurm_cluster, how
     else:  # and over a shared directory instead of the Redis job
         config["peers"][1]["slurm"] = {"setup": ["echo setup failed >&2", "exit 7"]}
         config["exchange_url"] = f"dir://{tmp_path}/exchange"
-    started = time.monotonic()
     result, run_dir = _launch(tmp_path, config, "--grace", "3", timeout=180)
     output = result.stdout + result.stderr
-    elapsed = time.monotonic() - started
     assert result.returncode == 1, output
-    assert elapsed < 90, output
     summary = json.loads((run_dir / "summary.json").read_text())
     rows = {row["id"]: row for row in summary["peers"]}
+    # a was cancelled ("stopped"), not left to finish its 2 minutes ("ok")
     assert rows["a"]["status"] == "stopped" and rows["b"]["status"] == "failed", output
     if how == "exit_code":
         assert rows["b"]["exit_code"] == 3 and "peer b exited with code 3" in summary["reason"]
