@@ -260,16 +260,13 @@ class SectionTimer:
 
 def ftis_bookkeeping_sections(trainer, timer: SectionTimer) -> list[str]:
     """Time what FTISTrainer does on top of GRPOTrainer (its own code paths only)."""
-    sections = {
-        "add_peer_rows": "add_peer_rows (checks)",
-        "_add_ftis_fields": "F-TIS batch fields",
-        "_merge_peer_rows": "merge peer rows",
-        "_apply_ftis": "F-TIS loss terms + metrics",
-        "_log_ftis_metrics": "  of which metrics",
-    }
+    sections = {"add_peer_rows": "add_peer_rows (checks)", "_merge_peer_rows": "merge peer rows"}
+    hook_sections = {"apply": "F-TIS loss terms + metrics", "log_terms": "  of which metrics"}  # its FTISLossHook
     for method, section in sections.items():
         timer.wrap(trainer, method, section)
-    return list(sections.values())
+    for method, section in hook_sections.items():
+        timer.wrap(trainer._loss_hook, method, section)
+    return [*sections.values(), *hook_sections.values()]
 
 
 # --------------------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ outside the blocks is written by hand (the guide parts) and left as it is. The k
 * `FTISConfig fields`: every field `FTISConfig` declares, with its type, default and help text;
 * `FTISTrainer signature`: the constructor's parameters;
 * `seams`: the TRL methods `FTISTrainer` overrides or wraps, from `trl_ftis.trl_seams.SEAMS`;
+* `signatures of MODULE: NAME, ...`: the signatures of these names of MODULE, quoted in a guide part;
 * `reference`: every package of `trl_ftis` that declares `__all__` (found by walking the package, so that a package
   renamed or added is followed), each exported name with its signature and the first paragraph of its docstring; for
   a class, also its own public methods and properties.
@@ -247,6 +248,21 @@ def seams_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def signatures_block(spec: str) -> str:
+    """The signatures (a constant: its value) of the names of `spec`, `module: name, name, ...`, in one code block,
+    for the guide parts that quote them. `ValueError` naming a name that no longer exists."""
+    module, _, names = spec.partition(":")
+    lines = []
+    for name in (name.strip() for name in names.split(",")):
+        try:
+            value = getattr(importlib.import_module(module.strip()), name)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"docs/api.md quotes {module}.{name}, which does not exist: {error}") from None
+        lines.append(signature_text(name, value) if callable(value) else f"{name} = {_value(value)}")
+    return "```python\n" + "\n".join(lines) + "\n```\n"
+
+
+SIGNATURES = "signatures of "
 BLOCKS: dict[str, Callable[[], str]] = {
     "exports": exports_block,
     "FTISConfig fields": config_fields_block,
@@ -263,10 +279,13 @@ def regenerate(text: str) -> tuple[str, list[str]]:
 
     def replace(match: re.Match) -> str:
         key = match["key"]
-        if key not in BLOCKS:
+        if key.startswith(SIGNATURES):
+            body = signatures_block(key.removeprefix(SIGNATURES))
+        elif key in BLOCKS:
+            found.add(key)
+            body = BLOCKS[key]()
+        else:
             raise ValueError(f"docs/api.md has a generated block {key!r} that {REGENERATE} does not know")
-        found.add(key)
-        body = BLOCKS[key]()
         body = body if body.endswith("\n") else body + "\n"
         if body != match["body"]:
             changed.append(key)

@@ -6,15 +6,18 @@ trainer:
 
 * [`PeerRowLedger`] (`trl_ftis.swarm.ledger`): every count about peer rows, their warn-once bookkeeping, the per-step
   row-count metrics and their checkpoint state;
-* [`Admission`] (`trl_ftis.swarm.admission`): received rows in, [`AdmittedRow`]s out (or dropped and counted), rescoring
-  with a [`RewardScorer`] (`trl_ftis.swarm.scoring`), the last statistics check;
+* [`Admission`] (`trl_ftis.swarm.admission`): received rows in, [`AdmittedRow`]s out (or dropped and counted),
+  rescoring with a [`RewardScorer`] (`trl_ftis.swarm.scoring`), the last statistics check;
 * [`RoundRunner`] (`trl_ftis.swarm.rounds`): the swarm round on the main process, run as its exchange mode
   (`trl_ftis.swarm.exchange_modes`) runs it, and the lock a background worker shares with the training loop;
 * [`PeerMerge`] (`trl_ftis.peer_merge`): admitted peer rows into TRL's batch, the same count on every process;
-* the [`Swarm`] client (`trl_ftis.swarm.client`), connected with the credentials the config reads once, before the model is
-  loaded.
+* [`FTISLossHook`] (`trl_ftis.loss_hook`): the F-TIS terms written into the batch TRL's loss reads, and their
+  statistics;
+* the [`Swarm`] client (`trl_ftis.swarm.client`), connected with the credentials the config reads once, before the
+  model is loaded.
 
-The checkpoint hooks save and restore what these owners hand over (`trl_ftis.swarm.checkpoint`).
+The checkpoint hooks save and restore what these owners hand over (`trl_ftis.swarm.checkpoint`). The TRL methods
+overridden here, and why: `trl_ftis.trl_seams`.
 """
 
 from __future__ import annotations
@@ -46,10 +49,9 @@ from .generator_logps import (
     ties_embeddings,
 )
 from .gpu_share import cap_gpu_memory
-from .loss_metrics import record_term_statistics
-from .micro_batches import batch_terms, chunk_size, chunked_loss, joined
+from .loss_hook import FTISLossHook
+from .micro_batches import chunk_size, chunked_loss
 from .model_card import ModelCardAtEndCallback, add_ftis_section, card_results
-from .objective import ess_weighted, parse_variant, quantile_threshold, update_threshold
 from .own_rows import (
     build_own_rows,
     completion_lengths,
@@ -110,7 +112,8 @@ class FTISTrainer(GRPOTrainer):
       (`exchange_url`). [`add_row_listener`] hands out this trainer's own rows (with their generator log-probs) in the
       same format.
 
-    The hooks of [`~trl.GRPOTrainer`] it overrides, and why: `docs/api.md`, "How FTISTrainer hooks into TRL".
+    The hooks of [`~trl.GRPOTrainer`] it overrides, and why: `trl_ftis.trl_seams` (`docs/api.md`, "How FTISTrainer
+    hooks into TRL").
 
     Metrics are logged under `ftis/own/...` and `ftis/peer/...`: `filtered_frac` (completions whose advantage the
     filter zeroed), `is_weight_mean`/`is_weight_max`/`is_weight_capped_frac` (the truncated weight, per token),
@@ -176,17 +179,12 @@ class FTISTrainer(GRPOTrainer):
             # A drop-in replacement: the GRPOConfig's values, F-TIS's defaults for the F-TIS fields.
             logger.info("Converting the GRPOConfig to an FTISConfig (F-TIS fields at their defaults).")
             args = FTISConfig.from_grpo_config(args)
-        self._variant = parse_variant(args.variant)
         self._ledger = PeerRowLedger(DROP_REASONS, STRIP_REASONS)
         self._row_listeners: list[RowListener] = []
-        self._loss_inputs: dict[str, Any] | None = None
-        self._chunk_terms: list[tuple] | None = None  # while a micro-batch is computed in chunks (`micro_batches`)
         self._recorder: GeneratorLogpsRecorder | None = None
         self._recorded_logps: list[list[float]] | None = None
         self.logps_source = "trainer"  # what the last own rows' generator log-probs are (`own_rows.LOGPS_SOURCES`)
         self._last_rewards_per_func: torch.Tensor | None = None
-        self._filtered_in_step: dict[str, float] = {}
-        self._adaptive_threshold: float | None = None  # kl_threshold_mode="quantile": the running g
         self._clock = StepClock()  # where each optimizer step's time goes (`ftis/time/...`)
         self._value = PeerValue()  # what reached the loss, per source, and the weight it carried
         self._prepare_seconds = 0.0  # time in `_prepare_inputs`, which `training_step` subtracts from its own
@@ -270,6 +268,16 @@ class FTISTrainer(GRPOTrainer):
             clock=self._clock,
             value=self._value,
             accelerator=self.accelerator,
+        )
+        self._loss_hook = FTISLossHook(
+            args,
+            accelerator=self.accelerator,
+            ledger=self._ledger,
+            value=self._value,
+            metrics=self._metrics,
+            training=lambda: self.model.training,
+            loss_type=self.loss_type,
+            importance_sampling_level=self.importance_sampling_level,
         )
         self._merge = PeerMerge(
             accelerator=self.accelerator,
@@ -564,111 +572,38 @@ class FTISTrainer(GRPOTrainer):
             return self._completion_logps(self.model, batch, rows)
 
     # ------------------------------------------------------------------------------------------------------------
-    # Loss: the F-TIS terms, fed to TRL's clipped surrogate
+    # Loss: the F-TIS terms, fed to TRL's clipped surrogate (`trl_ftis.loss_hook`)
     # ------------------------------------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        """TRL's loss on a shallow copy of `inputs`, which the F-TIS hook in [`_get_per_token_logps_and_entropies`]
-        rewrites (the buffered batch is reused across `num_iterations`, so it must stay untouched). A training
-        micro-batch that peer rows made larger than `peer_micro_batch_size` is computed in weighted row chunks, each
-        but the last back-propagated here (the Trainer does the last): the same gradient, a micro-batch's memory."""
+        """TRL's loss on a shallow copy of `inputs`, whose advantages and ratio reference the [`FTISLossHook`]
+        rewrites. A training micro-batch that peer rows made larger than `peer_micro_batch_size` is computed in
+        weighted row chunks, each but the last back-propagated here (the Trainer does the last): the same gradient, a
+        micro-batch's memory."""
         rows, deepspeed = inputs["completion_ids"].shape[0], self.is_deepspeed_enabled
         size = chunk_size(self.args, rows, training=model.training, deepspeed=deepspeed)
         if size is None:
             return self._chunk_loss(model, inputs)
-        self._chunk_terms = []  # each chunk's F-TIS terms, logged once as the micro-batch's
-        try:
-            loss = chunked_loss(
+        with self._loss_hook.chunks():  # each chunk's F-TIS terms, logged once as the micro-batch's
+            return chunked_loss(
                 lambda c: self._chunk_loss(model, c), self.accelerator.backward, inputs, size, self.loss_type
             )
-            terms = joined(self._chunk_terms)
-        finally:
-            self._chunk_terms = None
-        self._log_ftis_metrics(*terms)
-        return loss
 
     def _chunk_loss(self, model, inputs):
-        self._loss_inputs = dict(inputs)
         try:
-            return super()._compute_loss(model, self._loss_inputs)
+            return super()._compute_loss(model, self._loss_hook.arm(inputs))
         finally:
-            self._loss_inputs = None
+            self._loss_hook.disarm()
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        """
-        TRL's per-token log-probs and entropies, plus the F-TIS hook.
-
-        On the first call inside [`_compute_loss`] (and only then: the hook consumes `self._loss_inputs`), the batch's
-        `advantages` become the per-token `w·Ã` and its `old_per_token_logps` the ratio reference (`ℓold`, or `ℓgen`
-        for the `vis` variants), computed by `trl_ftis.objective.ftis_terms` from the fresh `ℓθ` this call returns.
-        TRL's clipped surrogate then computes exactly the F-TIS loss, without a copy of TRL's loss.
-
-        This relies on a contract with TRL's `GRPOTrainer._compute_loss` (TRL 1.16):
-
-        1. its first call of `self._get_per_token_logps_and_entropies` computes `ℓθ`, the learner's log-probs of the
-           batch's completions, with gradient;
-        2. it reads `inputs["advantages"]` (accepting shape `(B, T)` as well as `(B,)`) and
-           `inputs["old_per_token_logps"]` only after that call, from the `inputs` dict it was given.
-
-        `tests/core/test_trainer.py::test_trl_loss_contract_*` fail, naming this contract, if a TRL upgrade breaks it.
-        """
+        """TRL's per-token log-probs and entropies; on the first call inside [`_compute_loss`], the F-TIS hook
+        rewrites the armed batch from the `ℓθ` this call returns (`trl_ftis.loss_hook`: the contract with TRL)."""
         result = super()._get_per_token_logps_and_entropies(
             model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
         )
-        inputs, self._loss_inputs = self._loss_inputs, None
+        inputs = self._loss_hook.take_armed()
         if inputs is not None:
-            self._apply_ftis(inputs, result[0])
+            self._loss_hook.apply(inputs, result[0])
         return result
-
-    def _apply_ftis(self, inputs: dict[str, Any], per_token_logps: torch.Tensor) -> None:
-        args, advantages = self.args, inputs["advantages"]
-        adaptive = args.kl_threshold_mode == "quantile"
-        threshold = (
-            self._adaptive_threshold if adaptive and self._adaptive_threshold is not None else args.kl_threshold
-        )
-        terms, mask = batch_terms(
-            inputs,
-            per_token_logps,
-            variant=self._variant,
-            is_cap=args.is_cap,
-            kl_threshold=threshold,
-            kl_reduction=args.kl_reduction,
-            filter_mode=args.filter_mode,
-            loss_type=self.loss_type,
-            importance_sampling_level=self.importance_sampling_level,
-        )
-        source = inputs.get("ftis_source")
-        if source is None:
-            source = torch.zeros_like(advantages, dtype=torch.long)
-        inputs["advantages"] = terms.token_advantages
-        if args.peer_weighting == "ess":  # the metrics below keep the unscaled terms: they measure rows, not options
-            inputs["advantages"], peer_scale = ess_weighted(terms, mask.bool(), source)
-            peer_scale = self.accelerator.reduce(peer_scale, reduction="sum").cpu()  # every process, whatever its rows
-            if peer_scale[1] > 0:  # the peer rows' mean scale over every process
-                mode = "train" if self.model.training else "eval"
-                self._metrics[mode]["ftis/peer/ess_scale"].append((peer_scale[0] / peer_scale[1]).item())
-        inputs["old_per_token_logps"] = terms.ratio_reference_logps
-        if adaptive:  # the next micro-batch's g: this one's quantile over peer rows, averaged
-            self._metrics["train"]["ftis/kl_threshold"].append(threshold)
-            observed = quantile_threshold(terms.filter_statistic, advantages, source > 0, args.filter_target_fraction)
-            self._adaptive_threshold = update_threshold(self._adaptive_threshold, observed, args.threshold_momentum)
-        self._log_ftis_metrics(terms, mask.bool(), source, inputs.get("ftis_age"))
-
-    def _log_ftis_metrics(self, terms, mask: torch.Tensor, source: torch.Tensor, age: torch.Tensor | None) -> None:
-        if self._chunk_terms is not None:  # a chunk of a micro-batch: logged with the others
-            return self._chunk_terms.append((terms, mask, source, age))
-        training = self.model.training
-        record_term_statistics(
-            self.accelerator,
-            terms,
-            mask,
-            source,
-            age if self.args.exchange_url is not None else None,  # ages: swarm rows only
-            sources=self._ledger.sources,
-            max_staleness=self.args.max_staleness,
-            metrics=self._metrics["train" if training else "eval"],
-            value=self._value if training else None,
-            filtered=self._filtered_in_step if training else None,
-        )
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args, **kwargs):
         """[`~transformers.Trainer.train`]; when resuming, the F-TIS state saved with the checkpoint is restored
@@ -706,11 +641,12 @@ class FTISTrainer(GRPOTrainer):
         self._clock.add("training", self._clock.now() - start - (self._prepare_seconds - prepared))
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
         if self._step % self.current_gradient_accumulation_steps == 0:
-            self._metrics["train"]["ftis/peer_rows_filtered"].append(self._filtered_in_step.pop("rows_filtered", 0.0))
-            self._ledger.add("rows_filtered", self._metrics["train"]["ftis/peer_rows_filtered"][-1])
-            for key, count in self._filtered_in_step.items():
+            counts = self._loss_hook.step_counts()
+            filtered = counts.pop("rows_filtered", 0.0)
+            self._metrics["train"]["ftis/peer_rows_filtered"].append(filtered)
+            self._ledger.add("rows_filtered", filtered)
+            for key, count in counts.items():
                 self._metrics["train"][f"ftis/{key}"].append(count)
-            self._filtered_in_step = {}
         return loss
 
     # ------------------------------------------------------------------------------------------------------------
@@ -719,7 +655,7 @@ class FTISTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         # Written first: the Trainer's own files (trainer_state.json last) complete the checkpoint.
         folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        self._checkpoints.save(folder, self.state.global_step, self._adaptive_threshold)
+        self._checkpoints.save(folder, self.state.global_step, self._loss_hook.adaptive_threshold)
         return super()._save_checkpoint(model, trial)
 
     def load_ftis_state(self, checkpoint: str | os.PathLike) -> bool:
@@ -728,7 +664,7 @@ class FTISTrainer(GRPOTrainer):
         restored). Queued rows are checked and admitted again (`trl_ftis.swarm.checkpoint` says what is checked)."""
         parsed = self._checkpoints.restore(checkpoint)
         if parsed is not None:
-            self._adaptive_threshold = parsed.adaptive_threshold
+            self._loss_hook.adaptive_threshold = parsed.adaptive_threshold
         return parsed is not None
 
     # The only two Trainer methods that write training_args.bin (`torch.save(self.args)`; checkpoints, save_model,

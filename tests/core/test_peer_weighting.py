@@ -73,7 +73,7 @@ def test_the_default_is_none_and_unknown_values_are_refused(make_args):
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# In the trainer: one micro-batch through FTISTrainer._apply_ftis
+# In the trainer: one micro-batch through its FTISLossHook.apply
 # --------------------------------------------------------------------------------------------------------------------
 # Five rows of two tokens: an own row, two rows of peer "a" (source 1), two of peer "b" (source 2). The learner's
 # log-probs are all -1; the generator's set each weight w = min(exp(ℓθ - ℓgen), 2):
@@ -89,15 +89,15 @@ EXPECTED_SCALE = [1.0, 0.9, 0.9, 0.5, 0.5]
 
 @pytest.fixture
 def apply_ftis(tokenizer, make_args):
-    """`apply(**config)`: the batch's `advantages` after `_apply_ftis` on a tiny trainer built with `config`, and the
-    trainer's metrics."""
+    """`apply(**config)`: the batch's `advantages` after `FTISLossHook.apply` on a tiny trainer built with `config`,
+    and the trainer's metrics."""
 
     def apply(**overrides):
         trainer = tiny_trainer(tokenizer, make_args(kl_threshold=1.0, **overrides), train_size=16)
         trainer.model.train()
         trainer._ledger.add_sources(["a", "b"])
         inputs = batch()
-        trainer._apply_ftis(inputs, torch.tensor(LEARNER))
+        trainer._loss_hook.apply(inputs, torch.tensor(LEARNER))
         return inputs, trainer._metrics["train"]
 
     return apply

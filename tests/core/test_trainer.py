@@ -49,7 +49,8 @@ def last_metrics(trainer):
 # Configuration
 # --------------------------------------------------------------------------------------------------------------------
 def test_the_tiny_settings_use_the_paper_preset(make_args):
-    """`make_args` (the tiny CPU settings) starts from `preset="paper"`; TRL's own defaults: tests/core/test_dropin.py."""
+    """`make_args` (the tiny CPU settings) starts from `preset="paper"`; TRL's own defaults:
+    tests/core/test_dropin.py."""
     args = make_args()
     assert args.preset == "paper"
     assert (args.variant, args.is_cap, args.kl_threshold, args.kl_reduction) == ("f-tis", 2.0, 50.0, "group_max_len")
@@ -218,8 +219,8 @@ TRL_CONTRACT = (
     "The TRL contract FTISTrainer relies on changed (TRL {version}): GRPOTrainer._compute_loss must call "
     "self._get_per_token_logps_and_entropies first, getting ℓθ with gradient, and read inputs['advantages'] and "
     "inputs['old_per_token_logps'] only after that call, from the dict it was given. Check _compute_loss in "
-    "trl/trainer/grpo_trainer.py and move the F-TIS substitution (FTISTrainer._apply_ftis, called from "
-    "FTISTrainer._get_per_token_logps_and_entropies) to where TRL now reads them. {detail}"
+    "trl/trainer/grpo_trainer.py and move the F-TIS substitution (trl_ftis.loss_hook.FTISLossHook.apply, called "
+    "from FTISTrainer._get_per_token_logps_and_entropies) to where TRL now reads them. {detail}"
 )
 
 
@@ -258,7 +259,7 @@ def test_trl_loss_contract_advantages_and_reference_are_read_after_the_logps_cal
         inputs["advantages"] = torch.ones_like(per_token_logps.detach())
         inputs["old_per_token_logps"] = per_token_logps.detach() + 1.0
 
-    monkeypatch.setattr(trainer, "_apply_ftis", substitute)
+    monkeypatch.setattr(trainer._loss_hook, "apply", substitute)
     loss = trainer._compute_loss(trainer.model, batch)
 
     assert hook_calls == [True], contract_message(

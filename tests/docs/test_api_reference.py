@@ -29,7 +29,7 @@ def test_the_api_reference_is_generated_from_the_code(generator):
 
 
 def test_a_drifted_block_is_named_and_only_generated_blocks_are_rewritten(generator):
-    text = generator.API_MD.read_text(encoding="utf-8")
+    text, _ = generator.regenerate(generator.API_MD.read_text(encoding="utf-8"))  # up to date, whatever the file is
     drifted = text.replace("<!-- generated: seams -->\n", "<!-- generated: seams -->\nAn old sentence.\n", 1)
     drifted = drifted.replace("## The command line\n", "## The command line\n\nA guide's own sentence.\n", 1)
     regenerated, changed = generator.regenerate(drifted)
