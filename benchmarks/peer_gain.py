@@ -92,7 +92,8 @@ def split_problems(split: str) -> list[dict]:
     """dev: every 2-digit dev-split problem; test: the 822 held-out 2-digit problems (`time_to_target.held_out`);
     ood: `OOD_SIZE` problems with operands of lengths never trained on (a 1-digit and a 2-digit number, either
     order); ood3: `OOD_SIZE` held-out 3-digit problems (longer operands). Each in a fixed order."""
-    from trl_ftis.tasks.carry_chain import carry_chain, carry_chain_problems, in_dev_split
+    from trl_ftis.tasks.addition import in_dev_split
+    from trl_ftis.tasks.carry_chain import carry_chain, carry_chain_problems
 
     def problems(pairs):
         return [{"prompt": f"{a}+{b}=", "answer": str(a + b), "chain": carry_chain(a, b)} for a, b in pairs]

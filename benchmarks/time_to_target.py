@@ -253,7 +253,8 @@ def warm_checkpoint(cache: Path, name: str, seed: int) -> Path:
 
 def held_out(size: int | None = None) -> list[dict]:
     """The whole held-out split of 2-digit problems (822), in a fixed order; the first `size` with `size`."""
-    from trl_ftis.tasks.carry_chain import carry_chain, in_test_split
+    from trl_ftis.tasks.addition import in_test_split
+    from trl_ftis.tasks.carry_chain import carry_chain
 
     problems = [
         {"prompt": f"{a}+{b}=", "answer": str(a + b), "chain": carry_chain(a, b)}

@@ -28,12 +28,12 @@ from trl_ftis import FTISConfig, FTISTrainer
 from trl_ftis.console import use_script_console
 from trl_ftis.evaluation import add_held_out_evaluation
 from trl_ftis.rules import local_model_problem, peer_id_from
+from trl_ftis.tasks.generation import stop_token_ids
 from trl_ftis.tasks.math_problems import (
     R1_ZERO_SYSTEM_PROMPT,
     answer_reward,
     load_math_dataset,
     math_correct,
-    stop_token_ids,
     strict_reward,
 )
 

@@ -4,6 +4,7 @@ greedy accuracy through the tasks' generation loop, and a supervised warm-up tha
 import pytest
 
 from trl_ftis.demo.tiny import ALPHABET, build_char_tokenizer, build_tiny_llama
+from trl_ftis.tasks.addition import in_dev_split, in_test_split
 from trl_ftis.tasks.carry_chain import (
     CARRY_CHAIN_ALPHABET,
     carry_chain,
@@ -13,8 +14,6 @@ from trl_ftis.tasks.carry_chain import (
     carry_chain_reward,
     carry_chain_warmup,
     final_answer,
-    in_dev_split,
-    in_test_split,
     max_chain_tokens,
 )
 

@@ -9,6 +9,7 @@ import pytest
 from waits import returns_within  # tests/ is on sys.path
 
 from trl_ftis.demo.tiny import PRINTABLE_ALPHABET, SYSTEM_CHAT_TEMPLATE, build_char_tokenizer, build_tiny_llama
+from trl_ftis.tasks.generation import stop_token_ids
 from trl_ftis.tasks.math_problems import (
     MAX_ANSWER_CHARS,
     R1_ZERO_SYSTEM_PROMPT,
@@ -19,7 +20,6 @@ from trl_ftis.tasks.math_problems import (
     lenient_answer,
     load_math_dataset,
     r1_prompt,
-    stop_token_ids,
     strict_answer,
     strict_reward,
 )

@@ -11,8 +11,9 @@ the answer. Both numbers have `digits` digits, so every chain has `digits` steps
 with `,;` appended, so every other character keeps its token id.
 
 The problems, and so the splits, are the addition task's ([`trl_ftis.tasks.addition`]): a fixed tenth is held out
-whatever the seed ([`in_test_split`]), so every peer and every seed is evaluated on problems no training stream
-contains, and an early-stopping split ([`in_dev_split`]) lies on the training side, disjoint from it.
+whatever the seed (`trl_ftis.tasks.addition.in_test_split`), so every peer and every seed is evaluated on problems no
+training stream contains, and an early-stopping split (`trl_ftis.tasks.addition.in_dev_split`) lies on the training
+side, disjoint from it.
 
 Reward ([`carry_chain_reward`]): 1.0 when the final answer (the text after the last `;`) is exactly right, plus
 0.5 x the fraction of steps that are exactly right at their position (the `,`-separated pieces before the `;`; a
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 
 from datasets import Dataset
 
-from .addition import addition_problems, greedy_texts, in_dev_split, in_test_split
+from .addition import addition_problems, greedy_texts
 
 __all__ = [
     "CARRY_CHAIN_ALPHABET",
@@ -38,8 +39,6 @@ __all__ = [
     "carry_chain_reward",
     "carry_chain_warmup",
     "final_answer",
-    "in_dev_split",
-    "in_test_split",
     "max_chain_tokens",
 ]
 
@@ -84,7 +83,7 @@ def carry_chain_problems(
     ([`trl_ftis.tasks.addition.addition_problems`], the same prompts, splits and draws) with their chains.
 
     Prompts in `exclude` are skipped. `split="train"` or `"test"` draws only from that side of the fixed split of
-    [`in_test_split`] (about 81,000 test problems with 3 digits); `split="dev"` from the early-stopping split
+    `trl_ftis.tasks.addition.in_test_split` (about 81,000 test problems with 3 digits); `split="dev"` from the early-stopping split
     ([`trl_ftis.tasks.addition.in_dev_split`], on the training side, disjoint from `"test"`).
     """
     if digits < 1:

@@ -38,7 +38,6 @@ __all__ = [
     "lenient_answer",
     "load_math_dataset",
     "r1_prompt",
-    "stop_token_ids",
     "strict_answer",
     "strict_reward",
 ]
