@@ -15,7 +15,7 @@ from typing import TypeVar
 T = TypeVar("T")
 
 HANG_GUARD = 30.0  # seconds: a hang guard only; the calls it guards would block for minutes if broken
-PROCESS_HANG_GUARD = 120.0  # the same for calls that start Python processes (imports are slow on a loaded machine)
+PROCESS_HANG_GUARD = 120.0  # the same for calls that start Python processes or train (slow on a loaded machine)
 
 
 def returns_within(call: Callable[[], T], guard: float = HANG_GUARD, what: str = "the call") -> T:
