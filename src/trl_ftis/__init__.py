@@ -6,6 +6,7 @@ and the optional back-ends (vLLM, DeepSpeed, wandb, Redis) load only when a run 
 
 from typing import TYPE_CHECKING
 
+from . import swarm  # registers the swarm's exchange modes (sync, async, free); loads none of them
 from ._lazy import lazy_exports
 
 __version__ = "0.1.0.dev0"

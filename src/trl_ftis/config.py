@@ -12,6 +12,7 @@ from trl import GRPOConfig
 
 from .config_checks import COLLABORATION_MODES, PEER_WEIGHTINGS, check_ftis_fields
 from .config_secrets import SecretFields
+from .exchange_mode_registry import EXCHANGE_MODE_NAMES
 from .objective import FILTER_MODES, KL_REDUCTIONS, THRESHOLD_MODES
 from .presets import check_preset, resolve_preset_options, say_what_the_preset_set
 from .rules import (
@@ -22,7 +23,6 @@ from .rules import (
     SWARM_RUN_ENV,
     SWARM_SECRET_ENV,
 )
-from .swarm import EXCHANGE_MODE_NAMES
 
 
 @dataclass(repr=False)  # `repr()` is SecretFields's, which redacts

@@ -33,7 +33,7 @@ from .rules import (
     is_peer_id,
     normalise_exchange_url,
 )
-from .swarm import EXCHANGE_MODES
+from .exchange_mode_registry import EXCHANGE_MODES
 
 logger = logging.getLogger(__name__)
 

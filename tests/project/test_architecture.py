@@ -75,7 +75,7 @@ def test_each_room_imports_only_rooms_below_it(path):
 
 def test_the_core_reaches_the_swarm_through_its_exports_only(monkeypatch):
     # The check itself: a core module importing a swarm module, or a name the swarm does not export, is caught.
-    assert {"Swarm", "RoundRunner", "StateCheckpoints", "EXCHANGE_MODE_NAMES"} <= set(lazy_exports(SWARM))
+    assert {"Swarm", "RoundRunner", "StateCheckpoints", "ExchangeMode"} <= set(lazy_exports(SWARM))
     fake, read = PACKAGE / "trainer.py", Path.read_text
     source = "from .swarm import Swarm\nfrom .swarm.rounds import RoundRunner\nfrom .swarm import _helper\n"
     monkeypatch.setattr(

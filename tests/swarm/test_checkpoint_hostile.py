@@ -12,6 +12,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from swarm_helpers import make_swarm, rows
@@ -49,8 +50,10 @@ def pending(*records):
     return lambda state: {**state, "pending_peer_rows": list(records)}
 
 
-def arrived(*records):
-    return lambda state: {**state, "arrived_peer_rows": list(records), "arrived_created": [1.0] * len(records)}
+def arrived(*records, created=None):
+    """The free mode's queue of arrived rows (the genuine checkpoint's mode), holding `records`."""
+    queue = {"arrived_rows": list(records), "arrived_created": [1.0] * len(records) if created is None else created}
+    return lambda state: {**state, "exchange_mode": {"name": "free", "state": queue}}
 
 
 def swarm(**fields):
@@ -82,7 +85,11 @@ CRAFTED = {
     "infinite_group_key": (pending(record(group=float("inf"))), "not a group key"),
     "too_many_rows": (pending(*[record(group=f"g{i}") for i in range(257)]), "holds 257 rows, more than the 256"),
     "too_many_arrived": (arrived(*[record(group=f"g{i}") for i in range(257)]), "holds 257 rows, more than the 256"),
-    "arrived_created_negative": (lambda s: {**arrived(record())(s), "arrived_created": [-1.0]}, "'arrived_created'"),
+    "arrived_created_negative": (arrived(record(), created=[-1.0]), "'arrived_created'"),
+    "mode_state_of_another_shape": (
+        lambda state: {**state, "exchange_mode": {"name": "free", "state": {"queue": []}}},
+        "the free mode's state is not",
+    ),
     # The state's own numbers.
     "global_step_string": (lambda state: {**state, "global_step": "2"}, "'global_step'"),
     "global_step_of_another_checkpoint": (lambda state: {**state, "global_step": 7}, "this checkpoint is of step 2"),
@@ -128,6 +135,8 @@ class Genuine:
     """Its state file."""
     limits: StateLimits
     """What a trainer resuming from it (as the tests here build it) passes to [`read_checked_state`]."""
+    mode: Any
+    """The exchange mode such a trainer passes to it (the free mode, whose queue the file holds)."""
 
 
 def copy_exchange(url):
@@ -146,22 +155,24 @@ def copy_exchange(url):
 def genuine(tokenizer, tmp_path_factory):
     out = tmp_path_factory.mktemp("genuine") / "out"
     url = f"memory://hostile-{uuid.uuid4().hex}"
-    make_trainer(tokenizer, module_make_args, url, out, max_steps=2, save_steps=2).train()
+    make_trainer(tokenizer, module_make_args, url, out, max_steps=2, save_steps=2, exchange_mode="free").train()
     folder = out / "checkpoint-2"
     # The limits `StateCheckpoints.restore` computes and passes to the check, for a trainer built as the resuming
     # tests build theirs (in an exchange of its own: the module's stays as the run left it).
-    resumed = make_trainer(tokenizer, module_make_args, f"memory://hostile-{uuid.uuid4().hex}", out, max_steps=3)
+    resumed = make_trainer(
+        tokenizer, module_make_args, f"memory://hostile-{uuid.uuid4().hex}", out, max_steps=3, exchange_mode="free"
+    )
     check, passed = checkpoints.read_checked_state, []
 
-    def spy(checkpoint, process_index, limits, swarm=None):
+    def spy(checkpoint, process_index, limits, swarm=None, mode=None):
         passed.append(limits)
-        return check(checkpoint, process_index, limits, swarm)
+        return check(checkpoint, process_index, limits, swarm, mode)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(checkpoints, "read_checked_state", spy)
         assert resumed._checkpoints.restore(folder) is not None  # the genuine state passes
     (limits,) = passed
-    return Genuine(folder, url, state_path(folder, 0).read_text(), limits)
+    return Genuine(folder, url, state_path(folder, 0).read_text(), limits, resumed._rounds.mode)
 
 
 @pytest.fixture
@@ -193,7 +204,8 @@ def test_the_check_passes_the_genuine_state(genuine, tokenizer, tmp_path):
     state = json.loads(genuine.state_text)
     swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
     path = state_folder(genuine, tmp_path / "checkpoint-2", state)
-    parsed = read_checked_state(path.parent, 0, genuine.limits, swarm)
+    parsed = read_checked_state(path.parent, 0, genuine.limits, swarm, genuine.mode)
+    assert parsed.mode_name == "free" and parsed.mode_state == ([], [])  # checked by the mode: an empty queue
     assert parsed.global_step == 2 and parsed.swarm == state["swarm"] is not None  # `swarm` took it
 
 
@@ -207,7 +219,7 @@ def test_a_crafted_state_is_refused_naming_file_and_field(genuine, tokenizer, tm
     swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
     before = swarm.state_dict()
     with pytest.raises(ValueError, match=message) as error:
-        read_checked_state(path.parent, 0, genuine.limits, swarm)
+        read_checked_state(path.parent, 0, genuine.limits, swarm, genuine.mode)
     assert str(path) in str(error.value)
     assert swarm.state_dict() == before
 
@@ -222,7 +234,7 @@ def test_a_crafted_state_is_refused_before_any_step_and_nothing_is_restored(
 ):
     url, path, state = checkpoint
     path.write_text(json.dumps(craft(state)))
-    resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3)
+    resumed = make_trainer(tokenizer, make_args, url, tmp_path / "out", max_steps=3, exchange_mode="free")
     before = resumed._ledger.state_dict(), resumed.swarm.state_dict(), resumed._clock.state_dict()
     with pytest.raises(ValueError, match=message) as error:
         resumed.train(resume_from_checkpoint=str(path.parent))
@@ -266,23 +278,21 @@ def test_a_genuine_state_is_within_its_own_limits(tokenizer):
     state = json.loads(json.dumps({
         "format": 1, "peer_id": "me", "global_step": 2, **ledger.state_dict(), "adaptive_threshold": None,
         "pending_peer_rows": rows_to_json(rows("q", 8))[0], "swarm": make_swarm(f"memory://{uuid.uuid4().hex}", "me",
-        tokenizer).state_dict(), "arrived_peer_rows": [], "arrived_created": [], "time": StepClock().state_dict(),
+        tokenizer).state_dict(), "exchange_mode": {"name": "sync", "state": {}}, "time": StepClock().state_dict(),
         "peer_value": PeerValue().state_dict(),
     }))  # fmt: skip
     limits = RowLimits(max_rows=8, max_tokens=max(len(row["completion_ids"]) for row in state["pending_peer_rows"]))
-    parsed = parse_state(state, StateLimits(pending=limits, arrived=limits))
+    parsed = parse_state(state, StateLimits(pending=limits))
     assert len(parsed.pending_rows) == 8
 
 
 def test_an_arrived_row_in_another_tokenizers_tokens_keeps_its_text():
-    """Free-running with cross_tokenizer: a queued row in its sender's tokens is re-tokenised when a step takes it,
+    """The free mode with cross_tokenizer: a queued row in its sender's tokens is re-tokenised when a step takes it,
     so its text must survive the checkpoint (it was lost: the ids were then read as this tokenizer's)."""
     foreign = PeerRow("1+1=", [900, 901], [-0.1, -0.2], 1.0, "g", sender="bpe", completion_text="2",
                       ends_with_eos=True, foreign_tokenizer=True)  # fmt: skip
     records, _ = rows_to_json([foreign, *rows("a", count=1)])
-    back = rows_from_json(
-        json.loads(json.dumps(records)), "arrived_peer_rows", "arrived peer", RowLimits(foreign=True)
-    )
+    back = rows_from_json(json.loads(json.dumps(records)), "arrived_rows", "arrived peer", RowLimits(foreign=True))
     assert (back[0].foreign_tokenizer, back[0].completion_text, back[0].ends_with_eos) == (True, "2", True)
     assert "foreign_tokenizer" not in records[1]  # a row in this tokenizer's tokens is saved as before
     with pytest.raises(ValueError, match="'foreign_tokenizer'"):  # queued (admitted) rows are never foreign

@@ -190,6 +190,8 @@ def saved_state(tokenizer, url=None):
         adaptive_threshold=3.5,
         pending_rows=rows("q", 2),
         swarm=swarm.state_dict(),
+        mode_name="sync",
+        mode_state={},
         time=StepClock().state_dict(),
         peer_value=PeerValue().state_dict(),
     )
@@ -221,6 +223,9 @@ def test_a_saved_state_parses_back_into_its_parts(tokenizer):
         (lambda state: {**state, "pending_peer_rows": [{"prompt": "x"}]}, "pending peer row 0"),
         (lambda state: {**state, "pending_peer_rows": {}}, "'pending_peer_rows' is not a list"),
         (lambda state: {**state, "adaptive_threshold": "inf"}, "'adaptive_threshold'"),
+        (lambda state: {key: value for key, value in state.items() if key != "time"}, "\\['time'\\] missing"),
+        (lambda state: {**state, "exchange_mode": {"name": "free"}}, "'exchange_mode' is not"),
+        (lambda state: {**state, "peer_value": None}, "peer_value|not a dict|malformed"),
     ],
 )
 def test_a_corrupt_state_dict_is_refused_saying_what_is_wrong(tokenizer, corrupt, message):
@@ -251,21 +256,15 @@ def test_reading_a_state_file_names_it_or_warns_when_there_is_none(tmp_path, cap
         assert "has no ftis_state_0.json" in caplog.text
 
 
-def test_a_state_file_of_format_1_from_before_this_layout_still_loads(tokenizer):
-    """A file as the previous version wrote it (the same keys; no `adaptive_threshold`, no `rows_retokenised`)."""
+def test_the_state_file_layout_holds_the_exchange_modes_state_under_its_name(tokenizer):
     state = saved_state(tokenizer)
-    del state["adaptive_threshold"], state["totals"]["rows_retokenised"]
-    del state["arrived_peer_rows"], state["arrived_created"]  # added with exchange_mode="free"
-    del state["time"], state["peer_value"]  # added with the collaboration ledger
-    parsed = parse_state(state)
-    assert parsed.adaptive_threshold is None and parsed.ledger.totals["rows_retokenised"] == 0
-    assert list(parsed.arrived_rows) == [] and list(parsed.arrived_created) == []
-    assert parsed.time is None and parsed.peer_value is None
-    assert list(saved_state(tokenizer)) == [  # the layout written, key for key, as format 1 has it
+    assert list(state) == [  # the layout written, key for key
         "format", "peer_id", "global_step", "totals", "refused", "dropped", "dropped_since_merge",
         "stripped_since_merge", "accepted_by_peer", "row_count_keys", "sources", "adaptive_threshold",
-        "pending_peer_rows", "swarm", "arrived_peer_rows", "arrived_created", "time", "peer_value",
+        "pending_peer_rows", "swarm", "exchange_mode", "time", "peer_value",
     ]  # fmt: skip
+    parsed = parse_state(state)
+    assert (parsed.mode_name, parsed.mode_state) == ("sync", {})
 
 
 def test_resume_spellings_resolve_to_the_last_complete_checkpoint(tmp_path):

@@ -95,9 +95,7 @@ def count_waits(swarm):
 
 def test_a_free_running_collect_never_waits_and_judges_each_sender_by_its_own_steps(tokenizer, url):
     fast = make_swarm(url, "fast", tokenizer)
-    receiver = make_swarm(
-        url, "me", tokenizer, window=FreeWindow, expected_peers=["fast", "slow"], peer_timeout=60
-    )
+    receiver = make_swarm(url, "me", tokenizer, window=FreeWindow, expected_peers=["fast", "slow"], peer_timeout=60)
     for round in range(10):
         fast.publish(rows("fast", group=f"g{round}", round=round), round)
     waits = count_waits(receiver)
@@ -210,22 +208,25 @@ def test_a_free_running_checkpoint_holds_the_queue_and_resume_admits_it_again(to
     trainer.train()
     state_file = out / "checkpoint-2" / "ftis_state_0.json"
     state = json.loads(state_file.read_text())
-    assert len(state["arrived_peer_rows"]) == len(state["arrived_created"]) > 0
-    queued = len(state["arrived_peer_rows"])
+    queue = state["exchange_mode"]["state"]  # the free mode's own state, under its name
+    assert state["exchange_mode"]["name"] == "free"
+    assert len(queue["arrived_rows"]) == len(queue["arrived_created"]) > 0
+    queued = len(queue["arrived_rows"])
     # A hostile edit: the newest arrived row gets a token id outside the vocabulary.
-    state["arrived_peer_rows"][-1]["completion_ids"] = [10**9, 1, 2]
+    queue["arrived_rows"][-1]["completion_ids"] = [10**9, 1, 2]
     state_file.write_text(json.dumps(state))
     resumed = free_trainer(tokenizer, make_args, url, output_dir=str(out), max_peer_rows=8)
     assert resumed.load_ftis_state(out / "checkpoint-2")
     assert len(resumed._rounds.mode.arrivals) == queued  # queued as they were: admitted when a step takes them
-    newest = max(row["round"] for row in state["arrived_peer_rows"])
+    newest = max(row["round"] for row in queue["arrived_rows"])
     taken = resumed._rounds.mode.arrivals.take(None, {"partner": newest})
-    admitted = resumed._rounds.admit_taken(taken)
+    with resumed._rounds.lock:
+        admitted = resumed._rounds.mode.admit(taken)
     # Admitted like any arrived row: the hostile one dropped and counted, the others trained on.
     assert resumed._ledger.dropped_totals["bad_ids"] == 1
     assert len(admitted) == len(taken.rows) - 1 > 0
     assert all(row.age in (0, 1, 2) for row in admitted)
-    state["arrived_created"] = ["soon"] * queued
+    queue["arrived_created"] = ["soon"] * queued
     state_file.write_text(json.dumps(state))
     with pytest.raises(ValueError, match="arrived_created"):
         resumed.load_ftis_state(out / "checkpoint-2")

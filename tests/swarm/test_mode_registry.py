@@ -1,8 +1,11 @@
-"""Exchange modes are strategies: one module each behind the `ExchangeMode` protocol, chosen from a registry, never
-branches on the mode's name in the swarm client, the round runner or the config; a new mode is one class and one
-registration (the worked example of docs/swarm.md, "Writing an exchange mode")."""
+"""Exchange modes are strategies: one object each behind the `ExchangeMode` protocol, chosen from the core's registry
+(which the config reads without importing the swarm), never branches on the mode's name in the swarm client, the
+round runner or the config; a new mode is one class and one registration (the worked example of docs/swarm.md,
+"Writing an exchange mode"; a mode with its own window and state: test_mode_plugin.py)."""
 
 import re
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -12,15 +15,8 @@ from tiny_trainers import exchange_trainer
 
 import trl_ftis
 from trl_ftis import FTISConfig
-from trl_ftis.swarm.exchange_modes import (
-    EXCHANGE_MODE_NAMES,
-    EXCHANGE_MODES,
-    AsyncMode,
-    FreeMode,
-    RoundOutcome,
-    SyncMode,
-    register_exchange_mode,
-)
+from trl_ftis.exchange_mode_registry import EXCHANGE_MODE_NAMES, EXCHANGE_MODES, exchange_mode, register_exchange_mode
+from trl_ftis.swarm.exchange_modes import AsyncMode, FreeMode, RoundOutcome, SyncMode
 from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
 from trl_ftis.swarm.exchange_modes.sync_window import SyncWindow
 
@@ -37,13 +33,26 @@ def test_no_module_branches_on_the_exchange_modes_name(module):
 
 
 def test_the_registry_holds_the_three_modes_with_their_windows():
-    assert EXCHANGE_MODES == {"sync": SyncMode, "async": AsyncMode, "free": FreeMode}
+    assert [exchange_mode(name) for name in EXCHANGE_MODE_NAMES] == [SyncMode, AsyncMode, FreeMode]
+    assert [EXCHANGE_MODES[name].horizontal for name in EXCHANGE_MODE_NAMES] == [True, False, False]
     assert [mode.window for mode in (SyncMode, AsyncMode, FreeMode)] == [
         SyncWindow,
         SyncWindow,
         FreeWindow,
     ]
     assert [mode.horizontal for mode in (SyncMode, AsyncMode, FreeMode)] == [True, False, False]
+    assert FreeMode.drop_reasons.keys() == {"stale"} and SyncMode.drop_reasons == AsyncMode.drop_reasons == {}
+
+
+def test_the_config_knows_the_modes_without_importing_the_swarms_modules():
+    code = (
+        "import sys\n"
+        "from trl_ftis.config import FTISConfig\n"
+        "from trl_ftis.exchange_mode_registry import EXCHANGE_MODE_NAMES\n"
+        "print(EXCHANGE_MODE_NAMES, sorted(m for m in sys.modules if m.startswith('trl_ftis.swarm.')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert result.stdout.strip() == "['sync', 'async', 'free'] []", result.stdout + result.stderr
 
 
 class EverySecondStep(SyncMode):

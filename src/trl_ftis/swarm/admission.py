@@ -85,13 +85,12 @@ DROP_REASONS: dict[str, str] = {
     "text without it while the loss trains on it",
     "truncated": "a completion without an end of sequence (cut at its sender's max_completion_length) while this "
     "trainer has mask_truncated_completions on: TRL leaves such completions out of the loss, as for its own",
-    "stale": "exchange_mode='free': queued rows more than max_staleness of their sender's steps old before a step "
-    "took them (or from after the sender's newest round: it restarted from an older checkpoint)",
-    "queue_full": "more rows than the queue holds (4 x the peer-row cap): exchange_mode='free' drops the oldest "
-    "arrivals, add_peer_rows the rows beyond it",
+    "queue_full": "more rows than a queue holds (4 x the peer-row cap): add_peer_rows drops the rows beyond it, a "
+    "queue of arrived rows (the free mode's) the oldest",
 }
 """Why a received row is dropped: each is counted in `ftis/peer_rows_dropped/<reason>` (and the total in
-`ftis/peer_rows_dropped`) and warned about once per peer and reason."""
+`ftis/peer_rows_dropped`) and warned about once per peer and reason. An exchange mode adds the reasons only it
+counts (its `drop_reasons`, which the ledger learns when the mode is built)."""
 
 STRIP_REASONS: dict[str, str] = {
     "reserved_column": "extra columns named like an argument TRL passes to reward functions "

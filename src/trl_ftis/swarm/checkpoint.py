@@ -13,8 +13,11 @@ module saves and reads what the state's owners hand it, and needs no trainer:
   the messages accepted in the round window, so that a restarted peer that reads them again from the exchange does
   not train on them twice;
 * the peer rows queued by `FTISTrainer.add_peer_rows` and not yet merged ([`rows_to_json`]);
-* what collaboration bought so far (`trl_ftis.step_clock`, `trl_ftis.peer_value`): the step clock's totals and the value of peer rows,
-  so that a resumed run's summary covers the whole run.
+* the exchange mode's own state, under the mode's name (`ExchangeMode.state_dict`: the free mode's queue of arrived
+  rows; nothing for the sync and async modes), checked by the mode itself (`ExchangeMode.check_state`) when it is
+  this run's mode, and not restored otherwise;
+* what collaboration bought so far (`trl_ftis.step_clock`, `trl_ftis.peer_value`): the step clock's totals and the
+  value of peer rows, so that a resumed run's summary covers the whole run.
 
 [`build_state`] writes the dict, [`parse_state`] checks one (a malformed dict raises `ValueError` before anything is
 restored; the swarm's part is checked by `Swarm.load_state_dict` itself). A checkpoint without the file (written by
@@ -25,11 +28,11 @@ restored; the swarm's part is checked by `Swarm.load_state_dict` itself). A chec
 Checkpoints are shared and pushed to the Hub, so the file is as untrusted as a peer's message. What the file alone
 decides is checked against what this run would ever hold ([`restore_limits`]), and a file beyond it is refused whole:
 every field's type and range (counts and rounds whole numbers in [0, 2**63), numbers finite), exactly the fields
-[`rows_to_json`] writes (a row's `advantage` is recomputed, never read), at most as many rows per queue as the
-arrival queue holds, completions of at most `max_completion_length` tokens (queued rows were admitted by the run
-that saved them; arrived rows, only received, at most the swarm's wire limit), and a `global_step` that is the
+[`rows_to_json`] writes (a row's `advantage` is recomputed, never read), at most as many rows as the queue holds,
+completions of at most `max_completion_length` tokens (queued rows were admitted by the run that saved them; a
+mode's queue of arrived rows, only received, at most the swarm's wire limit), and a `global_step` that is the
 checkpoint's own. Rows that pass are admitted again as received rows are (queued ones by `Admission.restore` at
-once, arrived ones when a step takes them): what depends on this trainer's model, tokenizer or template (ids outside
+once, a mode's when a step takes them): what depends on this trainer's model, tokenizer or template (ids outside
 its vocabulary, a prompt it cannot render, special tokens, too long for the context) drops the row and counts it by
 reason.
 """
@@ -41,7 +44,7 @@ import logging
 import math
 import os
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +66,9 @@ STATE_FILE = "ftis_state_{process}.json"
 """The F-TIS state file of process `process` inside a checkpoint folder."""
 STATE_FORMAT = 1
 """Version of the file's layout; a file of another version is refused."""
+STATE_KEYS = ("format", "peer_id", "global_step", "adaptive_threshold", "pending_peer_rows", "swarm", "exchange_mode",
+              "time", "peer_value")  # fmt: skip
+"""The keys every state file has (besides the ledger's): a file without one is malformed."""
 
 ROW_FIELDS = ("prompt", "completion_ids", "generator_logps", "reward", "group", "sender", "rewards_per_func", "extra",
               "round")  # fmt: skip
@@ -240,14 +246,15 @@ class CheckpointState:
     adaptive_threshold: float | None
     pending_rows: list[PeerRow]
     swarm: Any
-    arrived_rows: list[PeerRow] = ()
-    """`exchange_mode="free"`: the queue of arrived peer rows, oldest first (empty in files of earlier versions)."""
-    arrived_created: list[float] = ()
-    """When each of `arrived_rows` was published (its sender's clock)."""
-    time: dict[str, Any] | None = None
-    """The step clock's state ([`StepClock.state_dict`], checked), or `None` in files of earlier versions."""
-    peer_value: dict[str, Any] | None = None
-    """The peer-value state ([`PeerValue.state_dict`], checked), or `None` in files of earlier versions."""
+    time: dict[str, Any]
+    """The step clock's state ([`StepClock.state_dict`], checked)."""
+    peer_value: dict[str, Any]
+    """The peer-value state ([`PeerValue.state_dict`], checked)."""
+    mode_name: str
+    """The exchange mode whose state the file holds (`exchange_mode.name`)."""
+    mode_state: Any
+    """That state: as saved after [`parse_state`], checked by the mode ([`ExchangeMode.check_state`]) after
+    [`read_checked_state`] when it is this run's mode (else `None`: another mode's state is not restored)."""
 
 
 def build_state(
@@ -258,21 +265,15 @@ def build_state(
     adaptive_threshold: float | None,
     pending_rows: Sequence[Any],
     swarm: dict[str, Any] | None,
-    arrived_rows: Sequence[Any] = (),
-    arrived_created: Sequence[float] = (),
-    time: dict[str, Any] | None = None,
-    peer_value: dict[str, Any] | None = None,
+    mode_name: str,
+    mode_state: Any,
+    time: dict[str, Any],
+    peer_value: dict[str, Any],
 ) -> dict[str, Any]:
     """One process's F-TIS state (JSON-serialisable, format [`STATE_FORMAT`]) from what its owners hand over: the
     ledger's [`PeerRowLedger.state_dict`], the adaptive threshold, the queued rows, the swarm's state (only on the
-    process that holds it) and, free-running, the arrived rows with when each was published. Queued rows that JSON
-    cannot hold are left out, with a warning."""
-    arrived, created = [], []
-    for row, moment in zip(arrived_rows, arrived_created, strict=True):
-        written, unwritable = rows_to_json([row])
-        if written:
-            arrived.extend(written)
-            created.append(float(moment))
+    process that holds it), the exchange mode's own state (`ExchangeMode.state_dict`, under its name), the step
+    clock's and the peer value's. Queued rows that JSON cannot hold are left out, with a warning."""
     rows, unwritable = rows_to_json(pending_rows)
     if unwritable:
         logger.warning(
@@ -288,8 +289,7 @@ def build_state(
         "adaptive_threshold": adaptive_threshold,
         "pending_peer_rows": rows,
         "swarm": swarm,
-        "arrived_peer_rows": arrived,
-        "arrived_created": created,
+        "exchange_mode": {"name": mode_name, "state": mode_state},
         "time": time,
         "peer_value": peer_value,
     }
@@ -297,22 +297,16 @@ def build_state(
 
 @dataclass(frozen=True)
 class StateLimits:
-    """What each queue of a state file may hold ([`restore_limits`] for a trainer's)."""
+    """What the queue of a state file may hold ([`restore_limits`] for a trainer's; an exchange mode checks its own
+    state itself)."""
 
     pending: RowLimits = RowLimits()
-    arrived: RowLimits = RowLimits(foreign=True)
 
 
-def restore_limits(config: Any, queue_rows: int, swarm: Any = None) -> StateLimits:
-    """The limits of a trainer's state file: each queue at most `queue_rows` rows (the arrival queue's bound); queued
-    rows were admitted by the run that saved them (in this tokenizer's tokens, at most `config.max_completion_length`
-    of them), arrived rows only received (at most the swarm's wire limit per completion, in another tokenizer's
-    tokens under `cross_tokenizer`)."""
-    wire = swarm.limits.max_completion_tokens if swarm is not None else config.max_completion_length
-    return StateLimits(
-        pending=RowLimits(queue_rows, config.max_completion_length),
-        arrived=RowLimits(queue_rows, wire, foreign=bool(config.cross_tokenizer)),
-    )
+def restore_limits(config: Any, queue_rows: int) -> StateLimits:
+    """The limits of a trainer's state file: the queue at most `queue_rows` rows, admitted by the run that saved
+    them (in this tokenizer's tokens, at most `config.max_completion_length` of them)."""
+    return StateLimits(pending=RowLimits(queue_rows, config.max_completion_length))
 
 
 def parse_state(state: Any, limits: StateLimits | None = None) -> CheckpointState:
@@ -333,41 +327,38 @@ def _parsed(state: Any, limits: StateLimits) -> CheckpointState:
     if not _count(state.get("global_step")):
         raise ValueError("'global_step' is not a whole number of steps >= 0")
     ledger = PeerRowLedger.parse_state(state)
-    rows = rows_from_json(state.get("pending_peer_rows"), limits=limits.pending)
-    arrived = rows_from_json(state.get("arrived_peer_rows", []), "arrived_peer_rows", "arrived peer", limits.arrived)
-    created = state.get("arrived_created", [])
-    if not (
-        isinstance(created, list)
-        and len(created) == len(arrived)
-        and all(_finite_number(t) and t >= 0 for t in created)
-    ):
-        raise ValueError("'arrived_created' is not a list of finite numbers >= 0, one per arrived peer row")
-    threshold = state.get("adaptive_threshold")  # absent in files of earlier versions
+    missing = [key for key in STATE_KEYS if key not in state]
+    if missing:
+        raise ValueError(f"{missing} missing")
+    rows = rows_from_json(state["pending_peer_rows"], limits=limits.pending)
+    threshold = state["adaptive_threshold"]
     if threshold is not None and not _finite_number(threshold):
         raise ValueError("'adaptive_threshold' is not a finite number")
+    mode = state["exchange_mode"]
+    if not (isinstance(mode, dict) and set(mode) == {"name", "state"} and isinstance(mode["name"], str)):
+        raise ValueError("'exchange_mode' is not {'name': <the mode's name>, 'state': <its state>}")
     # Checked by loading them into scratch owners: the trainer's own are changed only once everything passed.
-    clock_state, value_state = state.get("time"), state.get("peer_value")  # absent in files of earlier versions
-    if clock_state is not None:
-        StepClock().load_state_dict(clock_state)
-    if value_state is not None:
-        PeerValue().load_state_dict(value_state)
+    clock_state, value_state = state["time"], state["peer_value"]
+    StepClock().load_state_dict(clock_state)
+    PeerValue().load_state_dict(value_state)
     return CheckpointState(
         global_step=state["global_step"],
         ledger=ledger,
         adaptive_threshold=None if threshold is None else float(threshold),
         pending_rows=rows,
-        swarm=state.get("swarm"),
-        arrived_rows=arrived,
-        arrived_created=[float(t) for t in created],
+        swarm=state["swarm"],
         time=clock_state,
         peer_value=value_state,
+        mode_name=mode["name"][:100],
+        mode_state=mode["state"],
     )
 
 
 def read_checked_state(
-    checkpoint: str | os.PathLike, process_index: int, limits: StateLimits, swarm: Any = None
+    checkpoint: str | os.PathLike, process_index: int, limits: StateLimits, swarm: Any = None, mode: Any = None
 ) -> CheckpointState | None:
-    """The state file of `process_index` in `checkpoint`, checked whole ([`parse_state`], and its step against the
+    """The state file of `process_index` in `checkpoint`, checked whole ([`parse_state`], the exchange mode's part
+    by `mode` when the file holds that mode's state ([`ExchangeMode.check_state`]), and its step against the
     checkpoint's `trainer_state.json`), or `None` when there is none ([`read_state_file`]). The swarm's part is
     loaded into `swarm` last (`Swarm.load_state_dict` checks before it changes anything): once this returns, every
     part is valid and the caller's restoring cannot fail. `ValueError` naming the file and the field otherwise."""
@@ -379,6 +370,21 @@ def read_checked_state(
         step = trainer_step(checkpoint)
         if step is not None and parsed.global_step != step:  # a file copied from another checkpoint, or forged
             raise ValueError(f"'global_step' is {parsed.global_step}, but this checkpoint is of step {step}")
+        if mode is not None:
+            mode_state = None
+            if parsed.mode_name == mode.name:
+                try:
+                    mode_state = mode.check_state(parsed.mode_state)
+                except (TypeError, OverflowError, RecursionError) as error:  # a shape the mode did not foresee
+                    raise ValueError(f"malformed ({type(error).__name__}: {error})") from None
+            else:
+                logger.warning(
+                    "%s holds the state of exchange_mode=%r; this run's is %r: that state is not restored.",
+                    state_path(checkpoint, process_index),
+                    parsed.mode_name,
+                    mode.name,
+                )
+            parsed = replace(parsed, mode_state=mode_state)
         if swarm is not None and parsed.swarm is not None:
             swarm.load_state_dict(parsed.swarm)
     except ValueError as error:
@@ -423,7 +429,8 @@ class StateCheckpoints:
                 adaptive_threshold=adaptive_threshold,
                 pending_rows=self.inbox.rows,
                 swarm=swarm.state_dict() if swarm is not None else None,
-                **self.rounds.mode.state_dict(),  # the exchange mode's queue: `arrived_rows`, `arrived_created`
+                mode_name=self.rounds.mode.name,
+                mode_state=self.rounds.mode.state_dict(),  # whatever the mode keeps (the free mode: its queue)
                 time=self.clock.state_dict(),
                 peer_value=self.value.state_dict(),
             )
@@ -433,8 +440,8 @@ class StateCheckpoints:
         """Restore the state saved in the checkpoint folder `checkpoint` into the owners and return it (`None` when
         the checkpoint has none); `ValueError` naming the file when it is not valid, and then nothing is restored."""
         config, rounds, swarm = self.config, self.rounds, self.rounds.swarm
-        limits = restore_limits(config, rounds.queue_rows(config.generation_batch_size), swarm)
-        parsed = read_checked_state(checkpoint, self.accelerator.process_index, limits, swarm)
+        limits = restore_limits(config, rounds.queue_rows(config.generation_batch_size))
+        parsed = read_checked_state(checkpoint, self.accelerator.process_index, limits, swarm, rounds.mode)
         if parsed is None:
             return None
         with rounds.lock:
@@ -445,15 +452,12 @@ class StateCheckpoints:
                 self.value.load_state_dict(parsed.peer_value)
         self.inbox.restore(parsed.pending_rows)  # after the ledger: the drops of the admission count on top of it
         arrived = 0
-        if self.accelerator.is_main_process:  # the arrival queue lives with the swarm client
-            if parsed.arrived_rows:
-                arrived = rounds.mode.load_state_dict(
-                    {"arrived_rows": parsed.arrived_rows, "arrived_created": parsed.arrived_created},
-                    local_rows=config.generation_batch_size,
-                )
+        if self.accelerator.is_main_process:  # the mode's state lives with the swarm client
+            if parsed.mode_state is not None:
+                arrived = rounds.mode.load_state_dict(parsed.mode_state)
             warn_unread_states(checkpoint, self.accelerator.num_processes)
         logger.warning(  # a warning so that a restarted peer's log shows it by default
-            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s), %d arrived).",
+            "Resumed the F-TIS state of step %s from %s (%d queued peer row(s), %d of the exchange mode's).",
             parsed.global_step,
             checkpoint,
             len(parsed.pending_rows),

@@ -24,8 +24,6 @@ logger = logging.getLogger(__name__)
 
 TOTALS = ("rows_sent", "rows_received", "rows_accepted", "rows_filtered", "bytes_sent", "rows_retokenised")
 """The totals of `summary()`, in its order."""
-LATER_TOTALS = ("rows_retokenised",)
-"""Totals absent from states of earlier versions: 0 when missing."""
 COUNTERS = ("refused", "dropped", "dropped_since_merge", "stripped_since_merge", "accepted_by_peer")
 """The counters of a state, by name."""
 MAX_WARNED = 1000
@@ -88,6 +86,16 @@ class PeerRowLedger:
         self._round_named: set[str] = set()  # senders named in the round metrics (main process), see `peer_name`
         self._warned: set[tuple[str, str]] = set()
         self._noted: set[tuple[str, str]] = set()  # rare quiet drops said at info level (`QUIET_DROPS`)
+
+    def learn_reasons(self, drop_reasons: Mapping[str, str]) -> None:
+        """Add reasons for dropping rows that a part of the run counts on its own (an exchange mode's
+        `drop_reasons`), with the text their warning shows. A reason already known with another text is refused
+        (`ValueError`): one reason, one meaning."""
+        known = self._descriptions[False]
+        for reason, text in drop_reasons.items():
+            if known.get(reason, text) != text:
+                raise ValueError(f"The drop reason {reason!r} already means something else: {known[reason]!r}")
+        known.update(drop_reasons)
 
     # -- drops ------------------------------------------------------------------------------------------------------
     def count(
@@ -258,9 +266,8 @@ class PeerRowLedger:
         if not isinstance(state, Mapping):
             raise ValueError("not a JSON object")  # noqa: TRY004 - a malformed file, not a wrong argument
         totals = _numbers(state.get("totals"), "totals")
-        if not set(TOTALS) - set(LATER_TOTALS) <= set(totals) <= set(TOTALS):
+        if set(totals) != set(TOTALS):
             raise ValueError(f"'totals' must have exactly {', '.join(TOTALS)}")
-        totals = {**dict.fromkeys(LATER_TOTALS, 0), **totals}
         counters = {name: _numbers(state.get(name), name) for name in COUNTERS}
         keys, sources = state.get("row_count_keys"), state.get("sources")
         for name, value in (("row_count_keys", keys), ("sources", sources)):

@@ -35,11 +35,12 @@ def reading_order(
     even when peers level with it fill its rows (read last, those envelopes would be dropped unread). Fewer
     regulars filing so, liars among them, get no early place.
 
-    When the round's rows run out before the poll does, the senders read are another subset every round, so
-    every sender is read over rounds. Hints only order the work: a lying hint costs its writer, never another
-    sender, anything but a place. In the free mode (`is_old` given:
-    [`trl_ftis.swarm.exchange_modes.free_order.SenderOrder.is_old`]), there is no window around `round`, and
-    envelopes whose round hint is not above their sender's newest accepted round count as outside it: read last, they are refused unless their sender restarted (a newer epoch)."""
+    When the round's rows run out before the poll does, the senders read are another subset every round, so every
+    sender is read over rounds. Hints only order the work: a lying hint costs its writer, never another sender,
+    anything but a place. In the free mode (`is_old` given:
+    [`trl_ftis.swarm.exchange_modes.free_order.SenderOrder.is_old`]), there is no window around `round`, and envelopes
+    whose round hint is not above their sender's newest accepted round count as outside it: read last, they are refused
+    unless their sender restarted (a newer epoch)."""
     free = is_old is not None  # no shared round: the receiver's round says nothing
     max_staleness, max_rounds_ahead = window
 

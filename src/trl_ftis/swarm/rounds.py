@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..exchange import Limits, tokenizer_fingerprint
+from ..exchange_mode_registry import exchange_mode
 from ..objective import group_max_len
 from ..peer_rows import (
     MAX_ABS_ADVANTAGE,
@@ -38,8 +39,7 @@ from ..peer_rows import (
 )
 from ..rules import exchange_scheme
 from .client import RoundBudget, RoundResult, Swarm
-from .exchange_modes import EXCHANGE_MODES, RoundAbandoned, RoundOutcome
-from .exchange_modes.free_queue import Taken
+from .exchange_modes.base import RoundAbandoned, RoundOutcome
 
 if TYPE_CHECKING:
     from ..config import FTISConfig
@@ -90,7 +90,7 @@ def connect_swarm(
         public_keys=credentials.public_keys,
         budget=RoundBudget(max_bytes=config.max_round_bytes),
         cross_tokenizer=config.cross_tokenizer,
-        window=EXCHANGE_MODES[config.exchange_mode].window,
+        window=exchange_mode(config.exchange_mode).window,
         swarm_name=credentials.swarm_name,
         run_id=credentials.run_id,
         limits=Limits.for_receiver(
@@ -106,7 +106,7 @@ def no_waiting_warning(config: FTISConfig) -> str | None:
     without `expected_peers` (other than itself) or `num_expected_peers`. Its rounds then take whatever has arrived,
     so a slower peer's rows can miss their round, silently. `None` otherwise, and for a mode that never waits by
     design (`free`: its window's `waits` is the constant `False`; a lock-step window's depends on the settings)."""
-    if EXCHANGE_MODES[config.exchange_mode].window.waits is False:
+    if exchange_mode(config.exchange_mode).window.waits is False:
         return None
     others = set(config.expected_peers or []) - {config.peer_id}
     if others or config.num_expected_peers:
@@ -160,7 +160,9 @@ class RoundRunner:
         self.blocking_seconds = 0.0  # the training loop's waits on the exchange, all steps together
         self.ages: Counter = Counter()  # rows trained on, by age in their sender's steps
         self._blocked_seconds = 0.0  # waited for the lock since the last round's metrics
-        self.mode = EXCHANGE_MODES[config.exchange_mode](self)
+        mode = exchange_mode(config.exchange_mode)
+        ledger.learn_reasons(mode.drop_reasons)  # the reasons only this mode counts
+        self.mode = mode(self)  # the mode asks of the runner what `ExchangeMode`'s `RoundHost` declares
 
     @property
     def worker_errors(self) -> int:
@@ -203,29 +205,26 @@ class RoundRunner:
         self.ages.update(int(row.age) for row in rows if row.age is not None)
         return RoundOutcome(rows, own_statistics, metrics)
 
-    def queue_bound(self, cap: int | None) -> int:
-        """The rows the arrival queue holds: 4 x the step's peer-row cap (at least 64), or the round budget's rows."""
+    def queue_rows(self, local_rows: int) -> int:
+        """The rows a queue of peer rows holds for steps of `local_rows` own rows: 4 x their peer-row cap (at least
+        64), or the round budget's rows without a cap. The inbox of `add_peer_rows`, a mode's queue of arrived rows,
+        and each queue a checkpoint may restore."""
+        cap = self.peer_row_cap(local_rows)
         if cap is not None:
             return max(4 * cap, 64)
         return self.swarm.budget.max_rows if self.swarm is not None else RoundBudget().max_rows
 
-    def queue_rows(self, local_rows: int) -> int:
-        """The rows a queue of peer rows holds for steps of `local_rows` own rows (`queue_bound` of their cap): the
-        inbox of `add_peer_rows`, the free-running arrival queue, and each queue a checkpoint may restore."""
-        return self.queue_bound(self.peer_row_cap(local_rows))
-
-    def admit_taken(self, taken: Taken) -> list[ScoredRow]:
-        """The rows a step took from the queue, admitted, rescored and normalised as a lock-step round's, each with
-        its age; never raises because of the rows (an unexpected error drops them all, `internal_error`)."""
+    def score(self, rows: Sequence[PeerRow]) -> list[ScoredRow]:
+        """Received rows (a mode's queue) admitted, rescored and normalised as a round's, without selection; never
+        raises because of the rows (an unexpected error drops them all, `internal_error`). Called holding [`lock`]."""
         try:
-            rows = self.rescored(self.admitted(taken.rows))
-            scored = self.admission.guard_statistics(with_group_statistics(rows, self.scale_rewards))
+            admitted = self.rescored(self.admitted(rows))
+            return self.admission.guard_statistics(with_group_statistics(admitted, self.scale_rewards))
         except Exception as error:  # the last line of defence: a step never raises because of what peers sent
             if not self.ledger.warned("*", "internal_error"):
-                logger.exception("Processing the arrived peer rows failed; this step trains on own rows only.")
-            self.ledger.count("*", "internal_error", len(taken.rows), detail=f"{type(error).__name__}: {error}"[:300])
+                logger.exception("Processing the queued peer rows failed; this step trains on own rows only.")
+            self.ledger.count("*", "internal_error", len(rows), detail=f"{type(error).__name__}: {error}"[:300])
             return []
-        return [replace(row, age=taken.ages.get((row.sender, row.group), (0, 0.0))[0]) for row in scored]
 
     def run_round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
         """Publish, collect, admit, select, score, normalise (in the training loop, or in the worker). Never raises

@@ -1,47 +1,34 @@
-"""Exchange modes: how a trainer's swarm rounds meet its training steps, one module each behind one protocol
-([`ExchangeMode`]), chosen by `FTISConfig.exchange_mode` through [`EXCHANGE_MODES`].
+"""Exchange modes: how a trainer's swarm rounds meet its training steps, one object each behind one protocol
+([`ExchangeMode`]), chosen by `FTISConfig.exchange_mode` through the core's registry
+(`trl_ftis.exchange_mode_registry`, where `trl_ftis.swarm` registers these three).
 
-* `sync` ([`SyncMode`]): the round runs inside the step, which waits for the expected peers.
-* `async` ([`AsyncMode`]): the round runs in a background worker; a step trains on the previous round's rows.
-* `free` ([`FreeMode`]): nothing waits; arrived rows are queued and each step takes the fresh ones.
+* the sync mode (`sync`, [`SyncMode`]): the round runs inside the step, which waits for the expected peers.
+* the async mode (`async`, [`AsyncMode`]): the round runs in a background worker; a step trains on the previous
+  round's rows.
+* the free mode (`free`, [`FreeMode`]): nothing waits; arrived rows are queued and each step takes the fresh ones.
 
-A new mode is one module with a class that follows [`ExchangeMode`], and one [`register_exchange_mode`] call
-(`docs/swarm.md`, "Writing an exchange mode").
+A mode owns its round window (`sync_window.SyncWindow`, `free_window.FreeWindow`), its queue (`free_queue.FreeQueue`)
+and its checkpoint state, and talks to the round runner and the swarm client only through the interfaces handed to
+it ([`RoundHost`], `trl_ftis.swarm.round_windows.WindowHost`). A new mode is one module with a class that follows
+[`ExchangeMode`], and one `register_exchange_mode` call (`docs/swarm.md`, "Writing an exchange mode").
 """
 
 from __future__ import annotations
 
 from .async_mode import AsyncMode
-from .base import ExchangeMode, ExchangeWorker, RoundAbandoned, RoundOutcome
+from .base import ExchangeMode, ExchangeWorker, RoundAbandoned, RoundHost, RoundOutcome, Stateless, WorkerMode
 from .free_mode import FreeMode
 from .sync_mode import SyncMode
 
 __all__ = [
-    "EXCHANGE_MODES",
-    "EXCHANGE_MODE_NAMES",
     "AsyncMode",
     "ExchangeMode",
     "ExchangeWorker",
     "FreeMode",
-    "SyncMode",
     "RoundAbandoned",
+    "RoundHost",
     "RoundOutcome",
-    "register_exchange_mode",
+    "Stateless",
+    "SyncMode",
+    "WorkerMode",
 ]
-
-EXCHANGE_MODES: dict[str, type] = {mode.name: mode for mode in (SyncMode, AsyncMode, FreeMode)}
-"""`exchange_mode` value -> the class the round runner builds (with itself as its only argument)."""
-EXCHANGE_MODE_NAMES: list[str] = list(EXCHANGE_MODES)
-"""The names, in one list that registration extends: `FTISConfig.exchange_mode`'s choices on a command line (a mode
-registered before the parser is built is a choice)."""
-
-
-def register_exchange_mode(mode: type) -> type:
-    """Make `mode` (a class following [`ExchangeMode`], with its `name`) selectable as `exchange_mode=mode.name`;
-    returns it, so that it can decorate the class. A name already taken is refused (`ValueError`)."""
-    if mode.name in EXCHANGE_MODES and EXCHANGE_MODES[mode.name] is not mode:
-        raise ValueError(f"exchange_mode {mode.name!r} is already registered ({EXCHANGE_MODES[mode.name].__name__}).")
-    if mode.name not in EXCHANGE_MODES:
-        EXCHANGE_MODE_NAMES.append(mode.name)
-    EXCHANGE_MODES[mode.name] = mode
-    return mode

@@ -1,13 +1,13 @@
-"""`exchange_mode="async"`: the round runs in a background worker while the step computes, and each step trains on
-what the previous step's round collected (one round of lag)."""
+"""The async mode (`exchange_mode="async"`): the round runs in a background worker while the step computes, and each
+step trains on what the previous step's round collected (one round of lag)."""
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .base import ExchangeWorker, RoundOutcome, WorkerMode, no_arrivals
+from .base import ExchangeWorker, RoundOutcome, Stateless, WorkerMode
 from .sync_window import SyncWindow
 
 if TYPE_CHECKING:
@@ -18,21 +18,23 @@ __all__ = ["AsyncMode"]
 logger = logging.getLogger(__name__)
 
 
-class AsyncMode(WorkerMode):
-    """The background mode ([`ExchangeMode`](base.py)): this step's round is handed to an [`ExchangeWorker`], and
-    the step trains on the previous round's rows (waiting for it only if it is not done yet). The rows are one round
-    older than in lock-step: their age and the staleness metrics count it."""
+class AsyncMode(Stateless, WorkerMode):
+    """The async mode ([`ExchangeMode`](base.py)): this step's round is handed to an [`ExchangeWorker`], and the step
+    trains on the previous round's rows (waiting for it only if it is not done yet). The rows are one round older
+    than in the sync mode: their age and the staleness metrics count it. The round in flight is trained on at the
+    next step of this run, not saved: the mode keeps nothing across a restart."""
 
     name = "async"
     window = SyncWindow
     horizontal = False
+    drop_reasons = {}
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
         if self.worker is None:
-            self.worker = ExchangeWorker(self.runner.swarm.interrupt)
+            self.worker = ExchangeWorker(self.host.swarm.interrupt)
             self.closing = self.worker.closing
         previous = self.worker.take()
-        self.worker.submit(self.runner.run_round, own_rows, round)
+        self.worker.submit(self.host.run_round, own_rows, round)
         if previous is None:  # the first step of a run: nothing collected yet
             return RoundOutcome([], None, {})
         error = previous.exception()
@@ -57,9 +59,3 @@ class AsyncMode(WorkerMode):
     def wait(self) -> None:
         if self.worker is not None:
             self.worker.wait()
-
-    def state_dict(self) -> dict[str, Any]:
-        return no_arrivals()  # the round in flight is trained on at the next step of this run, not saved
-
-    def load_state_dict(self, state: dict[str, Any], *, local_rows: int) -> int:
-        return 0

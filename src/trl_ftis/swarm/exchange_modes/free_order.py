@@ -1,11 +1,11 @@
 """Free-running exchange (`exchange_mode="free"`): each sender's messages taken in order, its window, its liveness.
 
 [`SenderOrder`] owns what a [`trl_ftis.swarm.client.Swarm`] of the free mode knows of each sender: its newest start
-(epoch) and the round of the newest message accepted from it in that start, and when it was last heard from. A
-message is taken only when it is newer than both (a newer epoch: the sender restarted, perhaps from an older checkpoint), or was made
-later than every message taken from the sender (`created`, [`trl_ftis.swarm.clocks.heard_at`]): an honest sender
-never makes a later message of an earlier round or start, so such a message shows that the newest one was signed by
-someone else (a member, with the shared secret) and the sender is followed from it. Replays of a run's own genuine
+(epoch) and the round of the newest message accepted from it in that start, and when it was last heard from. A message
+is taken only when it is newer than both (a newer epoch: the sender restarted, perhaps from an older checkpoint), or
+was made later than every message taken from the sender (`created`, [`trl_ftis.swarm.clocks.heard_at`]): an honest
+sender never makes a later message of an earlier round or start, so such a message shows that the newest one was signed
+by someone else (a member, with the shared secret) and the sender is followed from it. Replays of a run's own genuine
 messages are refused however old or many they are (neither newer nor made later than what was taken), and never
 count as signs of life. What one collect took is kept in its [`trl_ftis.swarm.round_budget.RoundSpending`]
 (`free_taken`, `free_newest`, `free_heard`).

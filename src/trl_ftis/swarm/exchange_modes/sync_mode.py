@@ -1,12 +1,12 @@
-"""`exchange_mode="sync"`: the round runs inside the step, which waits for the expected peers (up to `peer_timeout`)
-and trains on what they sent for this round."""
+"""The sync mode (`exchange_mode="sync"`): the round runs inside the step, which waits for the expected peers (up to
+`peer_timeout`) and trains on what they sent for this round."""
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .base import RoundOutcome, no_arrivals
+from .base import RoundHost, RoundOutcome, Stateless
 from .sync_window import SyncWindow
 
 if TYPE_CHECKING:
@@ -15,30 +15,26 @@ if TYPE_CHECKING:
 __all__ = ["SyncMode"]
 
 
-class SyncMode:
-    """The lock-step mode ([`ExchangeMode`](base.py)): `round` is the runner's whole round, at the step."""
+class SyncMode(Stateless):
+    """The sync mode ([`ExchangeMode`](base.py)): `round` is the runner's whole round, at the step. It keeps nothing
+    across a restart: a round collects its own rows."""
 
     name = "sync"
     window = SyncWindow
     horizontal = True
+    drop_reasons = {}
 
-    def __init__(self, runner):
-        self.runner = runner
+    def __init__(self, host: RoundHost):
+        self.host = host
         self.worker_errors = 0
         self.admission_seconds = 0.0
         self.closing = threading.Event()  # never set: nothing runs in the background
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:
-        return self.runner.run_round(own_rows, round)
+        return self.host.run_round(own_rows, round)
 
     def wait(self) -> None:
         pass
 
     def close(self) -> None:
         pass
-
-    def state_dict(self) -> dict[str, Any]:
-        return no_arrivals()
-
-    def load_state_dict(self, state: dict[str, Any], *, local_rows: int) -> int:
-        return 0  # rows a free-running run had queued are not this mode's: a lock-step round collects its own
