@@ -61,7 +61,8 @@ def peer_messages(
     rows_per_peer: int = ROWS_PER_PEER,
     group: int = GROUP,
 ):
-    """`{(peer, round): bytes}`: each peer's message of each round, `rows_per_peer` completions in groups of `group`."""
+    """`{(peer, round): bytes}`: each peer's message of each round, `rows_per_peer` completions in groups of
+    `group`."""
     import numpy as np
 
     from trl_ftis import PeerRow
@@ -338,7 +339,8 @@ def main(argv=None) -> int:
                 stop_redis()
     print()
     print(
-        f"# {repeats} pair(s) of {steps} steps per P (first {options.skip} left out); total {time.time() - started:.0f} s"
+        f"# {repeats} pair(s) of {steps} steps per P (first {options.skip} left out); total "
+        f"{time.time() - started:.0f} s"
     )
     print("\n".join(lines))
     return 0

@@ -328,8 +328,10 @@ def main(argv=None) -> dict:
     say(f"learners: self (the generator), near / far (weights + N(0, (s std(W))^2), s = {args.sigma_near:g} / "
         f"{args.sigma_far:g}), pruned (decoder layers {dropped} dropped, {len(pruned.model.layers)} of "
         f"{len(model.model.layers)} kept)")  # fmt: skip
-    say(f"rows: {args.prompts} prompts x G={args.group}, at most {args.max_new_tokens} tokens, sampled by the fp32 "
-        f"model at temperature 1 (full softmax); F-TIS: C={IS_CAP:g}, kl_reduction=group_max_len, advantages -1")  # fmt: skip
+    say(
+        f"rows: {args.prompts} prompts x G={args.group}, at most {args.max_new_tokens} tokens, sampled by the fp32 "
+        f"model at temperature 1 (full softmax); F-TIS: C={IS_CAP:g}, kl_reduction=group_max_len, advantages -1"
+    )
 
     prompts = prompt_ids(tokenizer, args.prompts, model.config.vocab_size, args.seed)
     halves = {name: bf16_copy(m) for name, m in learners.items()}
@@ -389,10 +391,12 @@ def main(argv=None) -> dict:
     say()
     say("(2) F-TIS terms (trl_ftis.objective.ftis_terms) against the fp32/fp32 pairing, per learner")
     say(
-        "    pairing = learner precision / generator precision; |Δlr| = |Δ(ℓθ - ℓgen)| per token; w = truncated weight;"
+        "    pairing = learner precision / generator precision; |Δlr| = |Δ(ℓθ - ℓgen)| per token; w = truncated "
+        "weight;"
     )
     say(
-        "    cap flips = tokens whose capping at C changes; D = filter statistic per row; flips g = rows whose D > g flips"
+        "    cap flips = tokens whose capping at C changes; D = filter statistic per row; flips g = rows whose D > g "
+        "flips"
     )
     say("    rel max = max |ΔD| / D over the rows, rel D>5 = the same over the rows whose reference D >= 5")
     header = (f"{'learner':<10}{'pairing':<28}{'|Δlr| mean':>11}{'p99':>9}{'max':>9}{'mean w':>9}{'|Δw| mean':>11}"

@@ -57,7 +57,7 @@ PARTNERS = {"partner-alone": "partner-alone", **{arm: f"{arm}-partner" for arm i
 HOLM_ALPHA = 0.05
 
 
-# ---- the slot ----------------------------------------------------------------------------------------------------------
+# ---- the slot -------------------------------------------------------------------------------------------------------
 def slot_specs(seed: int, rates: dict[str, float], cache: Path, work: Path) -> dict[str, dict]:
     """The nine processes of a seed: name -> spec for `time_to_target.py --peer`. `rates`: arm -> rate."""
     learner = str(ttt.warm_checkpoint(cache, LEARNER, seed))
@@ -94,7 +94,7 @@ def run_slot(seed: int, rates: dict, cache: Path, work: Path, seed_index: int) -
                             slot_wall_seconds=slot_seconds)  # fmt: skip
 
 
-# ---- offline evaluation ------------------------------------------------------------------------------------------------
+# ---- offline evaluation ---------------------------------------------------------------------------------------------
 def latest_runs(records: list[dict]) -> dict:
     """(seed, rate_key, peer) -> the last run record of that process (`peer_gain.latest_runs`; one slot here)."""
     return {(seed, key, peer): run for (seed, key, _, peer), run in pg.latest_runs(records).items()}
@@ -106,7 +106,8 @@ def snapshot_key(record: dict, index: int, split: str) -> tuple:
 
 def evaluate_pending(records: list[dict], sink, cache: Path, splits: dict[str, tuple[str, ...]]) -> list[dict]:
     """Evaluate every snapshot of every process on its splits (`splits`: "learner", "partner" (alone) and
-    "swarm-partner" -> splits) and every warm model on its splits, in two pinned workers; drop evaluated snapshot files."""
+    "swarm-partner" -> splits) and every warm model on its splits, in two pinned workers; drop evaluated snapshot
+    files."""
     done = {snapshot_key(r, r["index"], r["split"]) for r in records if r["kind"] == "checkpoint"}
     warm_done = {(r["seed"], r["model"], r["split"]) for r in records if r["kind"] == "warm"}
     items = []
@@ -133,7 +134,7 @@ def evaluate_pending(records: list[dict], sink, cache: Path, splits: dict[str, t
     return new
 
 
-# ---- the analysis: pure functions of the records -----------------------------------------------------------------------
+# ---- the analysis: pure functions of the records --------------------------------------------------------------------
 def curves(records: list[dict], split: str, metric: str = "accuracy") -> dict:
     """(seed, rate_key, peer) -> [{step, accuracy}] (`peer_gain.curves`; one slot here)."""
     return {(seed, key, peer): points for (seed, key, _, peer), points in pg.curves(records, split, metric).items()}
@@ -354,12 +355,14 @@ def summarise_quick(records: list[dict]) -> None:
             )
     for run in latest_runs(records).values():
         logged = run.get("logged_means") or {}
-        print(f"{run['peer']}: {run['steps']} steps, {run['train_clock']:.0f} s, peer rows in loss "
-              f"{run.get('peer_rows_in_loss')}, filtered {run.get('rows_filtered')}, "
-              f"filtered_frac {logged.get('ftis/peer/filtered_frac')}, w {logged.get('ftis/peer/is_weight_mean')}")  # fmt: skip
+        print(
+            f"{run['peer']}: {run['steps']} steps, {run['train_clock']:.0f} s, peer rows in loss "
+            f"{run.get('peer_rows_in_loss')}, filtered {run.get('rows_filtered')}, "
+            f"filtered_frac {logged.get('ftis/peer/filtered_frac')}, w {logged.get('ftis/peer/is_weight_mean')}"
+        )
 
 
-# ---- main --------------------------------------------------------------------------------------------------------------
+# ---- main -----------------------------------------------------------------------------------------------------------
 def main() -> None:
     global STEPS
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

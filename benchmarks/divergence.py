@@ -232,8 +232,10 @@ def summarise(records) -> dict:
         for partner in ["-", *partners]:
             for setting in SETTINGS if partner == "-" else WITH_PARTNER:
                 rows = [
-                    r for r in records if r["experiment"] == experiment and r["partner"] == partner and r["setting"] == setting
-                ]  # fmt: skip
+                    r
+                    for r in records
+                    if r["experiment"] == experiment and r["partner"] == partner and r["setting"] == setting
+                ]
                 if not rows:
                     continue
                 changes = [r["accuracy_after"] - r["accuracy_before"] for r in rows]
@@ -292,7 +294,10 @@ def figure(summary, path: Path) -> None:
         ax.errorbar(
             [x + 0.05 * WITH_PARTNER.index(setting) for x in xs],
             [points[i]["mean"] for i in xs],
-            yerr=[[points[i]["mean"] - points[i]["low"] for i in xs], [points[i]["high"] - points[i]["mean"] for i in xs]],
+            yerr=[
+                [points[i]["mean"] - points[i]["low"] for i in xs],
+                [points[i]["high"] - points[i]["mean"] for i in xs],
+            ],
             marker="o", capsize=3, label=setting,
         )  # fmt: skip
     ax.axhline(0, color="grey", lw=0.8)

@@ -4,13 +4,14 @@
     paper-size message (12 prompts x 12 completions x 200 tokens, vocabulary 49 152), the same with uniformly random
     ids and log-uniform log-probs (the pessimistic data of docs/wire-format.md), and a real message of the tiny task
     (rows sampled by a tiny trainer); plus the fixed overhead per completion.
-(b) One round as the receiving trainer sees it, with `trl_ftis.swarm.client.Swarm` instances (one receiver, P publishers) on
-    dir:// (a temporary directory) and Redis (a throwaway redis-server from tests/redis_server.py): encode and publish
-    its own message; collect (poll, decode with its checks, message_to_rows) what P = 2, 8, 32 peers published; merge
-    (group statistics, the receiver's prompt tokenization, build_peer_batch), for a small message per peer
-    (16 completions x 32 tokens) and a large one (12 x 12 x 200 tokens). Each round is timed right after a training
-    step of the tiny model (FTISTrainer, hidden 64, 16 rows), alternating step / round in one run, and reported as a
-    fraction of that step (median and IQR over repeats), with the time per row across P to check linearity.
+(b) One round as the receiving trainer sees it, with `trl_ftis.swarm.client.Swarm` instances (one receiver,
+    P publishers) on dir:// (a temporary directory) and Redis (a throwaway redis-server from tests/redis_server.py):
+    encode and publish its own message; collect (poll, decode with its checks, message_to_rows) what P = 2, 8, 32 peers
+    published; merge (group statistics, the receiver's prompt tokenization, build_peer_batch), for a small message per
+    peer (16 completions x 32 tokens) and a large one (12 x 12 x 200 tokens). Each round is timed right after a
+    training step of the tiny model (FTISTrainer, hidden 64, 16 rows), alternating step / round in one run, and
+    reported as a fraction of that step (median and IQR over repeats), with the time per row across P to check
+    linearity.
 
 No absolute time is a result (the machine is shared and noisy); raw medians are printed for context only.
 
@@ -264,8 +265,8 @@ SETTINGS = {
 
 
 class PhaseClock:
-    """Times the functions a round calls by patching module attributes of trl_ftis.swarm.client (the benchmark's process
-    only; nothing in src/ changes)."""
+    """Times the functions a round calls by patching module attributes of trl_ftis.swarm.client (the benchmark's
+    process only; nothing in src/ changes)."""
 
     def __init__(self):
         import trl_ftis.swarm.client as swarm_module

@@ -259,7 +259,9 @@ def part_speed(args, sink):
 
 
 def summarize_speed(records):
-    print("\n== speed: per peer role, over its peers and repeats; relative to the same peer alone in the same repeat ==")
+    print(
+        "\n== speed: per peer role, over its peers and repeats; relative to the same peer alone in the same repeat =="
+    )
     print(
         "| P | R | role | arm | blocking share, max | step rate vs alone, median (range) | "
         "seconds per trained row vs alone, median (range) | peer rows per step | ages trained on (sender steps) |"
@@ -269,7 +271,8 @@ def summarize_speed(records):
     for peers, ratio in keys:
         for role in ("fast", "slow"):
             for arm in ("sync", "free"):
-                rows = [r for r in records if (r["peers"], r["ratio"], r["role"], r["arm"]) == (peers, ratio, role, arm)]
+                key = (peers, ratio, role, arm)
+                rows = [r for r in records if (r["peers"], r["ratio"], r["role"], r["arm"]) == key]
                 if not rows:
                     continue
                 shares = [r["blocking_seconds"] / r["train_seconds"] for r in rows]
@@ -385,7 +388,8 @@ def part_learning(args, sink):
                 print(
                     f"seed {seed} R={ratio} {mode}: "
                     + ", ".join(
-                        f"{r['role']} {r['accuracy_before']:.3f}->{r['accuracy_after']:.3f} in {r['train_seconds']:.1f}s"
+                        f"{r['role']} {r['accuracy_before']:.3f}->{r['accuracy_after']:.3f} "
+                        f"in {r['train_seconds']:.1f}s"
                         for r in got
                     ),
                     flush=True,
@@ -410,7 +414,9 @@ def summarize_learning(records):
                     continue
                 gain = {m: pair[m]["accuracy_after"] - pair[m]["accuracy_before"] for m in pair}
                 per_token.append(gain["free"] - gain["sync"])
-                per_second.append(gain["free"] / pair["free"]["train_seconds"] - gain["sync"] / pair["sync"]["train_seconds"])
+                per_second.append(
+                    gain["free"] / pair["free"]["train_seconds"] - gain["sync"] / pair["sync"]["train_seconds"]
+                )
             name = f"R={ratio} {role}"
             families["gain per own token"][name] = (per_token, t_pvalue(per_token))
             families["gain per second"][name] = (per_second, t_pvalue(per_second))
@@ -438,7 +444,8 @@ def summarize_learning(records):
                         f"  R={ratio} {role:4s} {mode}: gain {statistics.fmean(gains):+.3f}, "
                         f"train {statistics.fmean(r['train_seconds'] for r in rows):.1f} s, "
                         f"peer rows {statistics.fmean(r['rows_accepted'] for r in rows):.0f}, "
-                        f"blocking {100 * statistics.fmean(r['blocking_seconds'] / r['train_seconds'] for r in rows):.1f}%"
+                        "blocking "
+                        f"{100 * statistics.fmean(r['blocking_seconds'] / r['train_seconds'] for r in rows):.1f}%"
                     )
 
 

@@ -168,16 +168,16 @@ def print_table(records: list[dict]) -> None:
         spec = record["spec"]
         print(
             f"| {spec['hidden']} | {spec['layers']} | {spec['digits']} | {record['completion_tokens']} | "
-            f"{record['parameters'] / 1e6:.2f}M | {s['gen_B']:.3f} | {s['gen_2B']:.3f} | {s['s']:.2f} | {s['f']:.2f} | "
-            f"{s['step_A_N']:.2f} | {s['half_over_full']:.2f} | {s['predicted']:.2f} |"
+            f"{record['parameters'] / 1e6:.2f}M | {s['gen_B']:.3f} | {s['gen_2B']:.3f} | {s['s']:.2f} | {s['f']:.2f} "
+            f"| {s['step_A_N']:.2f} | {s['half_over_full']:.2f} | {s['predicted']:.2f} |"
         )
     chosen = choose(summaries)
     if chosen is None:
         print(f"no configuration has an A_N step of at most {MAX_STEP_SECONDS} s")
     else:
         print(
-            f"chosen by the rule (A_N step <= {MAX_STEP_SECONDS} s, lowest predicted ratio, ties to the cheaper step): "
-            f"hidden {chosen['hidden']}, {chosen['layers']} layers, {chosen['digits']} digits"
+            f"chosen by the rule (A_N step <= {MAX_STEP_SECONDS} s, lowest predicted ratio, ties to the cheaper "
+            f"step): hidden {chosen['hidden']}, {chosen['layers']} layers, {chosen['digits']} digits"
         )
         order = ", ".join(f"{c['hidden']}/{c['layers']}/{c['digits']}" for c in rule_order(summaries))
         print(f"the rule's order (hidden/layers/digits): {order}")

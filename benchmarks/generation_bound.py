@@ -75,7 +75,7 @@ def run_slot(slot, seed, cache, work, index, steps, cost, **fields) -> list[dict
     return ttt.slot_records(specs, cores, seed=seed, slot=slot, slot_wall_seconds=seconds, **fields)
 
 
-# ---- calibration -------------------------------------------------------------------------------------------------------
+# ---- calibration ----------------------------------------------------------------------------------------------------
 def per_step(run: dict, first: int) -> tuple[list[float], list[float]]:
     """(step seconds, generation seconds) of each step from `first` on, from the run's `step_log`."""
     log = run["step_log"]
@@ -103,7 +103,7 @@ def calibration(records: list[dict]) -> dict:
             "real_generation": statistics.median(generation), "costs": costs}  # fmt: skip
 
 
-# ---- evaluation and analysis -------------------------------------------------------------------------------------------
+# ---- evaluation and analysis ----------------------------------------------------------------------------------------
 def evaluate_pending(records: list[dict], sink, cache: Path) -> list[dict]:
     done = {(r["seed"], r["peer"], r["index"]) for r in records if r["kind"] == "checkpoint"}
     warm_done = {r["seed"] for r in records if r["kind"] == "warm"}
@@ -201,8 +201,10 @@ def summarise(records: list[dict], point: int) -> dict:
     print(f"point {point} (emulated engine, s = {POINTS[point]['growth']}); seeds {seeds}")
     held = [r["held_generation"] for r in runs.values() if r.get("held_generation")]
     calls, overruns = sum(h["calls"] for h in held), sum(h["overruns"] for h in held)
-    print(f"held calls {calls}, overruns {overruns} ({overruns / max(calls, 1):.1%}); real generation "
-          f"{sum(h['real_seconds'] for h in held):.0f} s of {sum(h['held_seconds'] for h in held):.0f} s held")  # fmt: skip
+    print(
+        f"held calls {calls}, overruns {overruns} ({overruns / max(calls, 1):.1%}); real generation "
+        f"{sum(h['real_seconds'] for h in held):.0f} s of {sum(h['held_seconds'] for h in held):.0f} s held"
+    )
     result["overrun_share"] = overruns / max(calls, 1)
     times = {}
     for seed in seeds:
@@ -280,8 +282,10 @@ def summarise(records: list[dict], point: int) -> dict:
         holds = pgw.prediction_holds((measured["low"], measured["high"]), ranges[k])
         result["predicted"][base] = {"point": point_values[k], "range": ranges[k], "holds": holds}
         label = f"copy-2 / {name}" + (" (better alone)" if base == "better" else "")
-        print(f"| {label} | {point_values[k]:.2f} | [{ranges[k][0]:.2f}, {ranges[k][1]:.2f}] | "
-              f"{measured['ratio']:.2f} [{measured['low']:.2f}, {measured['high']:.2f}] | {'yes' if holds else 'no'} |")  # fmt: skip
+        print(
+            f"| {label} | {point_values[k]:.2f} | [{ranges[k][0]:.2f}, {ranges[k][1]:.2f}] | "
+            f"{measured['ratio']:.2f} [{measured['low']:.2f}, {measured['high']:.2f}] | {'yes' if holds else 'no'} |"
+        )
     formula = step_ratio(means["f"], means["s"], means["r"], g=means["g"], t=means["t"])
     print(f"predicted step ratio copy-2 / A_2 from f, s, r, g, t (trl_ftis.pays.step_ratio): {formula:.3f}; "
           f"measured (whole runs) {means['step_ratio']:.3f}")  # fmt: skip

@@ -44,8 +44,17 @@ def main() -> None:
     before, now = Swarm(url, peer_id="before", **settings), Swarm(url, peer_id="now", **settings)
     proc.terminate()
     proc.wait()
-    final = Message(sender="before", round=0, tokenizer_fingerprint=settings["tokenizer_fingerprint"],
-                    tokenizer_name="char", temperature=1.0, reward_names=[], groups=[], completions=[], final=True)  # fmt: skip
+    final = Message(
+        sender="before",
+        round=0,
+        tokenizer_fingerprint=settings["tokenizer_fingerprint"],
+        tokenizer_name="char",
+        temperature=1.0,
+        reward_names=[],
+        groups=[],
+        completions=[],
+        final=True,
+    )
     start = time.monotonic()
     try:
         before.transport.publish(encode_message(final), sender="before", round=0)  # what leave() sent before

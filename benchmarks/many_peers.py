@@ -1,14 +1,14 @@
 """Many peers: what one receiver's `Swarm.collect` costs as the swarm grows (issue 20).
 
-One receiver `trl_ftis.swarm.client.Swarm` faces S = 64, 128 and 256 simulated senders on memory:// and dir:// (a temporary
-directory). Every round each sender publishes one realistic message: 64 rows (8 prompts x 8 completions) of 300 tokens
-each, Zipf token ids and fp32 log-probs (the generators of benchmarks/exchange.py), signed with a shared swarm secret
-(HMAC over the whole message, so verification costs what it does in a swarm). The rows of every sender are built once
-(`trl_ftis.swarm.client.rows_to_message`); each round's messages are encoded (`trl_ftis.exchange.encode_message`) and
-published before the receiver's collect, outside the measured time. The receiver has met every sender (its
-`known_peers` holds them all, as after a first round that took everyone), so every sender is a regular with its own
-allowance: the case where nothing but `max_rows` can bound the work. It does not wait (no expected peers): everything
-is in the exchange when the round starts.
+One receiver `trl_ftis.swarm.client.Swarm` faces S = 64, 128 and 256 simulated senders on memory:// and dir:// (a
+temporary directory). Every round each sender publishes one realistic message: 64 rows (8 prompts x 8 completions) of
+300 tokens each, Zipf token ids and fp32 log-probs (the generators of benchmarks/exchange.py), signed with a shared
+swarm secret (HMAC over the whole message, so verification costs what it does in a swarm). The rows of every sender are
+built once (`trl_ftis.swarm.client.rows_to_message`); each round's messages are encoded
+(`trl_ftis.exchange.encode_message`) and published before the receiver's collect, outside the measured time. The
+receiver has met every sender (its `known_peers` holds them all, as after a first round that took everyone), so every
+sender is a regular with its own allowance: the case where nothing but `max_rows` can bound the work. It does not wait
+(no expected peers): everything is in the exchange when the round starts.
 
 Two row allowances, measured in the same run, round after round interleaved with every S and transport:
 
@@ -276,8 +276,7 @@ def main(argv=None) -> int:
                         f"  {transport + '://':<10}{allowance:>9}{size:>5}{1000 * t:>12.1f}{ratio(t, base_time):>8}"
                         f"{read:>10.0f}{ratio(read, base_read):>8}{statistics.median(case.bytes) / 1e6:>9.1f}"
                         f"{statistics.median(case.rows):>7.0f}{statistics.median(case.dropped):>9.0f}"
-                        f"{peak:>10.1f}{ratio(peak, base_peak):>8}"
-                        f"{f'{len(case.accepted_by)}/{size}':>14}"
+                        f"{peak:>10.1f}{ratio(peak, base_peak):>8}{f'{len(case.accepted_by)}/{size}':>14}"
                     )
                     peak_ratio = peak / base_peak if base_peak else 0.0
                     summary.append((transport, allowance, size, t / base_time, read, peak_ratio))

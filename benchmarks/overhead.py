@@ -111,7 +111,10 @@ def verdict(values, goal=GOAL) -> str:
         return f"met: median {med:.3f}, whole 95% CI <= {goal}"
     if low > goal:
         return f"NOT met: median {med:.3f}, whole 95% CI > {goal}"
-    return f"{'met' if med <= goal else 'NOT met'} by the median ({med:.3f}), but the 95% CI ({low:.3f} - {high:.3f}) straddles {goal}"
+    return (
+        f"{'met' if med <= goal else 'NOT met'} by the median ({med:.3f}), but the 95% CI ({low:.3f} - {high:.3f}) "
+        f"straddles {goal}"
+    )
 
 
 def header(command_line: str | None = None) -> None:
@@ -319,8 +322,8 @@ def bench_no_peers(hidden: int, args, tokenizer, dataset, tmp: str, *, layers: i
     identical = all(torch.equal(p, q) for p, q in zip(grpo.model.parameters(), ftis.model.parameters(), strict=True))
     n_params = sum(p.numel() for p in model.parameters())
     print(
-        f"\n(a) no peers, hidden {hidden}, {layers} layers ({n_params / 1e3:.0f}k parameters), {LOCAL_ROWS} rows/step, "
-        f"{blocks} blocks x {k} steps per trainer"
+        f"\n(a) no peers, hidden {hidden}, {layers} layers ({n_params / 1e3:.0f}k parameters), {LOCAL_ROWS} "
+        f"rows/step, {blocks} blocks x {k} steps per trainer"
     )
     ratios, cpu_ratios = report_pair(times, cpu, trl_steps)
     raw_medians(times, {"grpo": "GRPO", "ftis": "FTIS"})
@@ -569,7 +572,8 @@ def main(argv=None) -> int:
             result = bench_no_peers(hidden, args, tokenizer, dataset, tmp)
             summary.append((f"(a) no peers, hidden {hidden}", result))
         if args.scale_hidden:
-            # A larger model: the F-TIS code paths cost the same per step, so their share falls (fewer, shorter blocks).
+            # A larger model: the F-TIS code paths cost the same per step, so their share falls (fewer, shorter
+            # blocks).
             result = bench_no_peers(
                 args.scale_hidden,
                 args,

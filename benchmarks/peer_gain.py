@@ -23,8 +23,9 @@ Arms (P = 2 and P = 4; the judged peers run the `big` model of the seed):
     A_1        alone, B rows a step: the same own generation as a swarm peer (A_N/P for both P)
     A_2, A_4   alone, 2B / 4B rows a step: as many rows as a swarm peer of P = 2 / 4 trains on (A_N)
     copy-P     P copies of `big`, each its own prompt stream and sampling seed, lock-step; judged: every copy
-    hetero-P   `big` next to P - 1 `small` partners (hidden 32), all training, lock-step; judged: `big` (the direction a
-               recent paper reports collapsing for truncated IS: a bigger learner fed by smaller partners' rows)
+    hetero-P   `big` next to P - 1 `small` partners (hidden 32), all training, lock-step; judged: `big` (the
+               direction a recent paper reports collapsing for truncated IS: a bigger learner fed by smaller
+               partners' rows)
 Slots (4 processes each, two per core: every process of every arm shares its core with exactly one other):
     alone      A_4, A_1, A_2, A_1-small (the small model alone, so that the slot packs like the others)
     pairs      copy-2 (2 processes) and hetero-2 (2), two swarms on two exchanges
@@ -212,7 +213,7 @@ def run_slot(slot: str, seed: int, rates: dict[str, float], cache: Path, work: P
                             slot_wall_seconds=slot_seconds)  # fmt: skip
 
 
-# ---- offline evaluation ----------------------------------------------------------------------------------------------
+# ---- offline evaluation ---------------------------------------------------------------------------------------------
 class Run(dict):
     """A run record usable as a dict key (by its run id and process)."""
 
@@ -284,7 +285,7 @@ def evaluate_pending(records: list[dict], sink, cache: Path, splits: tuple[str, 
     return new
 
 
-# ---- the analysis: pure functions of the records -----------------------------------------------------------------------
+# ---- the analysis: pure functions of the records --------------------------------------------------------------------
 def curves(records: list[dict], split: str, metric: str = "accuracy") -> dict:
     """(seed, rate_key, slot, peer) -> [{step, accuracy}] sorted by step, the warm model's value at step 0; the
     "accuracy" key holds `metric` ("accuracy" or "reward")."""
@@ -388,11 +389,12 @@ def target_offset(choice: dict[str, dict]) -> float | None:
     return TARGET_FRACTION * statistics.median(gains) if gains else None
 
 
-# ---- summaries ---------------------------------------------------------------------------------------------------------
+# ---- summaries ------------------------------------------------------------------------------------------------------
 def cpu_hours(records: list[dict]) -> str:
     """The training processes' CPU time in the records (every run, latest or not; evaluation not included)."""
     runs = [r for r in records if r["kind"] == "run"]
-    return f"training CPU time in these records: {sum(r['cpu_seconds'] for r in runs) / 3600:.2f} h over {len(runs)} processes"
+    hours = sum(r["cpu_seconds"] for r in runs) / 3600
+    return f"training CPU time in these records: {hours:.2f} h over {len(runs)} processes"
 
 
 def summarise_lr(records: list[dict]) -> None:
@@ -409,7 +411,8 @@ def summarise_lr(records: list[dict]) -> None:
     offset = target_offset(choice)
     if offset is not None:
         gains = choice["A_1"]["table"][choice["A_1"]["rate"]]["end_gains"]
-        print(f"target offset: {TARGET_FRACTION} x median A_1 end gain {statistics.median(gains):+.3f} = {offset:+.3f} "
+        print(f"target offset: {TARGET_FRACTION} x median A_1 end gain {statistics.median(gains):+.3f} = "
+            f"{offset:+.3f} "
               f"(per seed: {', '.join(f'{g:+.3f}' for g in gains)})")  # fmt: skip
 
 
@@ -471,7 +474,8 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
         result["ratios"][name] = {"ratio": ratio, "low": low, "high": high, "holm": adjusted[name], "reading": reading}
         lower, higher = sum(v < 0 for v in logs), sum(v > 0 for v in logs)
         print(
-            f"| {name} | {ratio:.2f} | [{low:.2f}, {high:.2f}] | {lower} / {higher} | {adjusted[name]:.3g} | {reading} |"
+            f"| {name} | {ratio:.2f} | [{low:.2f}, {high:.2f}] | {lower} / {higher} | {adjusted[name]:.3g} | "
+            f"{reading} |"
         )
     # phi from the mean gain across the budget, and at the end; per received row.
     print(f"\nphi (mean gain across the budget's snapshots; ratio of mean gains over seeds; bootstrap {BOOTSTRAP})")
@@ -492,8 +496,12 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
         phi = ratio_of_means_phi(triples)
         low, high = bootstrap(triples, ratio_of_means_phi)
         end_phi = ratio_of_means_phi(ends)
-        received = [runs[(s, slot, peer)]["peer_rows_in_loss"] / runs[(s, slot, peer)]["steps"] for s in complete
-                    for peer in peers if runs.get((s, slot, peer), {}).get("peer_rows_in_loss") is not None]  # fmt: skip
+        received = [
+            runs[(s, slot, peer)]["peer_rows_in_loss"] / runs[(s, slot, peer)]["steps"]
+            for s in complete
+            for peer in peers
+            if runs.get((s, slot, peer), {}).get("peer_rows_in_loss") is not None
+        ]
         per_step = statistics.fmean(received) if received else math.nan
         # Peer rows admitted (above) are those left after the drops before the filter (special tokens, ...); the
         # filter then zeroes some of them (`rows_filtered` of `ftis_summary.json`; records made before it was kept
@@ -502,8 +510,16 @@ def summarise_grid(records: list[dict], offset: float, rates: dict[str, float], 
         zeroed = [r["rows_filtered"] / r["steps"] for r in judged if r.get("rows_filtered") is not None]
         filtered = statistics.fmean(zeroed) if zeroed and len(zeroed) == len(judged) else None
         per_row = phi * (p - 1) * OWN_ROWS / per_step if phi is not None and per_step > 0 else math.nan
-        result["phi"][arm] = {"phi": phi, "low": low, "high": high, "end": end_phi, "rows_a_step": per_step,
-                              "filtered_a_step": filtered, "per_received_row": per_row, "triples": triples}  # fmt: skip
+        result["phi"][arm] = {
+            "phi": phi,
+            "low": low,
+            "high": high,
+            "end": end_phi,
+            "rows_a_step": per_step,
+            "filtered_a_step": filtered,
+            "per_received_row": per_row,
+            "triples": triples,
+        }
         zeroed_text = "not recorded" if filtered is None else f"{filtered:.2f}"
         print(
             f"| {arm} | {phi:.2f} | [{low:.2f}, {high:.2f}] | {high - low:.2f} | {end_phi:.2f} | {per_step:.1f} of "
@@ -623,7 +639,7 @@ def summarise_pilot(records: list[dict]) -> None:
                   + f"  mean gain {mean_gain(points):+.3f} end gain {end_gain(points):+.3f}")  # fmt: skip
 
 
-# ---- main --------------------------------------------------------------------------------------------------------------
+# ---- main -----------------------------------------------------------------------------------------------------------
 def load(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 

@@ -157,7 +157,7 @@ def evaluate_pending(records: list[dict], sink, checkpoint: Path) -> list[dict]:
     return new
 
 
-# ---- analysis ----------------------------------------------------------------------------------------------------------
+# ---- analysis -------------------------------------------------------------------------------------------------------
 def curves(records: list[dict]) -> dict:
     """(seed, peer) -> [{step, clock, accuracy}] by step, the warm accuracy at step 0 and clock 0."""
     warm = next((r["accuracy"] for r in records if r["kind"] == "warm"), None)
@@ -389,8 +389,10 @@ def summarise(records: list[dict], target_offset: float | None) -> None:
         key = "vs_full" if better == "A_2" else "vs_own"
         ranges = wall_ratio_range(mean_hardware(factors), learning["phi"][1:], learning["beta"][1:])[key]
         holds = prediction_holds((math.exp(low), math.exp(high)), ranges)
-        print(f"predicted range copy-2 / {better}: [{ranges[0]:.2f}, {ranges[1]:.2f}]; the prediction "
-              f"{'holds' if holds else 'does not hold'} (measured interval {'overlaps' if holds else 'misses'} it)")  # fmt: skip
+        print(
+            f"predicted range copy-2 / {better}: [{ranges[0]:.2f}, {ranges[1]:.2f}]; the prediction "
+            f"{'holds' if holds else 'does not hold'} (measured interval {'overlaps' if holds else 'misses'} it)"
+        )
 
 
 def main() -> None:

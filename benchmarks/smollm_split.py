@@ -13,8 +13,8 @@ each (`taskset`, one thread), so that every arm has the same hardware:
 
 Configurations: `demo` (the `make demo` settings: word problems, 2 prompts x 4 completions of at most 20 tokens,
 temperature 0.7; `full` fine-tuning next to a `lora` copy; the alone arms full fine-tuning) and `long` (the same
-prompts, a 128-token completion budget, every process LoRA). No evaluation runs: this measures time only (`demo/peer.py`
-with `--eval_size 0`).
+prompts, a 128-token completion budget, every process LoRA). No evaluation runs: this measures time only
+(`demo/peer.py` with `--eval_size 0`).
 
 From each process's `ftis_summary.json` and `log_history.json` (the ledger, `ftis/time/...`): the generation share
 f = generation / step, the exchange share r = exchange / step, seconds per step (the first step, which warms caches,
@@ -45,8 +45,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 CONFIGS = {
-    "demo": {"num_generations": 4, "prompts": 2, "max_completion_length": 20, "swarm": ("full", "lora"), "lora_alone": False},
-    "long": {"num_generations": 4, "prompts": 2, "max_completion_length": 128, "swarm": ("lora-a", "lora-b"), "lora_alone": True},
+    "demo": {"num_generations": 4, "prompts": 2, "max_completion_length": 20, "swarm": ("full", "lora"),
+             "lora_alone": False},
+    "long": {"num_generations": 4, "prompts": 2, "max_completion_length": 128, "swarm": ("lora-a", "lora-b"),
+             "lora_alone": True},
 }  # fmt: skip
 LORA_ARGS = ["--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0.0",
              "--lora_target_modules", "q_proj", "k_proj", "v_proj", "o_proj"]  # fmt: skip
@@ -67,8 +69,10 @@ def peer_command(model: Path, data: Path, out: Path, peer_id: str, config: dict,
         "--model_name_or_path", str(model), "--data_dir", str(data), "--eval_size", "0",
         "--output_dir", str(out / peer_id), "--peer_id", peer_id, "--max_steps", str(steps),
         "--per_device_train_batch_size", "1", "--gradient_accumulation_steps", str(rows),
-        "--num_generations", str(config["num_generations"]), "--max_completion_length", str(config["max_completion_length"]),
-        "--temperature", "0.7", "--reward_weights", "1.0", "0.2", "--lr_scheduler_type", "constant", "--preset", "paper",
+        "--num_generations", str(config["num_generations"]),
+        "--max_completion_length", str(config["max_completion_length"]),
+        "--temperature", "0.7", "--reward_weights", "1.0", "0.2", "--lr_scheduler_type", "constant",
+        "--preset", "paper",
         "--max_grad_norm", "1.0", "--learning_rate", LEARNING_RATE[lora], "--bf16", "false", "--use_cpu", "true",
         "--gradient_checkpointing", "false", "--report_to", "none", "--save_strategy", "no", "--logging_steps", "1",
         "--disable_tqdm", "true", "--seed", str(seed), "--peer_timeout", "900",

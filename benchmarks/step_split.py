@@ -1,7 +1,8 @@
 """Where a step of the time-to-target runs goes: each process's ledger split (`ftis_summary.json` `time_seconds`:
 generation, scoring, exchange, training, other), as shares of the step, mean over seeds.
 
-    python benchmarks/step_split.py benchmarks/results/time_to_target-part3.jsonl | tee benchmarks/results/time_to_target-part3-split.txt
+    python benchmarks/step_split.py benchmarks/results/time_to_target-part3.jsonl \
+        | tee benchmarks/results/time_to_target-part3-split.txt
 """
 
 import json
@@ -23,14 +24,16 @@ def main(path: str) -> None:
             {k: v / t["step"] for k, v in t.items() if k != "step"} | {"ms": 1000 * t["step"] / r["steps"]}
         )
     print(
-        "share of the step (ftis_summary.json time_seconds), mean over seeds; whole run, the last lock-step wait included"
+        "share of the step (ftis_summary.json time_seconds), mean over seeds; whole run, the last lock-step wait "
+        "included"
     )
     print("| slot | peer | generation | scoring | exchange | training | other | ms/step |")
     print("|---|---|---|---|---|---|---|---|")
     for (slot, peer), v in rows.items():
         m = {k: statistics.fmean(x[k] for x in v) for k in v[0]}
         print(
-            f"| {slot} | {peer} | {m['generation']:.3f} | {m['scoring']:.3f} | {m['exchange']:.3f} | {m['training']:.3f} | {m['other']:.3f} | {m['ms']:.0f} |"
+            f"| {slot} | {peer} | {m['generation']:.3f} | {m['scoring']:.3f} | {m['exchange']:.3f} | "
+            f"{m['training']:.3f} | {m['other']:.3f} | {m['ms']:.0f} |"
         )
 
 

@@ -222,7 +222,9 @@ def summarise(records, path: Path) -> None:
             "token_ratio": statistics.fmean(r["token_ratio"] for r in reached) if reached else None,
             "swarm_steps": statistics.fmean(r["steps"] for r in reached) if reached else None,
             "alone_steps": peers[0]["alone_steps"],
-            "swarm_seconds_per_step": statistics.fmean(r["wall_seconds"] / r["steps"] for r in reached) if reached else None,
+            "swarm_seconds_per_step": (
+                statistics.fmean(r["wall_seconds"] / r["steps"] for r in reached) if reached else None
+            ),
             "alone_seconds_per_step": peers[0]["alone_wall_seconds"] / peers[0]["alone_steps"],
         }  # fmt: skip
     complete = [v for v in per_seed.values() if v["wall_ratio"] is not None]

@@ -1,12 +1,13 @@
-"""Time to target (issue 21, part 2): does joining a two-peer swarm reach a held-out accuracy target sooner in wall time
-than training alone, in a generation-bound regime? A pre-registered experiment (`benchmarks/time_to_target.md`).
+"""Time to target (issue 21, part 2): does joining a two-peer swarm reach a held-out accuracy target sooner in wall
+time than training alone, in a generation-bound regime? A pre-registered experiment (`benchmarks/time_to_target.md`).
 
     OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --quick            # 1 seed, short runs: a smoke test
     OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --pilot            # seeds 100, 101: fixes TARGET
     OMP_NUM_THREADS=1 python benchmarks/time_to_target.py | tee benchmarks/results/time_to_target.txt   # the grid
     OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --seeds 0-3 --slots alone homog-sync   # a piece
     python benchmarks/time_to_target.py --summary-only | tee benchmarks/results/time_to_target.txt
-    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --part3 | tee benchmarks/results/time_to_target-part3.txt  # part 3
+    OMP_NUM_THREADS=1 python benchmarks/time_to_target.py --part3 \
+        | tee benchmarks/results/time_to_target-part3.txt  # part 3
 
 Task and model. Carry-chain addition of two 2-digit numbers ([`trl_ftis.tasks.carry_chain`]): the prompt
 `"37+86="` (6 characters) is answered by the chain `"7+6=13,3+8+1=12;123"` (up to 20 tokens with EOS), so a step is
@@ -60,9 +61,9 @@ t-intervals on the log ratios, sign counts, and Holm-adjusted p-values (two-side
 ratios) over the 8 comparisons (4 swarm arms x 2 alone arms). Censored runs: time = budget (a lower bound on the
 true time), counted per arm; a pair with both runs censored has ratio 1 and is counted as such. Decomposition of
 each ratio: wall ratio = step-time ratio (seconds per step over the steps that ended within the budget, swarm /
-alone) x steps ratio (steps to target, swarm / alone). Against A_N the step-time ratio is compared with the prediction 1 - f(1 - 1/P) + r (P = 2,
-f the measured generation share of A_N, r = exchange seconds / step seconds of the swarm peer, both within the
-budget, from the per-step logs `step_log` and `time_log`); against A_N/2 it is
+alone) x steps ratio (steps to target, swarm / alone). Against A_N the step-time ratio is compared with the prediction
+1 - f(1 - 1/P) + r (P = 2, f the measured generation share of A_N, r = exchange seconds / step seconds of the swarm
+peer, both within the budget, from the per-step logs `step_log` and `time_log`); against A_N/2 it is
 reported as measured. Batch scaling beta = steps_to_target(A_N/2) / steps_to_target(A_N). Partner value phi = the
 value of a peer row relative to an own row, from the accuracy gains over the warm model at equal steps (the last
 step all three arms reached, accuracy interpolated by step): phi = (gain_swarm - gain_A_N/2) / (gain_A_N -
@@ -580,12 +581,24 @@ def slot_records(specs: dict[str, dict], cores: dict[str, int], **fields) -> lis
     for name, spec in specs.items():
         run = json.loads((Path(spec["out"]) / "run.json").read_text())
         arm = {"arm": spec["arm"]} if "arm" in spec else {}
-        records.append({"kind": "run", **fields, **arm, "peer": name, "core": cores[name], "rows": spec["rows"],
-                        "lr": spec["lr"], "model": Path(spec["checkpoint"]).name, "out": spec["out"], **run})  # fmt: skip
+        records.append(
+            {
+                "kind": "run",
+                **fields,
+                **arm,
+                "peer": name,
+                "core": cores[name],
+                "rows": spec["rows"],
+                "lr": spec["lr"],
+                "model": Path(spec["checkpoint"]).name,
+                "out": spec["out"],
+                **run,
+            }
+        )
     return records
 
 
-# ---- offline evaluation -----------------------------------------------------------------------------------------------
+# ---- offline evaluation ---------------------------------------------------------------------------------------------
 def evaluate_worker(job_path: str) -> None:
     """Evaluate the checkpoints listed in `job` (JSON), one JSON line per checkpoint on stdout."""
     import torch
@@ -680,7 +693,7 @@ def evaluate_items(items: list[dict], script: str, sink, prefix: str, **job) -> 
     return new
 
 
-# ---- the summary ------------------------------------------------------------------------------------------------------
+# ---- the summary ----------------------------------------------------------------------------------------------------
 def curves(records: list[dict]) -> dict:
     """(seed, slot, peer) -> checkpoints sorted by clock, each with its accuracy; plus the warm accuracy at 0."""
     warm = {(r["seed"], r["model"]): r["accuracy"] for r in records if r["kind"] == "warm"}
@@ -756,7 +769,8 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
                 end.append(accuracy_at(points, budget))
         if warm:
             print(
-                f"  {arm:11s} warm {statistics.fmean(warm):.3f}  half {statistics.fmean(x for x in half if x is not None):.3f}"
+                f"  {arm:11s} warm {statistics.fmean(warm):.3f}  half "
+                f"{statistics.fmean(x for x in half if x is not None):.3f}"
                 f"  budget {statistics.fmean(x for x in end if x is not None):.3f}  (n={len(warm)})"
             )
     if pilot or target is None:
@@ -781,7 +795,8 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
                 "at_budget": statistics.fmean(accuracy_at(curve[(seed, slot, p)], budget) for p in peers),
             }
     print(
-        "| arm | seeds | reached (peers) | time to target, geo-mean s | steps to target | own tokens to target | accuracy at budget |"
+        "| arm | seeds | reached (peers) | time to target, geo-mean s | steps to target | own tokens to target | "
+        "accuracy at budget |"
     )
     print("|---|---|---|---|---|---|---|")
     for arm, got in per_arm.items():
@@ -789,8 +804,10 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
         reached = sum(v["peers"] - v["censored"] for v in values)
         total = sum(v["peers"] for v in values)
         print(
-            f"| {arm} | {len(values)} | {reached}/{total} | {math.exp(statistics.fmean(math.log(v['seconds']) for v in values)):.1f} | "
-            f"{statistics.fmean(v['steps'] for v in values):.0f} | {statistics.fmean(v['tokens'] for v in values):.0f} | "
+            f"| {arm} | {len(values)} | {reached}/{total} | "
+            f"{math.exp(statistics.fmean(math.log(v['seconds']) for v in values)):.1f} | "
+            f"{statistics.fmean(v['steps'] for v in values):.0f} | "
+            f"{statistics.fmean(v['tokens'] for v in values):.0f} | "
             f"{statistics.fmean(v['at_budget'] for v in values):.3f} |"
         )
     comparisons, pvalues = {}, {}
@@ -841,12 +858,15 @@ def summarise(records: list[dict], target: float | None, budget: float, pilot: b
     common = sorted(set(per_arm.get("A_N", {})) & set(per_arm.get("A_N/2", {})))
     if common:
         beta = geo([max(per_arm["A_N/2"][s]["steps"], 1) / max(per_arm["A_N"][s]["steps"], 1) for s in common])
-        print(f"\nbatch scaling beta = steps_to_target(A_N/2) / steps_to_target(A_N): {beta:.3f} (geo-mean, {len(common)} seeds; "
+        print(f"\nbatch scaling beta = steps_to_target(A_N/2) / steps_to_target(A_N): {beta:.3f} (geo-mean, "
+            f"{len(common)} seeds; "
               "censored runs at their last step)")  # fmt: skip
     print("\npartner value phi = (gain_swarm - gain_A_N/2) / (gain_A_N - gain_A_N/2), gains at equal steps:")
     phi_report(curve, seeds, {arm: ARMS[arm] for arm in SWARM_ARMS})
-    print("\nverdict (pre-registered): \"the value claim is supported where both wall-time ratios have upper bounds below 1"
-          " with point estimates <= 0.9; refuted at this scale where the ratio against A_N/2 has a lower bound above 0.9;"
+    print("\nverdict (pre-registered): \"the value claim is supported where both wall-time ratios have upper bounds "
+        "below 1"
+          " with point estimates <= 0.9; refuted at this scale where the ratio against A_N/2 has a lower bound above "
+          "0.9;"
           " otherwise inconclusive, with the decomposition showing which factor fell short.\"")  # fmt: skip
     for arm in SWARM_ARMS:
         full, half = bounds.get((arm, "A_N")), bounds.get((arm, "A_N/2"))
@@ -885,7 +905,8 @@ def phi_report(curve: dict, seeds: list[int], arms: dict) -> None:
         low, high = (boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]) if boot else (math.nan, math.nan)
         print(
             f"  {arm:11s} phi {phi:+.2f} [{low:+.2f}, {high:+.2f}] (bootstrap over {len(gains)} seeds; at steps "
-            f"{min(g[3] for g in gains)}-{max(g[3] for g in gains)}; mean gains swarm {statistics.fmean(g[0] for g in gains):+.3f}, "
+            f"{min(g[3] for g in gains)}-{max(g[3] for g in gains)}; mean gains swarm "
+            f"{statistics.fmean(g[0] for g in gains):+.3f}, "
             f"A_N {statistics.fmean(g[1] for g in gains):+.3f}, A_N/2 {statistics.fmean(g[2] for g in gains):+.3f})"
         )
 
@@ -898,7 +919,8 @@ def slot_table(runs: dict, slots, budget: float) -> None:
             mine = [r for r in rows if r["peer"] == name]
             inside = [within_budget(r, budget) for r in mine]
             print(
-                f"  {slot:11s} {name:5s} n={len(mine):2d}  clock {statistics.fmean(r['train_clock'] for r in mine):5.1f} s  "
+                f"  {slot:11s} {name:5s} n={len(mine):2d}  clock "
+                f"{statistics.fmean(r['train_clock'] for r in mine):5.1f} s  "
                 f"steps {statistics.fmean(r['steps'] for r in mine):6.1f}  "
                 f"{1000 * statistics.fmean(b['seconds_per_step'] for b in inside):5.0f} ms/step  "
                 f"f {statistics.fmean(b['f'] for b in inside):.3f}  "
@@ -962,17 +984,21 @@ def summarise_part3(records: list[dict], target: float, budget: float) -> None:
             ]
             if len(logs) >= 2:
                 mean, low, high = t_interval(logs)
-                print(f"| {arm} vs {alone} | {len(logs)} | {math.exp(mean):.3f} | [{math.exp(low):.3f}, "
-                      f"{math.exp(high):.3f}] | {sum(v < 0 for v in logs)} / {sum(v > 0 for v in logs)} |")  # fmt: skip
+                print(
+                    f"| {arm} vs {alone} | {len(logs)} | {math.exp(mean):.3f} | [{math.exp(low):.3f}, "
+                    f"{math.exp(high):.3f}] | {sum(v < 0 for v in logs)} / {sum(v > 0 for v in logs)} |"
+                )
     print(
-        "\noption comparisons (pre-registered H5, H5a, sharing, H6): gain difference at equal steps (option - baseline; accuracy over"
+        "\noption comparisons (pre-registered H5, H5a, sharing, H6): gain difference at equal steps (option - "
+        "baseline; accuracy over"
     )
     print(
         "the warm model at the last step both reached), 95% t-interval, sign counts, Holm over the 4; time-to-target"
     )
     print("ratio option / baseline (secondary):")
     print(
-        "| comparison | n | gain option | gain baseline | difference | 95% interval | + / - | Holm p | time-to-target ratio [95%] |"
+        "| comparison | n | gain option | gain baseline | difference | 95% interval | + / - | Holm p | time-to-target "
+        "ratio [95%] |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
     rows, pvalues = [], {}
@@ -1004,13 +1030,15 @@ def summarise_part3(records: list[dict], target: float, budget: float) -> None:
         mean, low, high = t_interval(diffs)
         lmean, llow, lhigh = t_interval(logs)
         print(
-            f"| {name} | {len(diffs)} | {statistics.fmean(g[0] for g in gains):+.3f} | {statistics.fmean(g[1] for g in gains):+.3f} | "
+            f"| {name} | {len(diffs)} | {statistics.fmean(g[0] for g in gains):+.3f} | "
+            f"{statistics.fmean(g[1] for g in gains):+.3f} | "
             f"{mean:+.3f} | [{low:+.3f}, {high:+.3f}] | {sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)} | "
             f"{adjusted[name]:.3f} | {math.exp(lmean):.2f} [{math.exp(llow):.2f}, {math.exp(lhigh):.2f}] |"
         )
     print("\ndecision rule (pre-registered): an option becomes a default only where its comparison is positive and")
     print(
-        "distinguishable after Holm, and its time-to-target ratio is not above 1 by its interval; otherwise it stays an option."
+        "distinguishable after Holm, and its time-to-target ratio is not above 1 by its interval; otherwise it stays "
+        "an option."
     )
 
 
@@ -1085,7 +1113,7 @@ def exchange_share(run: dict) -> float:
     return blocking / run["train_clock"] if run["train_clock"] else 0.0
 
 
-# ---- main -------------------------------------------------------------------------------------------------------------
+# ---- main -----------------------------------------------------------------------------------------------------------
 def parse_seeds(text: str) -> list[int]:
     seeds = []
     for part in text.split(","):
@@ -1104,7 +1132,8 @@ def main() -> None:
     parser.add_argument("--pilot", action="store_true", help=f"pilot seeds {PILOT_SEEDS}: fixes TARGET")
     parser.add_argument("--seeds", help="e.g. 0-11 or 0,3,5 (default: the grid's 0-11, the pilot's, quick's)")
     parser.add_argument(
-        "--part3", action="store_true", help="part 3's slots (PART3_SLOTS) into time_to_target-part3.jsonl, summarised "
+        "--part3", action="store_true", help="part 3's slots (PART3_SLOTS) into time_to_target-part3.jsonl, "
+            "summarised "
         "with the grid's alone and swarm runs of the same seeds"
     )  # fmt: skip
     parser.add_argument("--slots", nargs="+", choices=sorted(set(SLOTS + PART3_SLOTS)), default=None)
@@ -1177,8 +1206,8 @@ def main() -> None:
                 print(
                     f"seed {seed} {slot}: "
                     + ", ".join(
-                        f"{r['peer']} {r['steps']} steps {r['train_clock']:.1f} s ({1000 * r['seconds_per_step']:.0f} ms/step, "
-                        f"f {r['generation_share']:.2f}, cpu/wall {r['cpu_seconds'] / r['train_clock']:.2f})"
+                        f"{r['peer']} {r['steps']} steps {r['train_clock']:.1f} s ({1000 * r['seconds_per_step']:.0f} "
+                        f"ms/step, f {r['generation_share']:.2f}, cpu/wall {r['cpu_seconds'] / r['train_clock']:.2f})"
                         for r in got
                     )
                     + f"; slot {got[0]['slot_wall_seconds']:.0f} s",

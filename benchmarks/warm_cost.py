@@ -36,8 +36,13 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for hidden, layers, digits in CANDIDATES:
         problems = carry_chain_problems(2000, seed=1, split="train", digits=digits)
-        model = build_tiny_causal_lm(tok, hidden_size=hidden, num_layers=layers, seed=0,
-                                     max_position_embeddings=2 * digits + 2 + max_chain_tokens(digits) + 8)  # fmt: skip
+        model = build_tiny_causal_lm(
+            tok,
+            hidden_size=hidden,
+            num_layers=layers,
+            seed=0,
+            max_position_embeddings=2 * digits + 2 + max_chain_tokens(digits) + 8,
+        )
         times = []
         for step in range(STEPS + 1):
             began = time.perf_counter()

@@ -2,7 +2,8 @@
 printing the loss, the dev exact accuracy and the graded reward every 150 steps (up to 3,000; stops at 30% accuracy).
 
     OMP_NUM_THREADS=1 python benchmarks/warm_probe.py DIGITS HIDDEN LAYERS LR
-    OMP_NUM_THREADS=1 python benchmarks/warm_probe.py 7 128 2 3e-3 | tee benchmarks/results/peer_gain_wall-warm-probe-d7.txt
+    OMP_NUM_THREADS=1 python benchmarks/warm_probe.py 7 128 2 3e-3 \
+        | tee benchmarks/results/peer_gain_wall-warm-probe-d7.txt
 """
 
 import sys

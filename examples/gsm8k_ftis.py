@@ -11,9 +11,9 @@ file (one `{"question": ..., "answer": "... #### 72"}` per line):
         --model_name_or_path /models/Qwen2.5-1.5B --dataset_path data/gsm8k_train.jsonl
 
 Join a swarm by adding `--exchange_url dir:///shared/swarm --peer_id qwen1.5b --expected_peers qwen3b --swarm_run
-run-1` (and start the other peer with its own config and the same `--swarm_run`, a new one for each run). Every FTISConfig / GRPOConfig / ModelConfig option is a flag or a YAML key:
-`--variant f-nois`, `--kl_threshold 10`, `--use_peft --lora_r 128 --lora_alpha 256 --lora_dropout 0.1`, ...
-Evaluate the result with `examples/eval_math500.py`.
+run-1` (and start the other peer with its own config and the same `--swarm_run`, a new one for each run). Every
+FTISConfig / GRPOConfig / ModelConfig option is a flag or a YAML key: `--variant f-nois`, `--kl_threshold 10`,
+`--use_peft --lora_r 128 --lora_alpha 256 --lora_dropout 0.1`, ... Evaluate the result with `examples/eval_math500.py`.
 """
 
 from dataclasses import dataclass, field

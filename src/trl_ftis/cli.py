@@ -108,10 +108,10 @@ def _add_keygen(subparsers) -> None:
             "Write PEER_ID's private key to DIR/PEER_ID.key (PEM, mode 0600; an existing file is never replaced) and "
             "print, on stdout, the line to add to the swarm's public-key file (`FTISConfig.peer_keys_file`), e.g. "
             "`trl-ftis keygen peer-a >> peers.yaml`; with --keys-file the line is added to that file directly. Give "
-            "the key file to that peer only (`--private_key_file`) and the public-key file to every peer. The public-key "
-            "file is written mode 0644 whatever the umask; a warning names a key file or folder that others can "
-            "write. Exit code: 0 written, 1 a key for PEER_ID exists already, 2 invalid arguments or files. See "
-            "docs/swarm.md."
+            "the key file to that peer only (`--private_key_file`) and the public-key file to every peer. The "
+            "public-key file is written mode 0644 whatever the umask; a warning names a key file or folder that "
+            "others can write. Exit code: 0 written, 1 a key for PEER_ID exists already, 2 invalid arguments or "
+            "files. See docs/swarm.md."
         ),
     )
     parser.add_argument("peer_id", metavar="PEER_ID", help="the peer's id (FTISConfig.peer_id)")
@@ -220,18 +220,35 @@ def _add_pays(subparsers) -> None:
             "docs/when-it-pays.md."
         ),
     )
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR",
-                        help="a launcher run directory, or runs' output_dirs (or their ftis_summary.json)")  # fmt: skip
+    parser.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN_DIR",
+        help="a launcher run directory, or runs' output_dirs (or their ftis_summary.json)",
+    )
     parser.add_argument("--phi", nargs="+", type=float, metavar="X",
                         help="phi: an estimate, or an estimate and its interval (EST LOW HIGH)")  # fmt: skip
-    parser.add_argument("--beta", nargs="+", type=float, metavar="X",
-                        help="beta: an estimate, or an estimate and its interval (EST LOW HIGH); beta > 0")  # fmt: skip
-    parser.add_argument("--partners", choices=["copy", "hetero"],
-                        help="take phi and beta (those not given) from this library's own measurement at P = 2 or 4: "
-                        "copy = copies of one model, hetero = a learner fed by smaller partners' rows (tiny models "
-                        "on carry chains; docs/benchmarks.md section 17.4); assumed for your task, so no verdict")  # fmt: skip
-    parser.add_argument("--peers", type=int, default=None, metavar="P",
-                        help="the swarm's size P (default: the peer's rows trained / own rows generated, rounded)")  # fmt: skip
+    parser.add_argument(
+        "--beta",
+        nargs="+",
+        type=float,
+        metavar="X",
+        help="beta: an estimate, or an estimate and its interval (EST LOW HIGH); beta > 0",
+    )
+    parser.add_argument(
+        "--partners",
+        choices=["copy", "hetero"],
+        help="take phi and beta (those not given) from this library's own measurement at P = 2 or 4: "
+        "copy = copies of one model, hetero = a learner fed by smaller partners' rows (tiny models "
+        "on carry chains; docs/benchmarks.md section 17.4); assumed for your task, so no verdict",
+    )
+    parser.add_argument(
+        "--peers",
+        type=int,
+        default=None,
+        metavar="P",
+        help="the swarm's size P (default: the peer's rows trained / own rows generated, rounded)",
+    )
     parser.set_defaults(func=_run_pays)
 
 

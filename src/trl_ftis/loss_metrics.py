@@ -75,8 +75,9 @@ def metric_groups(
 
 
 def value_sums(sums: torch.Tensor, sources: Sequence[str]) -> list[tuple[str | None, dict[str, float]]]:
-    """`(source, totals)` for own rows (source `None`) and each peer with rows, from [`source_sums`] over every process: the keyword
-    arguments of `trl_ftis.peer_value.PeerValue.record_loss` (rows, Σ row weight, Σ row weight², rows filtered)."""
+    """`(source, totals)` for own rows (source `None`) and each peer with rows, from [`source_sums`] over every
+    process: the keyword arguments of `trl_ftis.peer_value.PeerValue.record_loss` (rows, Σ row weight, Σ row weight²,
+    rows filtered)."""
     out = []
     for index, name in enumerate([None, *sources]):
         n_rows, n_filtered, *_, row_w, row_w2 = sums[index].tolist()

@@ -1,7 +1,8 @@
 """A training micro-batch as the F-TIS loss sees it: [`batch_terms`] reads its F-TIS terms off TRL's batch dict (own
-rows and peer rows, with their generator log-probs), and a micro-batch that peer rows made larger than `per_device_train_batch_size`, computed in chunks with the same
-gradient: [`split_rows`] cuts it into row chunks, [`chunk_weights`] weighs each chunk's loss so that the weighted sum
-is the loss TRL's `loss_type` computes on the whole micro-batch."""
+rows and peer rows, with their generator log-probs), and a micro-batch that peer rows made larger than
+`per_device_train_batch_size`, computed in chunks with the same gradient: [`split_rows`] cuts it into row chunks,
+[`chunk_weights`] weighs each chunk's loss so that the weighted sum is the loss TRL's `loss_type` computes on the whole
+micro-batch."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ sharing a `group` were sampled for one prompt; in vertical mode (the default) th
 that group only, exactly as the sender would, never across models.
 
 A row's stage is its type. [`PeerRow`] is what is received (the public input type; the trainer never rewrites one).
-The admission (`trl_ftis.swarm.admission.Admission`) turns it into an [`AdmittedRow`]: frozen, in this trainer's tokens,
-with clean columns and its prompt rendered once (`prompt_ids`, used again by the merge); rescoring replaces its
+The admission (`trl_ftis.swarm.admission.Admission`) turns it into an [`AdmittedRow`]: frozen, in this trainer's
+tokens, with clean columns and its prompt rendered once (`prompt_ids`, used again by the merge); rescoring replaces its
 rewards ([`AdmittedRow.rescored`]); [`with_group_statistics`] (or [`AdmittedRow.with_statistics`]) makes a
 [`ScoredRow`], which also carries its group's advantage and longest completion: what [`build_peer_batch`] turns into
 tensors.

@@ -16,9 +16,10 @@ __all__ = ["peer_summary"]
 def peer_summary(
     *, args, state, ledger, rounds, swarm, collaboration: dict[str, Any], callbacks: Sequence[Any]
 ) -> dict[str, Any]:
-    """The summary of a trainer with config `args` and Trainer `state`, its `ledger` (`trl_ftis.swarm.ledger.PeerRowLedger`),
-    `rounds` (`trl_ftis.swarm.rounds.RoundRunner`), `swarm` (`None` outside a swarm), `collaboration` report and
-    `callbacks` (where a held-out evaluation may be); the keys are those `FTISTrainer.summary` documents."""
+    """The summary of a trainer with config `args` and Trainer `state`, its `ledger`
+    (`trl_ftis.swarm.ledger.PeerRowLedger`), `rounds` (`trl_ftis.swarm.rounds.RoundRunner`), `swarm` (`None` outside a
+    swarm), `collaboration` report and `callbacks` (where a held-out evaluation may be); the keys are those
+    `FTISTrainer.summary` documents."""
     rewards = [entry["reward"] for entry in state.log_history if "reward" in entry]
     runtimes = [entry["train_runtime"] for entry in state.log_history if "train_runtime" in entry]
     return {

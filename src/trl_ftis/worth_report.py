@@ -159,7 +159,8 @@ def peer_reading(peer_id: str, analysis: Mapping[str, Any], peers: int) -> dict[
         if entry is None:
             lines.append(f"peer {peer_id}: {name} reached the target ({target}), this run did not")
             continue
-        text = f"peer {peer_id}: {name} reached the target ({target}) in {_ratio_text(entry, invert=True)} this run's time"
+        share = _ratio_text(entry, invert=True)
+        text = f"peer {peer_id}: {name} reached the target ({target}) in {share} this run's time"
         if over_seeds and "low" in entry:
             lines.append(f"{text} over {entry['seeds']} seeds: {_faster(entry)}")
         else:

@@ -39,7 +39,10 @@ def test_the_cli_starts_without_the_heavy_libraries(tmp_path, argv):
 
 
 def test_the_package_still_exports_the_objective_on_first_use():
-    probe = "import sys, trl_ftis; print('torch' in sys.modules); from trl_ftis import ftis_loss, VARIANTS; print(callable(ftis_loss), bool(VARIANTS))"
+    probe = (
+        "import sys, trl_ftis; print('torch' in sys.modules); from trl_ftis import ftis_loss, VARIANTS; "
+        "print(callable(ftis_loss), bool(VARIANTS))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert result.stdout.split() == ["False", "True", "True"]
 

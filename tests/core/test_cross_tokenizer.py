@@ -141,7 +141,12 @@ def test_texts_this_tokenizer_cannot_carry_are_dropped_and_counted(tokenizer, bp
     with caplog.at_level(logging.WARNING, logger="trl_ftis"):
         kept = trainer.add_peer_rows([unknown, special, missing, empty, bad_logps, bpe_row(bpe, "71")])
     assert kept == 1
-    assert dict(trainer._ledger.dropped) == {"text_round_trip": 1, "text_special_tokens": 1, "no_text": 2, "bad_logps": 1}
+    assert dict(trainer._ledger.dropped) == {
+        "text_round_trip": 1,
+        "text_special_tokens": 1,
+        "no_text": 2,
+        "bad_logps": 1,
+    }
     assert "re-tokenisation" in caplog.text and "bpe-peer" in caplog.text
 
 

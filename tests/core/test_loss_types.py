@@ -38,7 +38,8 @@ MAX_COMPLETION_LENGTH = 4
 # Token level, by hand: w = min(exp(ℓθ - ℓgen), 2).
 #   row 0: exp(0) = 1, exp(1) = 2.718 -> 2 (capped), exp(-0.3) = 0.740818
 #   row 1: exp(-1) = 0.367879, exp(0) = 1
-# Filter statistic of row 1 (group_max_len = 2): k3 = e^x - x - 1 with x = ℓgen - ℓθ = (1, 0): (e - 2 + 0) / 2 = 0.359141
+# Filter statistic of row 1 (group_max_len = 2): k3 = e^x - x - 1 with x = ℓgen - ℓθ = (1, 0): (e - 2 + 0) / 2 =
+# 0.359141
 TOKEN_WEIGHTS = [[1.0, 2.0, math.exp(-0.3)], [math.exp(-1.0), 1.0, 0.0]]
 TOKEN_STATISTIC = (math.e - 2.0) / 2
 

@@ -397,7 +397,9 @@ def test_ftis_loss_remove_mode_averages_over_the_survivors():
     assert_scalar(loss, -(E(0.1) + 2.0 + E(-0.5)) / 3, F32)
     torch.testing.assert_close(grad, t64([[-E(0.1) / 3, -2.0 / 3, -E(-0.5) / 3], [0.0, 0.0, 0.0]]), **F32)
     # Nothing filtered: both modes are the same loss.
-    same = [loss_and_grad(LOGPS, None, GEN, ADV, MASK, num_generations=2, filter_mode=m)[0] for m in ("zero", "remove")]
+    same = [
+        loss_and_grad(LOGPS, None, GEN, ADV, MASK, num_generations=2, filter_mode=m)[0] for m in ("zero", "remove")
+    ]
     assert same[0] == same[1]
     with pytest.raises(ValueError, match="filter_mode"):
         ftis_loss(LOGPS, None, GEN, ADV, MASK, num_generations=2, filter_mode="drop")

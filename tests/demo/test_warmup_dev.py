@@ -1,4 +1,5 @@
-"""The tiny models' warm-up stops early on a dev set that no evaluation set shares a problem with (no training here)."""
+"""The tiny models' warm-up stops early on a dev set that no evaluation set shares a problem with (no training
+here)."""
 
 import logging
 

@@ -70,10 +70,8 @@ def test_the_emulated_regimes_quoted_ratios_are_the_summaries():
     readme = " ".join((ROOT / "README.md").read_text().split())
     one = summary_rows(RESULTS / "generation_bound-point1.txt")
     two = summary_rows(RESULTS / "generation_bound-point2.txt")
-    for rows, names in (
-        (one, ["wall time copy-2 / A_2", "wall time copy-2 / A_1", "seconds a step copy-2 / A_2", "steps copy-2 / A_2"]),
-        (two, ["wall time copy-2 / A_2", "wall time copy-2 / A_1", "seconds a step copy-2 / A_2", "steps copy-2 / A_2"]),
-    ):
+    names = ["wall time copy-2 / A_2", "wall time copy-2 / A_1", "seconds a step copy-2 / A_2", "steps copy-2 / A_2"]
+    for rows in (one, two):
         for name in names:
             assert rows[name] in benchmarks, (name, rows[name])
     assert one["wall time copy-2 / A_1"] in guide and one["wall time copy-2 / A_1"] in readme

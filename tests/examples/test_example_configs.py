@@ -1,4 +1,5 @@
-"""The example configs: the paper's swarms (`examples/swarms/paper/`) and the accelerate configs (`examples/accelerate/`).
+"""The example configs: the paper's swarms (`examples/swarms/paper/`) and the accelerate configs
+(`examples/accelerate/`).
 
 Fast and CPU-only: nothing is downloaded, trained or launched. Each paper swarm must pass the launcher's own
 validation (also `trl-ftis swarm --dry-run`, with every file it names present), and each peer's command line must parse

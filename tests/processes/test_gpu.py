@@ -146,9 +146,20 @@ def test_the_gsm8k_example_under_accelerate_on_the_gpu(tmp_path, accelerate_conf
             }  # fmt: skip
         )
     )
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-               os.path.join(root, "examples", "accelerate", accelerate_config), "--num_processes", "1",
-               os.path.join(root, "examples", "gsm8k_ftis.py"), "--config", str(config), "--peer_id", "gpu-peer"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        os.path.join(root, "examples", "accelerate", accelerate_config),
+        "--num_processes",
+        "1",
+        os.path.join(root, "examples", "gsm8k_ftis.py"),
+        "--config",
+        str(config),
+        "--peer_id",
+        "gpu-peer",
+    ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="disabled", CUDA_VISIBLE_DEVICES="0")
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=root)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -75,7 +75,8 @@ def test_three_heterogeneous_peers_over_a_shared_directory(tmp_path):
     assert "[big" in result.stdout and "[lora" in result.stdout  # prefixed, interleaved logs
 
 
-@pytest.mark.slow  # the default suite trains over Redis in test_slurm_two_tiny_peers_train_through_the_launchers_redis_job
+# Slow: the default suite trains over Redis in test_slurm_two_tiny_peers_train_through_the_launchers_redis_job.
+@pytest.mark.slow
 @pytest.mark.redis
 def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
     result = run_launcher(tmp_path, three_peer_config(f"{redis_url}?swarm=test-{tmp_path.name}"))

@@ -43,7 +43,7 @@ def test_services_on_path_are_found_and_nothing_is_installed(tmp_path):
     assert result.stdout.splitlines() == ["test services: redis-server found", "test services: slurmctld found"]
 
 
-# --- installing, with fakes of `id` (root) and `apt-get`, and the policy file in a temporary folder -------------------
+# --- installing, with fakes of `id` (root) and `apt-get`, and the policy file in a temporary folder ------------------
 TOOLS = ("grep", "rm", "chmod", "timeout", "mkdir", "dirname", "sleep", "touch", "cat", "sh", "kill")
 MARKER = "# written by trl-ftis tests/provision_services.sh; safe to delete"
 FAKE_APT = """#!/bin/sh
@@ -52,7 +52,9 @@ FAKE_APT = """#!/bin/sh
 echo "fake apt-get $*"
 cat "$POLICY_FILE" > "$BIN/policy-during-install" 2>/dev/null
 case "$(cat "$BIN/mode")" in
-    ok) for program in redis-server slurmctld; do printf '#!/bin/sh\\n' > "$BIN/$program"; chmod 755 "$BIN/$program"; done ;;
+    ok) for program in redis-server slurmctld; do
+            printf '#!/bin/sh\\n' > "$BIN/$program"; chmod 755 "$BIN/$program"
+        done ;;
     fail) echo "E: Unable to locate package"; exit 100 ;;
     hang) echo $$ > "$BIN/apt-pid"; touch "$BIN/started"; exec sleep 120 ;;
 esac

@@ -531,10 +531,10 @@ def peek_header(
 
     Returns a dict with ``schema_version, signed, ed25519, verified, signer, compact, compressed, sender, round,
     created, tokenizer_fingerprint, tokenizer_name, temperature, reward_names, model, num_groups, num_completions,
-    num_tokens, text_bytes, swarm, run, epoch, sampling, header_bytes, body_bytes, message_bytes`` (`signer`: the Ed25519 signer when
-    `public_keys` verified it, else None; `text_bytes`: UTF-8 bytes of the completions' texts, 0 when the message
-    carries none; `swarm`, `run`: what it is bound to, empty when nothing; `epoch`: the sender's start, 0 when not
-    sent; `message_bytes`: the size the frame
+    num_tokens, text_bytes, swarm, run, epoch, sampling, header_bytes, body_bytes, message_bytes`` (`signer`: the
+    Ed25519 signer when `public_keys` verified it, else None; `text_bytes`: UTF-8 bytes of the completions' texts, 0
+    when the message carries none; `swarm`, `run`: what it is bound to, empty when nothing; `epoch`: the sender's
+    start, 0 when not sent; `message_bytes`: the size the frame
     declares).
     """
     frame, header = _open(data, secret, public_keys, limits, need_body=False, swarm=swarm, run=run)

@@ -83,8 +83,8 @@ def carry_chain_problems(
     ([`trl_ftis.tasks.addition.addition_problems`], the same prompts, splits and draws) with their chains.
 
     Prompts in `exclude` are skipped. `split="train"` or `"test"` draws only from that side of the fixed split of
-    `trl_ftis.tasks.addition.in_test_split` (about 81,000 test problems with 3 digits); `split="dev"` from the early-stopping split
-    ([`trl_ftis.tasks.addition.in_dev_split`], on the training side, disjoint from `"test"`).
+    `trl_ftis.tasks.addition.in_test_split` (about 81,000 test problems with 3 digits); `split="dev"` from the
+    early-stopping split ([`trl_ftis.tasks.addition.in_dev_split`], on the training side, disjoint from `"test"`).
     """
     if digits < 1:
         raise ValueError(f"digits must be >= 1, got {digits}.")

@@ -1,4 +1,5 @@
-"""The paper's task: GSM8K (train, in-distribution test) and MATH-500 (out-of-distribution test) with an R1-Zero prompt.
+"""The paper's task: GSM8K (train, in-distribution test) and MATH-500 (out-of-distribution test) with an R1-Zero
+prompt.
 
 The prompt ([`r1_prompt`]) is DeepSeek R1-Zero's system message, which asks for the reasoning inside
 `<think> </think>` and the answer inside `<answer> </answer>`, followed by the question. Two scores:
@@ -151,8 +152,9 @@ def load_math_dataset(
     missing = [key for key in (question_field, answer_field) if key not in dataset.column_names]
     if missing:
         raise ValueError(
-            f"Dataset {name!r} (config {config!r}, split {split or defaults['split']!r}) has no column {missing[0]!r}; "
-            f"a {kind} dataset needs {question_field!r} and {answer_field!r}, it has {dataset.column_names}."
+            f"Dataset {name!r} (config {config!r}, split {split or defaults['split']!r}) has no column "
+            f"{missing[0]!r}; a {kind} dataset needs {question_field!r} and {answer_field!r}, it has "
+            f"{dataset.column_names}."
         )
     if limit is not None:
         dataset = dataset.select(range(min(limit, len(dataset))))
