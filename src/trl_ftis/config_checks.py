@@ -15,6 +15,7 @@ import numbers
 import os
 from typing import Any
 
+from .exchange_mode_registry import EXCHANGE_MODES
 from .objective import (
     FILTER_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -33,7 +34,6 @@ from .rules import (
     is_peer_id,
     normalise_exchange_url,
 )
-from .exchange_mode_registry import EXCHANGE_MODES
 
 logger = logging.getLogger(__name__)
 
