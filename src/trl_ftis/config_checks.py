@@ -15,6 +15,7 @@ import numbers
 import os
 from typing import Any
 
+from .exchange.transports.registry import normalise_exchange_url
 from .exchange_mode_registry import EXCHANGE_MODES
 from .objective import (
     FILTER_MODES,
@@ -32,7 +33,6 @@ from .rules import (
     check_round_window,
     check_temperature,
     is_peer_id,
-    normalise_exchange_url,
 )
 
 logger = logging.getLogger(__name__)

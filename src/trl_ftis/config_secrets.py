@@ -14,7 +14,7 @@ import functools
 from typing import Any
 
 from .credentials import SwarmCredentials, read_swarm_credentials
-from .rules import REDACTED, redact_url
+from .redaction import REDACTED, redact_url
 
 
 class SecretFields:

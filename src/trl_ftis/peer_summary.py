@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .evaluation import held_out_results, run_curve
-from .rules import redact_url
+from .redaction import redact_url
 
 __all__ = ["peer_summary"]
 

@@ -5,10 +5,7 @@ rules from here, so that what one part accepts the others accept too (a peer id 
 would be a peer that silently never publishes). Standard library only: importing it is free.
 
 * Peer ids: [`peer_id_problem`] / [`check_peer_id`].
-* Exchange URLs: [`EXCHANGE_SCHEMES`], [`exchange_scheme`] (schemes are case-insensitive).
-* Secrets in text: [`redact_url`], [`redact_text`], one placeholder [`REDACTED`].
 * Names shared between processes: the environment variables `*_ENV` and [`SUMMARY_FILE`].
-* Exchange URLs of a shared directory: [`dir_exchange_url`] and [`exchange_directory`].
 * Numbers: [`MAX_LOGP`], the rounding slack above 0 a generator log-prob may have; [`MIN_TEMPERATURE`] and
   [`MAX_TEMPERATURE`], the sampling temperatures a config accepts and a message may carry ([`check_temperature`]).
 * The round window's defaults and checks: [`DEFAULT_PEER_TIMEOUT`], [`DEFAULT_MAX_STALENESS`],
@@ -22,7 +19,6 @@ import numbers
 import os
 import re
 from collections.abc import Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Peer ids
@@ -127,108 +123,6 @@ def _cached_on_this_machine(repo_id: str) -> bool:
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except Exception:  # noqa: BLE001 - an id the hub refuses, an unreadable cache: treated as not cached
         return False
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Exchange URLs
-
-EXCHANGE_SCHEMES = ("dir", "memory", "redis", "rediss")
-"""Schemes of `exchange_url`: a shared directory, an in-process channel (tests), Redis Streams (plain or TLS)."""
-IN_PROCESS_SCHEMES = ("memory",)
-"""Schemes that only connect trainers inside one process (never separate jobs, hence refused by the launcher)."""
-
-
-def exchange_scheme(url: object) -> str:
-    """The lower-cased scheme of an exchange URL (`"DIR:///x"` -> `"dir"`); `ValueError` naming the supported
-    schemes (with any password redacted) when `url` is not a string of the form `SCHEME://...` or the scheme is
-    unknown."""
-    supported = ", ".join(f"{scheme}://" for scheme in EXCHANGE_SCHEMES)
-    if not isinstance(url, str):
-        raise ValueError(f"exchange_url must be a string such as dir:///shared/swarm, got {type(url).__name__}.")
-    scheme, sep, _ = url.partition("://")
-    if not sep:
-        raise ValueError(f"exchange_url must start with one of {supported}, got {redact_url(url)!r}.")
-    if scheme.lower() not in EXCHANGE_SCHEMES:
-        raise ValueError(f"exchange_url scheme {scheme[:40]!r} is not supported; use one of {supported}.")
-    return scheme.lower()
-
-
-def normalise_exchange_url(url: str) -> str:
-    """`url` with its scheme lower-cased (after checking it with [`exchange_scheme`])."""
-    scheme = exchange_scheme(url)
-    return scheme + url[len(scheme) :]
-
-
-DIR_PREFIX = "dir://"
-"""The shared-directory exchange's URL prefix (lower-case: [`normalise_exchange_url`] makes it so)."""
-
-
-def dir_exchange_url(path: str | os.PathLike) -> str:
-    """The `dir://` exchange URL of the directory `path` (`dir:///abs/path` for an absolute one)."""
-    return f"{DIR_PREFIX}{os.fspath(path)}"
-
-
-def exchange_directory(url: str) -> str | None:
-    """The directory of a `dir://` exchange URL (already normalised: lower-case scheme), as written, `""` when it
-    names none; `None` for any other scheme."""
-    return url[len(DIR_PREFIX) :] if url.startswith(DIR_PREFIX) else None
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Secrets
-
-REDACTED = "<redacted>"
-"""What a secret (a swarm secret, a password in a URL, a token) is replaced with wherever it would be shown."""
-
-# scheme://user:PASSWORD@ and scheme://:PASSWORD@ anywhere in free text (log lines, command lines, environment
-# values, JSON).
-_URL_PASSWORD_RE = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)([^@\s/]+)@")
-# A `password=` query value (`?password=PW`, `&password=PW`, any case) anywhere in free text: up to the next `&`, `#`,
-# whitespace or quote (shell quoting, JSON), the characters that end it in a URL written out in text.
-_QUERY_PASSWORD_RE = re.compile(r"([?&]password=)([^&#\s'\"]+)", re.IGNORECASE)
-
-
-REDIS_URL_OPTIONS = ("swarm", "connect_timeout")
-"""Query parameters of a `redis://` exchange URL that trl-ftis reads itself (the swarm's key namespace, the connect
-timeout); every other one is redis-py's."""
-
-
-def redis_client_url(url: str) -> str:
-    """`url` without [`REDIS_URL_OPTIONS`]: what redis-py's `Redis.from_url` is given."""
-    parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in REDIS_URL_OPTIONS]
-    return urlunsplit(parts._replace(query=urlencode(query)))
-
-
-def redact_url(url: str) -> str:
-    """`url` with its password (in the user info or a `password=` query value) replaced by [`REDACTED`].
-
-    A URL without a password comes back unchanged (`dir:///path` stays `dir:///path`)."""
-    try:
-        parts = urlsplit(url)
-        has_password = parts.password is not None
-    except ValueError:
-        return "<unparseable URL>"
-    netloc = parts.netloc
-    if has_password:
-        userinfo, _, hostport = netloc.rpartition("@")
-        netloc = f"{userinfo.split(':', 1)[0]}:{REDACTED}@{hostport}"
-    query = parts.query
-    pairs = parse_qsl(query, keep_blank_values=True) if query else []
-    has_query_password = any(key.lower() == "password" for key, _ in pairs)
-    if has_query_password:
-        query = urlencode([(k, REDACTED if k.lower() == "password" else v) for k, v in pairs], safe="<>")
-    if not has_password and not has_query_password:
-        return url  # unchanged (urlunsplit would turn dir:///path into dir:/path)
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
-
-
-def redact_text(text: str) -> str:
-    """`text` with every URL password in it replaced by [`REDACTED`]: the user info password of each
-    `scheme://[user]:password@host` and each `?password=` / `&password=` query value, as [`redact_url`] hides them in
-    a single URL. Text without a URL password comes back unchanged."""
-    text = _URL_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED + "@", text)
-    return _QUERY_PASSWORD_RE.sub(lambda match: match.group(1) + REDACTED, text)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -15,7 +15,10 @@ import pytest
 from trl_ftis import FTISConfig, rules
 from trl_ftis.exchange import ExchangeError, Message, WireCompletion, WireGroup, decode_message, encode_message
 from trl_ftis.exchange.transports import MemoryTransport, open_transport, validate_sender
+from trl_ftis.exchange.transports.redis_streams import redis_client_url
+from trl_ftis.exchange.transports.registry import exchange_scheme
 from trl_ftis.launcher import SwarmConfigError, load_swarm_config, redact_text
+from trl_ftis.redaction import REDACTED, redact_url
 
 PEER_IDS = [
     # (peer id, valid)
@@ -175,7 +178,7 @@ def _config_accepts(url: str) -> bool:
         config = _config(exchange_url=url, report_to=[])
     except ValueError:
         return False
-    assert config.exchange_url.split("://", 1)[0] == rules.exchange_scheme(url)  # normalised to lower case
+    assert config.exchange_url.split("://", 1)[0] == exchange_scheme(url)  # normalised to lower case
     return True
 
 
@@ -185,7 +188,7 @@ def _transport_accepts(url: str, tmp_path) -> bool:
     if url.lower().startswith(("redis", "rediss")):
         # Opening would connect; the scheme check runs first and is all this table is about.
         try:
-            rules.exchange_scheme(url)
+            exchange_scheme(url)
         except ValueError:
             return False
         try:
@@ -215,7 +218,7 @@ def _launcher_accepts(url: str, tmp_path) -> bool:
 @pytest.mark.parametrize("url, valid, launchable", EXCHANGE_URLS, ids=[u for u, _, _ in EXCHANGE_URLS])
 def test_every_part_gives_the_same_verdict_on_an_exchange_url(url, valid, launchable, tmp_path):
     try:
-        rules.exchange_scheme(url)
+        exchange_scheme(url)
         by_rules = True
     except ValueError:
         by_rules = False
@@ -237,19 +240,19 @@ SECRET_URLS = [
 @pytest.mark.parametrize("url", SECRET_URLS)
 def test_every_part_redacts_a_url_password_the_same_way(url):
     shown = {
-        "rules.redact_url": rules.redact_url(url),
+        "redact_url": redact_url(url),
         "launcher.redact_text": redact_text(f"exchange {url} ready"),
         "FTISConfig.to_dict": _config(exchange_url=url, report_to=[]).to_dict()["exchange_url"],
         "FTISConfig.__str__": str(_config(exchange_url=url, report_to=[])),
     }
     for where, text in shown.items():
         assert "hunter2" not in text, where
-        assert rules.REDACTED in text, where
+        assert REDACTED in text, where
 
 
 def test_a_url_without_a_password_is_shown_unchanged_everywhere():
     for url in ("dir:///tmp/swarm", "redis://localhost:6379/0"):
-        assert rules.redact_url(url) == url
+        assert redact_url(url) == url
         assert redact_text(url) == url
         assert _config(exchange_url=url, report_to=[]).to_dict()["exchange_url"] == url
 
@@ -299,5 +302,5 @@ def test_a_peer_id_is_made_from_a_model_name(name, expected):
 
 def test_the_redis_client_url_drops_only_trl_ftis_own_parameters():
     url = "rediss://:pw@host:6380/2?swarm=a&ssl_cert_reqs=none&connect_timeout=3"
-    assert rules.redis_client_url(url) == "rediss://:pw@host:6380/2?ssl_cert_reqs=none"
-    assert rules.redis_client_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert redis_client_url(url) == "rediss://:pw@host:6380/2?ssl_cert_reqs=none"
+    assert redis_client_url("redis://host:6379/0") == "redis://host:6379/0"

@@ -1,6 +1,6 @@
 """Secrets in `FTISConfig` and `FTISTrainer`: copies and pickles keep them (a copy must still train and exchange),
 only what is shown or saved hides them: `to_dict` / `to_json_string` / `to_sanitized_dict`, `str` / `repr`, and the
-`training_args.bin` the trainer writes into output dirs and checkpoints. Also `rules.redact_text` on free text.
+`training_args.bin` the trainer writes into output dirs and checkpoints. Also `redact_text` on free text.
 
 (The launcher's side, dry run / `.cmd` / `summary.json`, is tested in tests/launcher/test_launcher_secrets.py.)
 """
@@ -16,6 +16,7 @@ import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, rules
 from trl_ftis.demo.tiny import build_tiny_llama
+from trl_ftis.redaction import REDACTED, redact_text, redact_url
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 SECRET = "sw4rm-s3cret-value"
@@ -71,9 +72,9 @@ def test_what_is_shown_never_holds_the_secret_or_the_password(tmp_path, url):
     config = _config(tmp_path, url)
     for where, text in _shown(config).items():
         assert SECRET not in text and PW not in text, where
-        assert rules.REDACTED in text, where
-    assert config.to_dict()["swarm_secret"] == rules.REDACTED
-    assert config.to_dict()["exchange_url"] == rules.redact_url(url)
+        assert REDACTED in text, where
+    assert config.to_dict()["swarm_secret"] == REDACTED
+    assert config.to_dict()["exchange_url"] == redact_url(url)
     assert config.swarm_secret == SECRET and config.exchange_url == url  # showing changes nothing
 
 
@@ -89,7 +90,7 @@ def test_the_config_never_reads_the_secret_from_the_environment(tmp_path, monkey
 def test_redacted_copy_is_what_gets_saved(tmp_path):
     config = _config(tmp_path, URLS[2])
     saved = config.redacted_copy()
-    assert saved.swarm_secret == rules.REDACTED and saved.exchange_url == rules.redact_url(URLS[2])
+    assert saved.swarm_secret == REDACTED and saved.exchange_url == redact_url(URLS[2])
     assert saved.peer_id == config.peer_id and saved.output_dir == config.output_dir
     assert config.swarm_secret == SECRET and config.exchange_url == URLS[2]
     blob = pickle.dumps(saved)
@@ -99,7 +100,7 @@ def test_redacted_copy_is_what_gets_saved(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# rules.redact_text
+# redact_text
 # ----------------------------------------------------------------------------------------------------------------
 
 
@@ -125,14 +126,14 @@ def test_redacted_copy_is_what_gets_saved(tmp_path):
     ],
 )
 def test_redact_text_hides_every_url_password_in_free_text(text, shown):
-    assert rules.redact_text(text) == shown
-    assert rules.redact_text(shown) == shown  # idempotent
+    assert redact_text(text) == shown
+    assert redact_text(shown) == shown  # idempotent
 
 
 @pytest.mark.parametrize("url", URLS)
 def test_redact_text_agrees_with_redact_url(url):
-    assert PW not in rules.redact_text(url) and PW not in rules.redact_url(url)
-    assert rules.redact_text(url).count(rules.REDACTED) == rules.redact_url(url).count(rules.REDACTED)
+    assert PW not in redact_text(url) and PW not in redact_url(url)
+    assert redact_text(url).count(REDACTED) == redact_url(url).count(REDACTED)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -145,7 +146,7 @@ def _saved_args(path: Path):
     assert SECRET.encode() not in raw and PW.encode() not in raw
     loaded = torch.load(path, weights_only=False)
     assert isinstance(loaded, FTISConfig)
-    assert loaded.swarm_secret == rules.REDACTED and PW not in loaded.exchange_url
+    assert loaded.swarm_secret == REDACTED and PW not in loaded.exchange_url
     return loaded
 
 

@@ -20,9 +20,9 @@ from trl_ftis.exchange.transports import (
     MemoryTransport,
     TransportError,
     open_transport,
-    redact_url,
     validate_sender,
 )
+from trl_ftis.redaction import redact_url
 
 try:  # tests/ is on sys.path in pytest's default (prepend) import mode; be robust to the others too
     from redis_server import redis_url  # registers the session fixture for this module

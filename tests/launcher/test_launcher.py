@@ -23,6 +23,7 @@ from pids import alive, written_pids
 from waits import PROCESS_HANG_GUARD, returns_within
 
 from trl_ftis import cli, launcher, rules
+from trl_ftis.exchange.transports.registry import transport_kind, transport_schemes
 from trl_ftis.launcher import SwarmConfigError, build_commands, load_swarm_config, local, render_args, run_swarm
 from trl_ftis.launcher.summary import TABLE_COLUMNS, read_peer_summary
 
@@ -153,7 +154,9 @@ def test_exchange_url_follows_the_shared_schemes(tmp_path):
         "redis://h:6379/0"
     )
     assert load_swarm_config(_config(tmp_path, [{"id": "a"}], exchange_url="Dir:///x/y")).exchange_url == "dir:///x/y"
-    for scheme in rules.IN_PROCESS_SCHEMES:
+    in_process = [s for s in transport_schemes() if transport_kind(f"{s}://").in_process]
+    assert in_process == ["memory"]
+    for scheme in in_process:
         with pytest.raises(SwarmConfigError, match=f"{scheme}:// only works inside one process"):
             load_swarm_config(_config(tmp_path, [{"id": "a"}], exchange_url=f"{scheme.upper()}://x"))
     with pytest.raises(SwarmConfigError, match="dir:// needs a directory"):

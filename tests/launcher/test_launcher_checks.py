@@ -20,12 +20,10 @@ import yaml
 from waits import returns_within  # tests/ is on sys.path
 
 from trl_ftis import cli
-from trl_ftis.rules import local_model_problem, looks_like_local_path
+from trl_ftis.exchange.transports.redis_streams import reach_problem
 from trl_ftis.launcher import SwarmConfigError, check_files, dry_run, load_swarm_config, run_swarm
-from trl_ftis.launcher.preflight import (
-    redis_problem,
-    script_options,
-)
+from trl_ftis.launcher.preflight import script_options
+from trl_ftis.rules import local_model_problem, looks_like_local_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = str(ROOT / "tests" / "fixtures" / "swarm_peer.py")
@@ -485,7 +483,7 @@ def test_a_server_that_is_not_redis_is_caught_too():
     thread = threading.Thread(target=hang_up, daemon=True)
     thread.start()
     try:
-        problem = redis_problem(f"redis://127.0.0.1:{server.getsockname()[1]}/0", timeout=3)
+        problem = reach_problem(f"redis://127.0.0.1:{server.getsockname()[1]}/0", timeout=3)
     finally:
         thread.join(5)
         server.close()
@@ -493,10 +491,10 @@ def test_a_server_that_is_not_redis_is_caught_too():
 
 
 def test_a_reachable_redis_passes(redis_url):
-    assert redis_problem(redis_url) is None
+    assert reach_problem(redis_url) is None
     # ?swarm= and ?connect_timeout= are the transport's own, not redis-py's (which refused them: "unexpected keyword").
     joiner = "&" if "?" in redis_url else "?"
-    assert redis_problem(f"{redis_url}{joiner}swarm=run-1&connect_timeout=2") is None
+    assert reach_problem(f"{redis_url}{joiner}swarm=run-1&connect_timeout=2") is None
 
 
 def test_for_unknown_scripts_an_unreachable_redis_is_only_a_warning(tmp_path, capsys):

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ftis import cli, launcher, rules
+from trl_ftis import cli, launcher
 from trl_ftis.launcher import load_swarm_config, run_swarm
+from trl_ftis.redaction import REDACTED
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 PW = "hunter2-pw"  # distinctive: cannot occur by chance in paths, option names or peer ids
@@ -51,7 +52,7 @@ def test_dry_run_never_shows_a_secret(form, tmp_path, monkeypatch, capsys):
     assert cli.main(["swarm", str(path), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert PW not in out
-    assert rules.REDACTED in out
+    assert REDACTED in out
     assert not (tmp_path / "run").exists()
 
 
@@ -70,10 +71,10 @@ def test_a_real_run_never_writes_or_prints_a_secret(form, tmp_path, monkeypatch)
     for where, text in {".cmd": cmd, "summary.json": summary, "[swarm] lines": status_lines}.items():
         assert PW not in text, where
     if not environ:  # the caller's own environment is not written (only what the launcher adds)
-        assert rules.REDACTED in cmd
+        assert REDACTED in cmd
     assert json.loads(summary)["exit_code"] == 0
     if "exchange_url" in top:
-        assert rules.REDACTED in json.loads(summary)["exchange_url"]
+        assert REDACTED in json.loads(summary)["exchange_url"]
         assert f"exchange {json.loads(summary)['exchange_url']}" in status_lines
     if received is not None:  # the peer itself got the real value (the fixture prints what it received)
         assert received in (run / "logs" / "a.log").read_text()

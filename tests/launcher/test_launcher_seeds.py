@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from trl_ftis import cli, rules
+from trl_ftis.exchange.transports.directory import dir_exchange_url
 from trl_ftis.launcher import SwarmConfigError, dry_run, load_swarm_config, restart_config
 from trl_ftis.launcher.seeds import run_seeds, seed_config
 
@@ -37,7 +38,7 @@ def test_each_seed_runs_the_whole_swarm_in_its_own_folder(tmp_path):
     assert config.seeds == (3, 7)
     one = seed_config(config, 7)
     assert one.run_dir == tmp_path / "run" / "seed-7" and one.seed == 7 and one.seeds == ()
-    assert one.exchange_url == rules.dir_exchange_url(tmp_path / "run" / "seed-7" / "exchange")
+    assert one.exchange_url == dir_exchange_url(tmp_path / "run" / "seed-7" / "exchange")
     assert all(peer.args["seed"] == 7 for peer in one.peers)  # the controls too: the pairing
     assert [peer.id for peer in one.peers] == ["a", "b", "a-alone", "a-alone-rows", "b-alone", "b-alone-rows"]
     given = load_swarm_config(write_config(tmp_path, seeds=[1], exchange_url="redis://localhost:6379/0"))

@@ -39,8 +39,8 @@ constants that the package exported before.
 
 from __future__ import annotations
 
+from ..redaction import redact_text
 from ..rules import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
-from ..rules import redact_text
 from .backend import Backend, Outcome
 from .commands import (
     PeerCommand,

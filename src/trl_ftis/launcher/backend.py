@@ -26,7 +26,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from ..rules import INTERRUPTED_EXIT_CODE, redact_text
+from ..redaction import redact_text
+from ..rules import INTERRUPTED_EXIT_CODE
 
 if TYPE_CHECKING:
     from .commands import PeerCommand

@@ -4,7 +4,8 @@ its secrets.
 `build_commands(config)` returns one `PeerCommand` (argv + environment additions) per peer and starts nothing;
 `check_files` lists what is missing on this machine; `describe_commands` (the dry runs) and `write_cmd_file` (one
 peer's command next to its log) show them with secrets redacted (`redact_env`, `redact_argv`, `is_secret_name`;
-passwords in URLs through `trl_ftis.rules.redact_text`). `free_port` picks the accelerate ports (and the Redis job's).
+passwords in URLs through `trl_ftis.redaction.redact_text`). `free_port` picks the accelerate ports (and the Redis
+job's).
 `new_run_id`, `recorded_run_id` and `record_run_id` draw, read and keep the id of a run of the swarm (every peer's
 `FTIS_SWARM_RUN`: messages of other runs are refused), so that a peer restarted with `--only` joins the same run.
 `keep_earlier` keeps an earlier run's log and `.cmd` file of a peer before a new run writes them. `open_private`
@@ -28,19 +29,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..redaction import REDACTED, redact_text
 from ..rules import (
     CONSOLE_ENV,
     CONSOLE_LINES,
     MAX_BINDING_CHARS,
     PEER_ID_ENV,
-    REDACTED,
     SWARM_NAME_ENV,
     SWARM_RUN_ENV,
     SWARM_SECRET_ENV,
     binding_problem,
     hub_model_problem,
     local_model_problem,
-    redact_text,
 )
 from .preflight import render_args, render_value
 from .schema import SwarmConfig, SwarmConfigError
@@ -388,7 +388,7 @@ def redact_argv(argv: list[str]) -> list[str]:
       both forms: `--hub_token X` (every value up to the next `--option`, for list-valued options) and
       `--swarm_secret=X`.
     * Secret-named `NAME=VALUE` items (an `env FTIS_SWARM_SECRET=X ...` command line).
-    * URL passwords in every other item (`redis://:X@host`, `?password=X`; `trl_ftis.rules.redact_text`).
+    * URL passwords in every other item (`redis://:X@host`, `?password=X`; `trl_ftis.redaction.redact_text`).
     """
     out = []
     hide_values = False
@@ -409,7 +409,7 @@ def redact_argv(argv: list[str]) -> list[str]:
 def redact_shell_line(line: str) -> str:
     """A shell line (a `slurm.setup` line, a line of a batch script) with its secrets replaced by `<redacted>`: the
     value of every secret-named `NAME=VALUE` or `--name=VALUE` (`export GH_TOKEN=X`, `--password=X`), of every
-    secret-named `--name VALUE`, and URL passwords (`trl_ftis.rules.redact_text`). A secret the line holds under
+    secret-named `--name VALUE`, and URL passwords (`trl_ftis.redaction.redact_text`). A secret the line holds under
     another name (`curl -H "Authorization: ..."`) is not recognised."""
 
     def assignment(match: re.Match) -> str:

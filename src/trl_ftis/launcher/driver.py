@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import TextIO
 
-from ..rules import redact_text
+from ..redaction import redact_text
 from ..worth_report import record_in_peer_outputs, run_reading
 from .backend import Backend, Console, Outcome, Signals, short_error
 from .commands import SECRET_ARGS, is_secret_name, new_run_id, peer_output_dir, record_run_id

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from .. import rules
-from ..rules import redact_text
+from ..exchange.transports.registry import exchange_folder
+from ..redaction import redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome
 from .commands import (
     build_commands,
@@ -126,7 +126,7 @@ class LocalBackend:
     def _start(self) -> Outcome | None:
         self.config.run_dir.mkdir(parents=True, exist_ok=True)
         (self.config.run_dir / "logs").mkdir(exist_ok=True)
-        directory = rules.exchange_directory(self.config.exchange_url)
+        directory = exchange_folder(self.config.exchange_url)
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
         self.console.say(f"run_dir {self.config.run_dir}; exchange {redact_text(self.config.exchange_url)}")

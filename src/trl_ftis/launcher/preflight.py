@@ -1,5 +1,5 @@
 """What the launcher checks before any peer starts, beyond the shape of the config: what a peer script accepts, local
-model folders, the external Redis server, and the secrets written in the config.
+model folders, an exchange server the launcher did not start, and the secrets written in the config.
 
 * `script_options(path)`: the `--key` options a peer script accepts, read from its source without running it: the
   dataclasses it hands to `HfArgumentParser` / `TrlParser` (its own, read from its source, and those it imports from
@@ -7,10 +7,9 @@ model folders, the external Redis server, and the secrets written in the config.
   checks the `args` keys against it, `schema.load_swarm_config`).
 * local model folders: `trl_ftis.rules.local_model_problem`, which `commands.check_files` and the example scripts
   call.
-* `redis_problem(url)`: an external Redis that does not answer, in seconds (`before_start`).
 * `before_start(config, is_secret)`: what `driver.run_swarm` says before anything starts: the problems that stop the
-  swarm (an unreachable Redis) and the warnings printed once (secrets written in the config, `expected_peers` names
-  no peer of the config runs).
+  swarm (an exchange server that does not answer, asked through its transport's probe) and the warnings printed
+  once (secrets written in the config, `expected_peers` names no peer of the config runs).
 
 Pure functions apart from the file, network and import look-ups they are named after; `config` is a
 `schema.SwarmConfig` (not imported: the schema imports this module).
@@ -24,25 +23,24 @@ import dataclasses
 import functools
 import importlib
 import os
-import socket
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from .. import rules
+from ..exchange.transports.registry import transport_kind
+from ..redaction import redact_text, redact_url
 from .validation import did_you_mean
 
 __all__ = [
     "ARGUMENT_PARSERS",
     "credential_problems",
-    "REDIS_TIMEOUT",
+    "PROBE_TIMEOUT",
     "ScriptOptions",
     "before_start",
     "expected_peer_problems",
-    "redis_problem",
     "render_args",
     "render_value",
     "script_options",
@@ -57,8 +55,7 @@ ARGUMENT_PARSERS = {"HfArgumentParser": (), "TrlParser": ("config",)}
 _KNOWN_PACKAGES = ("trl", "transformers", "trl_ftis")
 # Keywords of the parse call that let unknown options through: the script's options are then not all it accepts.
 _LENIENT_KEYWORDS = {"return_remaining_strings": True, "fail_with_unknown_args": False}
-REDIS_TIMEOUT = 3.0  # seconds: a Redis that is up answers in milliseconds, one that is not fails in seconds
-_REDIS_DEFAULT_PORT = 6379
+PROBE_TIMEOUT = 3.0  # seconds: an exchange server that is up answers in milliseconds, one that is not fails in seconds
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -376,51 +373,6 @@ def expected_peer_problems(expected: Any, peer_ids: Iterable[str]) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------------------------------
-# Redis
-# --------------------------------------------------------------------------------------------------------------------
-
-
-def _reason(exc: BaseException) -> str:
-    text = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-    return rules.redact_text(text)
-
-
-def redis_problem(url: str, timeout: float = REDIS_TIMEOUT) -> str | None:
-    """`"cannot reach Redis at redis://host:6379/0: connection refused"`, or None when it answers (a TCP connect, then
-    a PING through redis-py when it is installed: a wrong password is caught too). The URL's password is never shown.
-    """
-    shown = rules.redact_url(url)
-    try:
-        parts = urlsplit(url)
-        host, port = parts.hostname, parts.port or _REDIS_DEFAULT_PORT
-    except ValueError as exc:
-        return f"cannot reach Redis at {shown}: {_reason(exc)}"
-    if not host:
-        return f"cannot reach Redis at {shown}: the URL names no host"
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            pass
-    except OSError as exc:  # refused, unreachable, unknown host, timed out
-        return f"cannot reach Redis at {shown}: {_reason(exc)}"
-    try:
-        import redis
-    except ImportError:
-        return None  # the port answers; the peers' transport says the rest
-    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
-    if parts.password is None and os.environ.get(rules.REDIS_PASSWORD_ENV):
-        options["password"] = os.environ[rules.REDIS_PASSWORD_ENV]  # as the peers' transport does
-    try:
-        client = redis.Redis.from_url(rules.redis_client_url(url), **options)  # ?swarm= is ours, not redis-py's
-        try:
-            client.ping()
-        finally:
-            client.close()
-    except Exception as exc:  # noqa: BLE001 - authentication, TLS, a server that is not Redis: all stop the peers
-        return f"cannot reach Redis at {shown}: {_reason(exc)}"
-    return None
-
-
-# --------------------------------------------------------------------------------------------------------------------
 # Before start
 # --------------------------------------------------------------------------------------------------------------------
 
@@ -509,7 +461,7 @@ def secret_warnings(
     for peer in config.peers:
         for where, section in (("args", peer.args), ("env", peer.env)):
             for name, value in section.items():
-                in_url = any(isinstance(v, str) and rules.redact_text(v) != v for v in _values(value))
+                in_url = any(isinstance(v, str) and redact_text(v) != v for v in _values(value))
                 if is_secret(name) or in_url:
                     holders.setdefault((where, name), []).append(peer.id)
     lines = []
@@ -518,7 +470,7 @@ def secret_warnings(
         lines.append(
             f"`{where}.{name}` holds a secret written in the config{source}, for {whose}; {_secret_hint(name, where, passed_as)}"
         )
-    if rules.redact_url(config.exchange_url) != config.exchange_url:
+    if redact_url(config.exchange_url) != config.exchange_url:
         lines.append(
             f"`exchange_url` holds a password written in the config{source}; leave it out of the URL and export "
             f"{rules.REDIS_PASSWORD_ENV} in your shell instead (the peers' Redis transport reads it)"
@@ -544,15 +496,16 @@ def before_start(
 ) -> tuple[list[str], list[str]]:
     """(problems, warnings) of `config` that `driver.run_swarm` reports before anything starts.
 
-    Problems: an external Redis exchange (`exchange_url: redis://...`, not the launcher's own Redis job) that does
-    not answer within `REDIS_TIMEOUT` seconds, when a peer's script is known to connect to it (its options include
-    `exchange_url`); for scripts whose options are not known it is a warning. Warnings: the secrets written in the
+    Problems: an exchange the launcher did not start whose transport has a probe (`TransportKind.probe`: a
+    `redis://` server, say) and that does not answer within `PROBE_TIMEOUT` seconds, when a peer's script is known
+    to connect to it (its options include `exchange_url`); for scripts whose options are not known it is a warning. Warnings: the secrets written in the
     config (`secret_warnings`), and `expected_peers` names that no peer of the config has (refused by the schema
     when the exchange is the launcher's own; with an external exchange a peer started elsewhere may join)."""
     problems: list[str] = credential_problems(config)
     found = secret_warnings(config, is_secret, passed_as)
-    if getattr(config, "redis", None) is None and rules.exchange_scheme(config.exchange_url) in ("redis", "rediss"):
-        problem = redis_problem(config.exchange_url)
+    probe = transport_kind(config.exchange_url).probe
+    if getattr(config, "redis", None) is None and probe is not None:
+        problem = probe(config.exchange_url, PROBE_TIMEOUT)
         if problem is not None and _uses_exchange(config):
             problems.append(problem)
         elif problem is not None:

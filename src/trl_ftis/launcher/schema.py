@@ -31,11 +31,11 @@ from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, fi
 from pydantic_core import PydanticCustomError
 
 from .. import rules
+from ..exchange.transports.directory import dir_exchange_url
 from .controls import control_peers
 from .placement import placement_problems
 from .preflight import ScriptOptions, expected_peer_problems, script_options
 from .schema_values import (
-    CROSS_PROCESS_SCHEMES,
     EXPECTED_PEERS_ARG,
     GPU_MEMORY_FRACTION_ARG,
     LAUNCHERS,
@@ -71,7 +71,6 @@ from .validation import Spec, bad, format_problems, problems, said, with_problem
 from .vllm_schema import VllmServerConfig, VllmServerSpec, server_arg_conflicts
 
 __all__ = [
-    "CROSS_PROCESS_SCHEMES",
     "LAUNCHERS",
     "PEER_KEYS",
     "RESERVED_ARGS",
@@ -516,7 +515,7 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
     if redis_job is not None:
         exchange_url = REDIS_JOB_EXCHANGE
     else:
-        exchange_url = spec.exchange_url or rules.dir_exchange_url(resolved_run_dir / "exchange")
+        exchange_url = spec.exchange_url or dir_exchange_url(resolved_run_dir / "exchange")
 
     peers = []
     for peer in spec.peers:

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
 from .. import rules
+from ..exchange.transports.registry import normalise_exchange_url, transport_kind, transport_schemes
+from ..redaction import redact_url
 from .controls import control_problem
 from .validation import bad, said
 
@@ -23,9 +25,6 @@ LAUNCHERS = ("python", "accelerate")
 # either local or on SLURM; inside its job each peer still runs its own launcher (python or accelerate). Each
 # scheduler is one backend (`driver.BACKENDS`).
 SCHEDULERS = ("local", "slurm")
-# Every peer of a swarm is a separate process, so only transports that cross processes make sense here
-# (rules.IN_PROCESS_SCHEMES, memory://, live inside one process).
-CROSS_PROCESS_SCHEMES = tuple(s for s in rules.EXCHANGE_SCHEMES if s not in rules.IN_PROCESS_SCHEMES)
 # Arguments the launcher sets itself for every peer; a config that sets them would silently disagree.
 RESERVED_ARGS = {
     "peer_id": "the peer's `id`",
@@ -207,27 +206,32 @@ def path_value(value: Any) -> Path | None:
 PathValue = Annotated[Path | None, BeforeValidator(path_value)]
 
 
+def cross_process_schemes() -> list[str]:
+    """The registered exchange schemes whose transport crosses processes: every peer of a swarm is a process of its
+    own, so an in-process transport (`TransportKind.in_process`) would leave each one alone."""
+    return [scheme for scheme in transport_schemes() if not transport_kind(f"{scheme}://").in_process]
+
+
 def exchange_url_value(url: Any) -> str | None:
     if url is None:
-        return None  # dir://<run_dir>/exchange, or the Redis job's address on SLURM
-    accepted = ", ".join(f"{scheme}://" for scheme in CROSS_PROCESS_SCHEMES)
+        return None  # the default exchange (`schema.load_swarm_config`), or the one the backend starts
+    schemes = cross_process_schemes()
+    accepted = ", ".join(f"{scheme}://" for scheme in schemes)
     try:
-        url = rules.normalise_exchange_url(url)  # the scheme checked and lower-cased
+        url = normalise_exchange_url(url)  # the scheme checked and lower-cased
     except ValueError:
-        shown = rules.redact_url(url) if isinstance(url, str) else url
-        raise bad(
-            f"must be a URL such as dir:///shared/ftis or redis://host:6379/0 (schemes: {accepted}), got {shown!r}"
-        ) from None
-    scheme = rules.exchange_scheme(url)
-    if scheme in rules.IN_PROCESS_SCHEMES:
-        raise bad(f"{scheme}:// only works inside one process, and peers are separate processes; use {accepted}")
-    directory = rules.exchange_directory(url)
-    if directory is not None:
-        if not directory:
-            raise bad("dir:// needs a directory, e.g. dir:///shared/ftis")
-        # Absolute, so that every peer (and the logs) name the same directory whatever their working directory.
-        return rules.dir_exchange_url(os.path.abspath(os.path.expanduser(directory)))
-    return url
+        shown = redact_url(url) if isinstance(url, str) else url
+        examples = " or ".join(transport_kind(f"{scheme}://").example for scheme in schemes[:2])
+        raise bad(f"must be a URL such as {examples} (schemes: {accepted}), got {shown!r}") from None
+    kind = transport_kind(url)
+    if kind.in_process:
+        raise bad(f"{kind.scheme}:// only works inside one process, and peers are separate processes; use {accepted}")
+    if kind.absolute is None:
+        return url
+    try:
+        return kind.absolute(url)  # the same exchange for every peer (and the logs), whatever their working directory
+    except ValueError as exc:
+        raise bad(str(exc)) from None
 
 
 def run_dir_problem(path: Any) -> str | None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import rules
+from ..exchange.transports.directory import dir_exchange_url
 from ..worth_report import record_in_peer_outputs, run_reading
 from .commands import peer_output_dir
 from .schema import SwarmConfig
@@ -38,8 +39,8 @@ def seed_config(config: SwarmConfig, seed: int) -> SwarmConfig:
     seed's new run id keeps the seeds' messages apart)."""
     run_dir = config.run_dir / SEED_DIR.format(seed=seed)
     exchange_url = config.exchange_url
-    if exchange_url == rules.dir_exchange_url(config.run_dir / "exchange"):
-        exchange_url = rules.dir_exchange_url(run_dir / "exchange")
+    if exchange_url == dir_exchange_url(config.run_dir / "exchange"):
+        exchange_url = dir_exchange_url(run_dir / "exchange")
     peers = [dataclasses.replace(peer, args={**peer.args, "seed": seed}) for peer in config.peers]
     return dataclasses.replace(
         config, run_dir=run_dir, exchange_url=exchange_url, peers=peers, seeds=(), seed=seed, run_id=None

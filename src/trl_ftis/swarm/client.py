@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from ..exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
 from ..exchange.transports import Transport, open_transport
 from ..peer_rows import PeerRow
+from ..redaction import redact_url
 from ..rules import (
     CREDENTIAL_HINT,
     CREDENTIAL_REASONS,
@@ -48,7 +49,6 @@ from ..rules import (
     check_expected_peers,
     check_round_window,
     check_temperature,
-    redact_url,
 )
 from .clocks import EPOCH_LEAD_LIMIT, epoch_lead, now_epoch, start_epoch
 from .exchange_modes.sync_window import SyncWindow

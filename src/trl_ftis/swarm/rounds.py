@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..exchange import Limits, tokenizer_fingerprint
+from ..exchange.transports.registry import transport_kind
 from ..exchange_mode_registry import exchange_mode
 from ..objective import group_max_len
 from ..peer_rows import (
@@ -37,7 +38,6 @@ from ..peer_rows import (
     select_rows,
     with_group_statistics,
 )
-from ..rules import exchange_scheme
 from .client import RoundBudget, RoundResult, Swarm
 from .exchange_modes.base import RoundAbandoned, RoundOutcome
 
@@ -63,7 +63,7 @@ def connect_swarm(
     """The [`Swarm`] client of a trainer with `config` (its `exchange_url`, peer id, bounds) signing and verifying
     with `credentials` ([`FTISConfig.swarm_credentials`]: the secret and key objects, read once by the trainer)."""
     described = credentials.describe()
-    if described.startswith("none") and exchange_scheme(config.exchange_url) == "dir":
+    if described.startswith("none") and transport_kind(config.exchange_url).shares_files:
         # A folder on this machine or a shared filesystem: its permissions decide who can write, as for any file.
         described += " (a folder exchange: fine where only you can write the folder; set swarm_secret otherwise)"
     logger.warning("Peer %r: message authentication: %s.", config.peer_id, described)

@@ -11,7 +11,13 @@ Every transport subclasses `Transport` ([`.base`]), whose public methods run the
 closed transport, the sender, the round, the data's type and size) before calling the transport's hook (`_publish`,
 `_poll`, `_wait`, `_prune`): a transport implements the hooks only, so it cannot skip a check.
 
-Three transports, chosen by URL (`open_transport`):
+Each transport registers its URL scheme(s) in [`.registry`] (`register_transport(TransportKind(...))`), with what
+the rest of trl-ftis needs to know of it (in-process or not, a folder or not, its probe, its URL redaction); importing
+this package registers the three built-in ones, and `open_transport` opens whichever transport is registered for a
+URL's scheme. A transport of one's own is a `Transport` subclass and its `register_transport` call
+(`docs/wire-format.md`, "Adding a transport").
+
+The built-in transports:
 
 * `dir:///abs/path` or `dir://relative/path` ([`.directory`]): a shared directory, the default. No server; works
   for peers on one machine or on a shared file system, and the directory doubles as a recording of the run. Each
@@ -30,12 +36,10 @@ returns at most `max_batch` messages (1000) and reads message bytes up to `max_p
 
 from __future__ import annotations
 
-from ...rules import exchange_scheme, normalise_exchange_url, redact_url
 from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     INCOMPLETE,
     MALFORMED,
-    SUPPORTED_SCHEMES,
     TOO_LARGE,
     UNREADABLE,
     UNRECOGNISED,
@@ -44,15 +48,15 @@ from .base import (
     TransportError,
     validate_sender,
 )
-from .directory import DirTransport
+from .directory import DirTransport  # the built-in transports: importing each registers its scheme(s)
 from .memory import MemoryTransport
 from .redis_streams import RedisTransport
+from .registry import TransportKind, register_transport, transport_kind, transport_schemes
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "INCOMPLETE",
     "MALFORMED",
-    "SUPPORTED_SCHEMES",
     "TOO_LARGE",
     "UNREADABLE",
     "UNRECOGNISED",
@@ -62,14 +66,17 @@ __all__ = [
     "RedisTransport",
     "Transport",
     "TransportError",
+    "TransportKind",
     "open_transport",
-    "redact_url",
+    "register_transport",
+    "transport_schemes",
     "validate_sender",
 ]
 
 
 def open_transport(url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, **options) -> Transport:
-    """Open the transport named by `url`: `dir://PATH`, `memory://NAME`, `redis://...` or `rediss://...`.
+    """Open the transport registered for `url`'s scheme: `dir://PATH`, `memory://NAME`, `redis://...`,
+    `rediss://...`, or one registered with `register_transport`.
 
     `options` go to the transport class (e.g. `max_batch` and `max_poll_bytes` for all of them; `swarm`,
     `max_stream_len`, `connect_timeout` for Redis; `poll_interval`, `incomplete_timeout` for a directory); unknown
@@ -77,10 +84,6 @@ def open_transport(url: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYT
     """
     if not isinstance(url, str):
         raise TypeError(f"transport URL must be a string, got {type(url).__name__}")
-    url = normalise_exchange_url(url)  # "DIR://x" -> "dir://x": schemes are case-insensitive
-    scheme = exchange_scheme(url)
-    if scheme == "dir":
-        return DirTransport(url, max_message_bytes=max_message_bytes, **options)
-    if scheme == "memory":
-        return MemoryTransport(url, max_message_bytes=max_message_bytes, **options)
-    return RedisTransport(url, max_message_bytes=max_message_bytes, **options)
+    kind = transport_kind(url)
+    url = kind.scheme + url[len(kind.scheme) :]  # "DIR://x" -> "dir://x": schemes are case-insensitive
+    return kind.opener(url, max_message_bytes=max_message_bytes, **options)

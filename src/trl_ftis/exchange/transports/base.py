@@ -14,12 +14,11 @@ import operator
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from ...rules import EXCHANGE_SCHEMES, check_peer_id
+from ...rules import check_peer_id
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 # One poll reads at most this many times `max_message_bytes` unless `max_poll_bytes` says otherwise.
 DEFAULT_POLL_BYTES_FACTOR = 4
-SUPPORTED_SCHEMES = EXCHANGE_SCHEMES
 
 # Error codes of `Envelope.error`; the receiver counts every one of them as a refused message.
 TOO_LARGE = "too_large"  # bigger than max_message_bytes (or declares it): not read (dir) or dropped (redis, memory)

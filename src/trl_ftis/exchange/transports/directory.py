@@ -35,7 +35,6 @@ import threading
 import time
 import uuid
 
-from ...rules import DIR_PREFIX, exchange_directory
 from ..layout import MAGIC, PREAMBLE
 from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -48,8 +47,33 @@ from .base import (
     TransportError,
     positive_number,
 )
+from .registry import TransportKind, register_transport
 
 logger = logging.getLogger(__name__)
+
+DIR_PREFIX = "dir://"
+"""The shared-directory exchange's URL prefix (lower-case: `registry.normalise_exchange_url` makes it so)."""
+
+
+def dir_exchange_url(path: str | os.PathLike) -> str:
+    """The `dir://` exchange URL of the directory `path` (`dir:///abs/path` for an absolute one)."""
+    return f"{DIR_PREFIX}{os.fspath(path)}"
+
+
+def exchange_directory(url: str) -> str | None:
+    """The directory of a `dir://` exchange URL (already normalised: lower-case scheme), as written, `""` when it
+    names none; `None` for any other scheme."""
+    return url[len(DIR_PREFIX) :] if url.startswith(DIR_PREFIX) else None
+
+
+def absolute_dir_url(url: str) -> str:
+    """A `dir://` URL with its directory made absolute, so that every peer (and the logs) name the same directory
+    whatever their working directory; `ValueError` when it names none."""
+    directory = exchange_directory(url)
+    if not directory:
+        raise ValueError("dir:// needs a directory, e.g. dir:///shared/ftis")
+    return dir_exchange_url(os.path.abspath(os.path.expanduser(directory)))
+
 
 _SUFFIX = ".ftis"
 _TMP_SUFFIX = ".ftis.tmp"
@@ -515,3 +539,14 @@ class DirTransport(Transport):
                 pass
             except OSError as exc:
                 logger.warning("could not prune %s in %s: %s", entry.name, self.url, exc)
+
+
+register_transport(
+    TransportKind(
+        scheme="dir",
+        opener=DirTransport,
+        example="dir:///shared/ftis",
+        folder=exchange_directory,
+        absolute=absolute_dir_url,
+    )
+)

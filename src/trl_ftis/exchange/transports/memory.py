@@ -6,6 +6,7 @@ import threading
 from typing import ClassVar
 
 from .base import DEFAULT_MAX_MESSAGE_BYTES, Envelope, Transport
+from .registry import TransportKind, register_transport
 
 
 class _MemoryChannel:
@@ -90,3 +91,6 @@ class MemoryTransport(Transport):
             for i, item in enumerate(messages):
                 if item is not None and item[0] == sender and item[1] < cutoff:
                     messages[i] = None
+
+
+register_transport(TransportKind(scheme="memory", opener=MemoryTransport, example="memory://NAME", in_process=True))

@@ -1,15 +1,21 @@
-"""`redis://` and `rediss://`: Redis Streams, one stream per swarm."""
+"""`redis://` and `rediss://`: Redis Streams, one stream per swarm.
+
+Also what the rest of trl-ftis needs of such a URL, registered with the two schemes: `reach_problem` (whether the
+server answers, asked by the launcher before its peers start), `redis_client_url` (the URL redis-py is given)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import re
+import socket
 import time
 from collections import deque
-from urllib.parse import parse_qsl, urlsplit
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ...rules import REDACTED, REDIS_PASSWORD_ENV, redact_url, redis_client_url
+from ...redaction import REDACTED, redact_text, redact_url
+from ...rules import REDIS_PASSWORD_ENV
 from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MALFORMED,
@@ -20,8 +26,63 @@ from .base import (
     TransportError,
     positive_number,
 )
+from .registry import TransportKind, register_transport
 
 logger = logging.getLogger(__name__)
+
+REDIS_URL_OPTIONS = ("swarm", "connect_timeout")
+"""Query parameters of a `redis://` exchange URL that trl-ftis reads itself (the swarm's key namespace, the connect
+timeout); every other one is redis-py's."""
+
+
+def redis_client_url(url: str) -> str:
+    """`url` without [`REDIS_URL_OPTIONS`]: what redis-py's `Redis.from_url` is given."""
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k not in REDIS_URL_OPTIONS]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+DEFAULT_PORT = 6379
+REACH_TIMEOUT = 3.0  # seconds: a Redis that is up answers in milliseconds, one that is not fails in seconds
+
+
+def reach_problem(url: str, timeout: float = REACH_TIMEOUT) -> str | None:
+    """`"cannot reach Redis at redis://host:6379/0: connection refused"`, or None when it answers (a TCP connect, then
+    a PING through redis-py when it is installed: a wrong password is caught too). The URL's password is never shown.
+    """
+    shown = redact_url(url)
+
+    def reason(exc: BaseException) -> str:
+        return redact_text(getattr(exc, "strerror", None) or str(exc) or type(exc).__name__)
+
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port or DEFAULT_PORT
+    except ValueError as exc:
+        return f"cannot reach Redis at {shown}: {reason(exc)}"
+    if not host:
+        return f"cannot reach Redis at {shown}: the URL names no host"
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:  # refused, unreachable, unknown host, timed out
+        return f"cannot reach Redis at {shown}: {reason(exc)}"
+    try:
+        import redis
+    except ImportError:
+        return None  # the port answers; the peers' transport says the rest
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+    if parts.password is None and os.environ.get(REDIS_PASSWORD_ENV):
+        options["password"] = os.environ[REDIS_PASSWORD_ENV]  # as the peers' transport does
+    try:
+        client = redis.Redis.from_url(redis_client_url(url), **options)  # ?swarm= is ours, not redis-py's
+        try:
+            client.ping()
+        finally:
+            client.close()
+    except Exception as exc:  # noqa: BLE001 - authentication, TLS, a server that is not Redis: all stop the peers
+        return f"cannot reach Redis at {shown}: {reason(exc)}"
+    return None
 
 _SWARM_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,128}$")
 _FIRST_DELAY = 0.05  # seconds before the first retry; doubled after each failure...
@@ -558,3 +619,15 @@ class RedisTransport(Transport):
                 self._client.close()
             except Exception as exc:  # noqa: BLE001 - closing must not raise over a broken connection
                 logger.debug("closing %s: %s", self.url, self._scrub(exc))
+
+
+for _scheme, _example in (("redis", "redis://host:6379/0"), ("rediss", "rediss://host:6380/0")):
+    register_transport(
+        TransportKind(
+            scheme=_scheme,
+            opener=RedisTransport,
+            example=_example,
+            packages=(("redis", "trl-ftis[redis]"),),
+            probe=reach_problem,
+        )
+    )

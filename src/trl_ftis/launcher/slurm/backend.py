@@ -37,7 +37,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from ...rules import REDIS_PASSWORD_ENV, exchange_directory, exchange_scheme, redact_text
+from ...exchange.transports.registry import exchange_folder, transport_kind
+from ...redaction import redact_text
+from ...rules import REDIS_PASSWORD_ENV
 from ..backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
 from ..commands import (
     build_commands,
@@ -80,10 +82,6 @@ REDIS_LOG = "redis.server.log"  # in <run_dir>/logs
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _uses_redis(config: SwarmConfig) -> bool:
-    return config.redis is not None or exchange_scheme(config.exchange_url) in ("redis", "rediss")
-
-
 def slurm_problems(config: SwarmConfig) -> list[str]:
     """What this machine lacks to submit the swarm (submitit, the SLURM commands, the redis package)."""
     problems = []
@@ -97,10 +95,11 @@ def slurm_problems(config: SwarmConfig) -> list[str]:
             f"launcher slurm needs the SLURM commands {', '.join(missing)} on PATH (run trl-ftis on a SLURM login "
             "node)"
         )
-    if _uses_redis(config) and importlib.util.find_spec("redis") is None:
-        problems.append(
-            "the peers exchange through Redis, but the redis package is not installed: pip install 'trl-ftis[redis]'"
-        )
+    kind = transport_kind(config.exchange_url)  # the Redis job's exchange too (`schema.REDIS_JOB_EXCHANGE`)
+    problems += [
+        f"the peers exchange through {kind.scheme}://, which needs {pip}, not installed here: pip install '{pip}'"
+        for pip in kind.missing_packages()
+    ]
     return problems
 
 
@@ -129,13 +128,14 @@ def redis_job_name(config: SwarmConfig, token: str) -> str:
 # --------------------------------------------------------------------------------------------------------------------
 
 
-def _dir_exchange_note(config: SwarmConfig) -> str | None:
-    directory = exchange_directory(config.exchange_url)
-    if directory is None:
+def _folder_exchange_note(config: SwarmConfig) -> str | None:
+    kind = transport_kind(config.exchange_url)
+    if kind.folder is None:
         return None
     return (
-        f"dir:// exchange on SLURM: {directory} must be a directory every node shares (a network filesystem); "
-        "redis:// (the default on SLURM: `redis: {start: true}`) needs no shared directory"
+        f"{kind.scheme}:// exchange on SLURM: {kind.folder(config.exchange_url)} must be a directory every node "
+        "shares (a network filesystem); the default on SLURM, a Redis job (`redis: {start: true}`), needs no shared "
+        "directory"
     )
 
 
@@ -174,7 +174,7 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
     else:
         out.append(f"# exchange: {redact_text(config.exchange_url)}")
     out.append(f"# job names end in a new token at every launch (here {token}); submitit writes to {root}/<id>/")
-    note = _dir_exchange_note(config)
+    note = _folder_exchange_note(config)
     if note:
         out.append(f"# note: {note}")
     out.append("")
@@ -340,7 +340,7 @@ class SlurmBackend:
         except OSError:
             pass
         (self.root / "jobs.txt").unlink(missing_ok=True)  # this launch's jobs only
-        directory = exchange_directory(self.config.exchange_url)
+        directory = exchange_folder(self.config.exchange_url)
         if directory is not None:
             Path(directory).mkdir(parents=True, exist_ok=True)
 
@@ -538,7 +538,7 @@ class SlurmBackend:
             f"run_dir {self.config.run_dir}; {len(self.runs)} peer job(s) on SLURM; "
             f"job names {self.config.run_dir.name}.{self.token}.*"
         )
-        note = _dir_exchange_note(self.config)
+        note = _folder_exchange_note(self.config)
         if note:
             self.say(f"note: {note}")
         if self.redis is not None:

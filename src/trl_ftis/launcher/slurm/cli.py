@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ...rules import REDACTED, redact_text
+from ...redaction import REDACTED, redact_text
 from ..commands import is_secret_name, redact_shell_line
 from .schema import SlurmResources, format_minutes
 
