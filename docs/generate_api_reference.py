@@ -134,6 +134,8 @@ def _own_members(cls: type) -> list[tuple[str, object]]:
     for name, value in vars(cls).items():
         if name.startswith("_") or not (callable(value) or isinstance(value, property | classmethod | staticmethod)):
             continue
+        if getattr(value, "__doc__", None) is None and any(hasattr(base, name) for base in cls.__bases__):
+            continue  # an override of a base class's hook (TRL's `training_step`) that adds no API of its own
         members.append((name, value))
     return sorted(members)
 
