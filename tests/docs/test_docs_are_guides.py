@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]  # the per-study pages of docs/studies too
 NOT_PROSE = re.compile(r"https?://\S+|benchmarks/results/[\w./-]+|\]\(#[^)]*\)|PKCS #\d+|\b[Ee]d25519\b")
 COMMIT = re.compile(r"(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?![\w-])")
 ISSUE = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w/&])#\d{1,5}\b|\b(PR|pull request) #?\d+")
