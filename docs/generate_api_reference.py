@@ -251,16 +251,19 @@ def seams_block() -> str:
 
 
 def signatures_block(spec: str) -> str:
-    """The signatures (a constant: its value) of the names of `spec`, `module: name, name, ...`, in one code block,
-    for the guide parts that quote them. `ValueError` naming a name that no longer exists."""
+    """The signatures (a constant: its value) of the names of `spec`, `module: name, Class.method, ...`, in one code
+    block, for the guide parts that quote them. `ValueError` naming a name that no longer exists."""
     module, _, names = spec.partition(":")
     lines = []
     for name in (name.strip() for name in names.split(",")):
         try:
-            value = getattr(importlib.import_module(module.strip()), name)
+            value = importlib.import_module(module.strip())
+            for part in name.split("."):  # `Class.method`: a method, quoted without `self`
+                value = getattr(value, part)
         except (ImportError, AttributeError) as error:
             raise ValueError(f"docs/api.md quotes {module}.{name}, which does not exist: {error}") from None
-        lines.append(signature_text(name, value) if callable(value) else f"{name} = {_value(value)}")
+        method = "." in name
+        lines.append(signature_text(name, value, drop_self=method) if callable(value) else f"{name} = {_value(value)}")
     return "```python\n" + "\n".join(lines) + "\n```\n"
 
 
