@@ -35,7 +35,7 @@ def returns_within(call: Callable[[], T], guard: float = HANG_GUARD, what: str =
             returned.set()
 
     threading.Thread(target=run, daemon=True, name="returns_within").start()
-    assert returned.wait(guard), f"{what} had not returned after {guard:.0f} s"
+    assert returned.wait(guard), f"{what} had not returned after {guard:g} s"
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["value"]  # type: ignore[return-value]
