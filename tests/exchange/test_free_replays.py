@@ -67,11 +67,11 @@ def test_a_late_joiner_refuses_a_replay_of_an_older_round(tokenizer, url):
     for round in range(4, 6):
         publish(sender, round)
         late.collect(round)
-    assert late.sender_rounds == {"a": 5}
+    assert late.window.sender_rounds == {"a": 5}
     recorder.replay(url, "a", 1)
     result = late.collect(6)
     assert result.rows == [] and result.refused == {"stale": 1}
-    assert late.sender_rounds == {"a": 5}  # never moved back
+    assert late.window.sender_rounds == {"a": 5}  # never moved back
 
 
 def test_a_message_accepted_once_is_never_accepted_again_however_many_follow(tokenizer, url):
@@ -89,7 +89,7 @@ def test_a_message_accepted_once_is_never_accepted_again_however_many_follow(tok
         recorder.replay(url, "a", round)
     result = receiver.collect(200)
     assert result.rows == [] and result.refused["stale"] + result.refused["duplicate"] == 4
-    assert receiver.sender_rounds == {"a": 142}
+    assert receiver.window.sender_rounds == {"a": 142}
 
 
 def test_a_replay_of_an_old_round_cannot_make_fresh_queued_rows_stale(tokenizer, url):
@@ -104,11 +104,11 @@ def test_a_replay_of_an_old_round_cannot_make_fresh_queued_rows_stale(tokenizer,
     for round in (37, 38):
         publish(sender, round)
     result = receiver.collect(37)
-    assert sorted({row.round for row in result.rows}) == [37, 38] and receiver.sender_rounds == {"a": 38}
+    assert sorted({row.round for row in result.rows}) == [37, 38] and receiver.window.sender_rounds == {"a": 38}
     recorder.replay(url, "a", 9)
     result = receiver.collect(38)
     assert result.rows == [] and result.refused == {"stale": 1}
-    assert receiver.sender_rounds == {"a": 38}
+    assert receiver.window.sender_rounds == {"a": 38}
 
 
 def test_replays_of_a_dead_expected_peer_do_not_keep_it_alive(tokenizer, url):
@@ -144,7 +144,7 @@ def test_a_restart_from_an_older_checkpoint_is_a_newer_epoch_and_its_old_start_s
     for round in range(48, 51):
         publish(sender, round)
     receiver.collect(0)
-    assert receiver.sender_rounds == {"a": 50} and receiver.sender_epochs == {"a": sender.epoch}
+    assert receiver.window.sender_rounds == {"a": 50} and receiver.window.sender_epochs == {"a": sender.epoch}
     restarted = keeping(url, tokenizer)
     restarted.load_state_dict(checkpoint)  # resumed at step 41, from an older checkpoint
     assert restarted.epoch > sender.epoch
@@ -152,13 +152,13 @@ def test_a_restart_from_an_older_checkpoint_is_a_newer_epoch_and_its_old_start_s
     with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.exchange_modes.free_order"):
         result = receiver.collect(1)
     assert "Peer 'a' restarted (its messages now come from a new start, at its step 41, after step 50)" in caplog.text
-    assert {row.round for row in result.rows} == {41} and receiver.sender_rounds == {"a": 41}
-    assert receiver.sender_epochs == {"a": restarted.epoch}
+    assert {row.round for row in result.rows} == {41} and receiver.window.sender_rounds == {"a": 41}
+    assert receiver.window.sender_epochs == {"a": restarted.epoch}
     for round in (48, 50):  # the first start's messages: an older epoch now
         recorder.replay(url, "a", round)
     result = receiver.collect(2)
     assert result.rows == [] and result.refused["stale"] + result.refused["duplicate"] == 2
-    assert receiver.sender_rounds == {"a": 41}
+    assert receiver.window.sender_rounds == {"a": 41}
 
 
 def test_one_collect_holding_two_starts_of_a_sender_keeps_the_newer_one(tokenizer, url):
@@ -170,7 +170,7 @@ def test_one_collect_holding_two_starts_of_a_sender_keeps_the_newer_one(tokenize
     publish(restarted, 12)  # read after round 60 (newest hint first): it replaces it
     result = receiver.collect(0)
     assert {row.round for row in result.rows} == {12} and result.peers["a"].rows_stale == 4
-    assert (receiver.sender_epochs, receiver.sender_rounds) == ({"a": restarted.epoch}, {"a": 12})
+    assert (receiver.window.sender_epochs, receiver.window.sender_rounds) == ({"a": restarted.epoch}, {"a": 12})
 
 
 def test_the_order_survives_a_checkpoint_of_the_receiver(tokenizer, url):

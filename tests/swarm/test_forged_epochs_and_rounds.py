@@ -46,7 +46,7 @@ def test_free_a_start_far_in_the_future_is_refused_and_recorded_nowhere(tokenize
     forge(url, tokenizer, "victim", 1, epoch=FAR)
     result = me.collect(1)
     assert result.rows == [] and result.refused == {"epoch": 1}
-    assert me.sender_epochs == {"victim": victim.epoch}  # never recorded
+    assert me.window.sender_epochs == {"victim": victim.epoch}  # never recorded
     victim.publish(rows("victim", group="g2"), 2)
     assert genuine(me.collect(2)) == [2]
 
@@ -68,7 +68,7 @@ def test_free_a_forged_newer_start_or_round_stops_the_peer_only_until_it_sends_a
         victim.publish(rows("victim", group="g1"), 1)
         assert genuine(me.collect(2)) == [1]
     assert "a member signed it under its name" in caplog.text
-    assert (me.sender_epochs, me.sender_rounds) == ({"victim": victim.epoch}, {"victim": 1})
+    assert (me.window.sender_epochs, me.window.sender_rounds) == ({"victim": victim.epoch}, {"victim": 1})
     for step in (2, 3):
         victim.publish(rows("victim", group=f"g{step}"), step)
         assert genuine(me.collect(step + 1)) == [step]
@@ -265,7 +265,7 @@ def test_free_a_table_filled_by_invented_ids_makes_room_once_they_are_silent(tok
     me = free(url, tokenizer, peer_timeout=0.2)
     flood(url, tokenizer, 6)
     me.collect(0)
-    assert len(me.sender_rounds) == 6
+    assert len(me.window.sender_rounds) == 6
     late = make_swarm(url, "late", tokenizer, secret=SECRET)
     late.publish(rows("late", group="l0"), 0)
     small_table.now += 0.1
@@ -274,7 +274,7 @@ def test_free_a_table_filled_by_invented_ids_makes_room_once_they_are_silent(tok
     small_table.now += 0.2
     late.publish(rows("late", group="l1"), 1)
     assert genuine(me.collect(2), "late") == [1]  # the least recently heard gave its place away
-    assert "late" in me.sender_rounds and len(me.sender_rounds) == 6
+    assert "late" in me.window.sender_rounds and len(me.window.sender_rounds) == 6
 
 
 def test_free_a_regular_keeps_its_place_however_long_it_is_silent(tokenizer, url, small_table):
@@ -287,7 +287,7 @@ def test_free_a_regular_keeps_its_place_however_long_it_is_silent(tokenizer, url
     small_table.now += 0.3
     flood(url, tokenizer, 5, start=5)  # five more newcomers, once the first five and `a` are silent
     me.collect(2)
-    assert "a" in me.sender_rounds and sum(s.startswith("sybil") for s in me.sender_rounds) == 5
+    assert "a" in me.window.sender_rounds and sum(s.startswith("sybil") for s in me.window.sender_rounds) == 5
 
 
 def test_free_one_message_senders_are_not_kept_in_checkpoints(tokenizer, url, small_table):
@@ -298,7 +298,7 @@ def test_free_one_message_senders_are_not_kept_in_checkpoints(tokenizer, url, sm
         me.collect(step)
     flood(url, tokenizer, 5)
     me.collect(2)
-    assert len(me.sender_rounds) == 6
+    assert len(me.window.sender_rounds) == 6
     state = me.state_dict()
     assert state["sender_rounds"] == {"a": 1} and list(state["sender_epochs"]) == ["a"]
     resumed = free(url, tokenizer)

@@ -104,13 +104,13 @@ def test_a_free_running_collect_never_waits_and_judges_each_sender_by_its_own_st
     assert sorted({row.round for row in result.rows}) == [7, 8, 9]  # max_staleness = 2 of the sender's steps
     # The sender keeps its newest max_staleness + 2 messages in the exchange (5-9): 5 and 6 are too old.
     assert result.refused["stale"] == 2 and result.peers["fast"].rows_stale == 8
-    assert receiver.sender_rounds == {"fast": 9}
+    assert receiver.window.sender_rounds == {"fast": 9}
     assert sorted(result.peers["fast"].staleness) == [0, 1, 2]
     assert result.missing == []  # silent for less than peer_timeout
     # A sender far "ahead" of the receiver is not refused: rounds are each sender's own.
     fast.publish(rows("fast", group="g100", round=100), 100)
     assert {row.round for row in receiver.collect(1).rows} == {100}
-    assert receiver.sender_rounds == {"fast": 100}
+    assert receiver.window.sender_rounds == {"fast": 100}
 
 
 def test_a_silent_expected_peer_is_counted_missing_after_peer_timeout_never_waited_for(tokenizer, url):
@@ -132,15 +132,15 @@ def test_a_sender_that_restarted_from_an_older_checkpoint_is_followed_back(token
     sender.publish(rows("a", group="older", round=41), 41)
     sender.publish(rows("a", group="late", round=50), 50)
     assert {row.round for row in receiver.collect(0).rows} == {50}  # 41 is too old next to 50
-    assert receiver.collect(1).rows == [] and receiver.sender_rounds == {"a": 50}
+    assert receiver.collect(1).rows == [] and receiver.window.sender_rounds == {"a": 50}
     resumed = make_swarm(url, "a", tokenizer)
     resumed.load_state_dict(checkpoint)  # a new start, resumed at step 41: a newer epoch
     resumed.publish(rows("a", group="again", round=41), 41)
     result = receiver.collect(2)
-    assert {row.round for row in result.rows} == {41} and receiver.sender_rounds == {"a": 41}
+    assert {row.round for row in result.rows} == {41} and receiver.window.sender_rounds == {"a": 41}
     restored = make_swarm(url, "me2", tokenizer, window=FreeWindow)
     restored.load_state_dict(receiver.state_dict())
-    assert restored.sender_rounds == {"a": 41} and restored.sender_epochs == {"a": resumed.epoch}
+    assert restored.window.sender_rounds == {"a": 41} and restored.window.sender_epochs == {"a": resumed.epoch}
 
 
 # -- the trainer ------------------------------------------------------------------------------------------------------

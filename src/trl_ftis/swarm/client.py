@@ -124,12 +124,11 @@ class Swarm:
             (replayed, or left in a reused exchange), are refused before their body is read. Without `run_id`,
             catch-up evidence ([`SyncWindow.align`]) counts only from messages stamped at most `EVIDENCE_CLOCK_SLACK`
             seconds before this peer started.
-        window: the round window's policy class, built with this swarm (`trl_ftis.swarm.round_windows`):
-            [`SyncWindow`] (the default: one shared round, waiting and catch-up) or [`FreeWindow`]
-            (`exchange_mode="free"`: each sender in its own order; [`collect`] never waits; a sender's message is
-            fresh while it is at most `max_staleness` of that sender's steps older than the newest message it
-            delivered ([`sender_rounds`]); no `ahead` refusal and no catch-up; an expected peer is never waited for
-            and counts as missing once silent for `peer_timeout` seconds).
+        window: builds the round window this swarm reads through, with the swarm as its host
+            (`trl_ftis.swarm.round_windows`: `RoundWindow`, `WindowHost`); the exchange mode's `window`. Default: the
+            sync window ([`SyncWindow`]: one shared round, waiting and catch-up). The free mode's
+            (`trl_ftis.swarm.exchange_modes.free_window.FreeWindow`) takes each sender in its own order and never
+            waits.
         order_key: keys the order in which senders that cannot all be read are read ([`sender_rank`]); default:
             16 random bytes, so that no writer can predict it. Give one only to make that order reproducible (tests).
     """
@@ -220,16 +219,6 @@ class Swarm:
         self._collects = 0  # collects so far ([`_say_if_alone`])
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
         self.window = window(self)
-
-    @property
-    def sender_rounds(self) -> dict[str, int]:
-        """Free-running: each sender's newest accepted round, in its newest start ([`SenderOrder`])."""
-        return self.window.sender_rounds
-
-    @property
-    def sender_epochs(self) -> dict[str, int]:
-        """Free-running: each sender's newest start (`Message.epoch`) that a message was accepted from."""
-        return self.window.sender_epochs
 
     def _keys(self, private_key, public_keys):
         """The key arguments loaded (from files when they are paths) and checked against each other."""
@@ -684,10 +673,10 @@ class Swarm:
         """What a resumed run needs to go on as this one would, as JSON-serialisable values: the peers seen and their
         models, the expected peers not waited for, the digests of the messages accepted in the round window (read
         again after a restart, they are refused as duplicates instead of trained on twice), the round alignment
-        (`round_offset` and each sender's newest round), the newest round each sender delivered, each sender's
-        newest accepted epoch and round ([`sender_epochs`], [`sender_rounds`]: free-running, nothing older is taken
-        after a restart either), this peer's own [`epoch`] (a resumed start gets a newer one), the peers that left
-        ([`departed`]) and the unpublished-row counts.
+        (`round_offset`), the newest round each sender delivered, the window's own state (the sync window's: who is
+        not waited for and each sender's newest round; the free window's: each sender's newest accepted epoch and
+        round, so that nothing older is taken after a restart either), this peer's own [`epoch`] (a resumed start
+        gets a newer one), the peers that left ([`departed`]) and the unpublished-row counts.
         Transport cursors are not part of it: a restarted peer reads what the exchange still holds."""
         return {
             "peer_id": self.peer_id,

@@ -103,10 +103,6 @@ class RoundWindow(Protocol):
     def most_seen(self, known_peers: int) -> int:
         """The digests a saved state may hold."""
 
-    @property
-    def sender_rounds(self) -> dict[str, int]:
-        """Each sender's newest accepted round in its own order (empty for a shared round)."""
-
     def state_dict(self) -> dict[str, Any]:
         """The window's keys of a swarm state ([`WINDOW_STATE`])."""
 

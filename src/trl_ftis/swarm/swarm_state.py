@@ -70,17 +70,16 @@ def check_swarm_state(
     # A round window's digests: its rounds' messages (lock-step), or the newest a window per known sender.
     seen = field("seen", dict, counts, cap=most_seen(len(known)))
     offset = field("round_offset", int, lambda v: 0 <= v <= min(max(newest.values(), default=0), MAX_SWARM_ROUND))
-    # Absent from states written before it existed: then nothing counts as delivered ahead (one wait at most).
-    delivered = field("delivered", dict, counts) if "delivered" in state else {}
-    sender_rounds = field("sender_rounds", dict, counts) if "sender_rounds" in state else {}
-    sender_epochs = field("sender_epochs", dict, counts) if "sender_epochs" in state else {}
+    delivered = field("delivered", dict, counts)
+    sender_rounds = field("sender_rounds", dict, counts)
+    sender_epochs = field("sender_epochs", dict, counts)
     if set(sender_epochs) - set(sender_rounds):
         raise ValueError("Swarm state: 'sender_epochs' names senders that 'sender_rounds' does not.")
-    saved_epoch = field("epoch", int, whole) if "epoch" in state else 0
-    newest_epochs = field("newest_epochs", dict, counts) if "newest_epochs" in state else {}
+    saved_epoch = field("epoch", int, whole)
+    newest_epochs = field("newest_epochs", dict, counts)
     if set(newest_epochs) - set(newest):
         raise ValueError("Swarm state: 'newest_epochs' names senders that 'newest' does not.")
-    departed = field("departed", dict, counts) if "departed" in state else {}
+    departed = field("departed", dict, counts)
     try:
         digests = {bytes.fromhex(digest): round for digest, round in seen.items()}
     except ValueError:

@@ -174,14 +174,6 @@ class SyncWindow:
         swarm = self.host
         return swarm.budget.max_messages * (swarm.max_staleness + swarm.max_rounds_ahead + 2)
 
-    @property
-    def sender_rounds(self) -> dict[str, int]:
-        return {}
-
-    @property
-    def sender_epochs(self) -> dict[str, int]:
-        return {}
-
     # -- catching up ---------------------------------------------------------------------------------------------
     def may_lead(self, hint: str | None, regulars: frozenset[str]) -> bool:
         """Whether an envelope filed far ahead is read anyway, because its sender may be a live swarm that this peer
