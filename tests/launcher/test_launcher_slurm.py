@@ -653,10 +653,9 @@ def test_slurm_sigint_cancels_every_job(tmp_path, slurm_cluster):
             pytest.fail(f"peers never became ready:\n{out_path.read_text()}")
         ids = _job_ids(run_dir)
         assert len(ids) == 3 and all(squeue(ids)[job][0] == "RUNNING" for job in ids)
-        started = time.monotonic()
         proc.send_signal(signal.SIGINT)
+        # b ignores SIGTERM and holds for 120 s: a launcher that did not cancel it after the grace runs into this
         assert proc.wait(timeout=90) == 130, out_path.read_text()
-        stopped_in = time.monotonic() - started
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -664,7 +663,6 @@ def test_slurm_sigint_cancels_every_job(tmp_path, slurm_cluster):
     assert "stopping peers a" in text and "interrupted by SIGINT; exit code 130" in text
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [row["status"] for row in summary["peers"]] == ["stopped", "stopped"]
-    assert stopped_in < 60, text  # grace 2 s + KillWait 5 s + polling
     _assert_no_job_left(slurm_cluster, run_dir)
 
 
