@@ -187,7 +187,7 @@ class FTISTrainer(GRPOTrainer):
         self._last_rewards_per_func: torch.Tensor | None = None
         self._clock = StepClock()  # where each optimizer step's time goes (`ftis/time/...`)
         self._value = PeerValue()  # what reached the loss, per source, and the weight it carried
-        self._prepare_seconds = 0.0  # time in `_prepare_inputs`, which `training_step` subtracts from its own
+        self._batch_seconds = 0.0  # time making generation batches, which `training_step` subtracts from its own
         # Read once, before the model is loaded: a wrong key file fails now, naming it.
         credentials = args.swarm_credentials() if args.exchange_url is not None else None
         if args.cast_lm_head_to_fp32 and peft_config is not None and ties_embeddings(model):
@@ -455,6 +455,15 @@ class FTISTrainer(GRPOTrainer):
     # Batch formation: F-TIS fields, own rows out, peer rows in
     # ------------------------------------------------------------------------------------------------------------
     def _generate_and_score_completions(self, inputs):
+        start = self._clock.now()
+        try:
+            return self._generation_batch(inputs)
+        finally:
+            self._batch_seconds += self._clock.now() - start
+
+    def _generation_batch(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """TRL's generation batch, plus the F-TIS fields, with this step's peer rows merged in; own rows handed to
+        the listeners and, in a swarm, to the round."""
         mode = "train" if self.model.training else "eval"
         in_swarm = mode == "train" and self.args.exchange_url is not None
         listening = mode == "train" and (bool(self._row_listeners) or in_swarm)
@@ -626,19 +635,12 @@ class FTISTrainer(GRPOTrainer):
                 self.swarm.leave()  # the others stop waiting for this peer now, not after peer_timeout
                 self.swarm.close()
 
-    def _prepare_inputs(self, generation_batch):
-        start = self._clock.now()
-        try:
-            return super()._prepare_inputs(generation_batch)
-        finally:
-            self._prepare_seconds += self._clock.now() - start
-
     def training_step(self, model, inputs, num_items_in_batch):
-        # `training` is the micro-batch's forward and backward: training_step without its `_prepare_inputs` (where
-        # generation, scoring and the exchange happen, timed by themselves).
-        start, prepared = self._clock.now(), self._prepare_seconds
+        # `training` is the micro-batch's forward and backward: training_step without the making of a generation
+        # batch inside it (generation, scoring and the exchange, timed by themselves).
+        start, batches = self._clock.now(), self._batch_seconds
         loss = super().training_step(model, inputs, num_items_in_batch)
-        self._clock.add("training", self._clock.now() - start - (self._prepare_seconds - prepared))
+        self._clock.add("training", self._clock.now() - start - (self._batch_seconds - batches))
         # Counts per optimizer step (summed over its micro-batches), logged once the step is complete.
         if self._step % self.current_gradient_accumulation_steps == 0:
             counts = self._loss_hook.step_counts()

@@ -93,7 +93,7 @@ SEAMS: tuple[Seam, ...] = (
         "GRPOTrainer",
         "override",
         "times generation (`ftis/time/generation`).",
-        "generation runs inside `_prepare_inputs`, between no two callback events.",
+        "generation runs inside TRL's `_prepare_inputs`, between no two callback events.",
         "7ab4c9d3681259b3",
     ),
     Seam(
@@ -121,24 +121,18 @@ SEAMS: tuple[Seam, ...] = (
         "GRPOTrainer",
         "override",
         "adds the F-TIS fields to TRL's batch, hands own rows to listeners, runs the swarm round and merges peer rows "
-        "into the batch. The override calls TRL's method whole and works on its output: it copies none of it.",
+        "into the batch; times it all, so that `training_step` can subtract it from its own time. The override calls "
+        "TRL's method whole and works on its output: it copies none of it.",
         "its output, the generation batch, is where peer rows must join; " + _NO_CALLBACK_SEES_IT + ".",
         "162e6e74cfe523f8",
-    ),
-    Seam(
-        "_prepare_inputs",
-        "GRPOTrainer",
-        "override",
-        "times it, so that `training_step` can subtract generation, scoring and the exchange from its own time.",
-        "no callback event brackets it.",
-        "6f4821fa9d980a1d",
     ),
     Seam(
         "training_step",
         "GRPOTrainer",
         "override",
-        "times the micro-batch's forward and backward (`ftis/time/training`); logs the counts of filtered peer rows "
-        "once per optimizer step (TRL's `_step` counts micro-batches).",
+        "times the micro-batch's forward and backward (`ftis/time/training`: the step without the generation batch "
+        "it may make); logs the counts of filtered peer rows once per optimizer step (TRL's `_step` counts "
+        "micro-batches).",
         "`on_step_begin` and `on_substep_end` bracket more than the forward and backward (generation included).",
         "3899daadc79c2a60",
     ),
