@@ -35,6 +35,7 @@ from trl_ftis.swarm.checkpoint import (
     rows_to_json,
     state_path,
 )
+from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
 from trl_ftis.swarm.ledger import PeerRowLedger
 
 
@@ -58,6 +59,16 @@ def arrived(*records, created=None):
 
 def swarm(**fields):
     return lambda state: {**state, "swarm": {**state["swarm"], **fields}}
+
+
+def free_window(**fields):
+    """The swarm state's free window (the genuine checkpoint's swarm reads through one) with `fields` changed."""
+
+    def craft(state):
+        window = state["swarm"]["window"]
+        return swarm(window={**window, "state": {**window["state"], **fields}})(state)
+
+    return craft
 
 
 LONG = 100_000  # tokens: tensors of a batch padded to it would take gigabytes
@@ -109,7 +120,8 @@ CRAFTED = {
     "short_digest": (swarm(seen={"00": 1}), "not 16 bytes"),
     "negative_digest_round": (swarm(seen={"00" * 16: -1}), "'seen'"),
     "too_many_peers": (swarm(known_peers=[f"p{i}" for i in range(10_001)]), "'known_peers' holds 10001"),
-    "negative_sender_round": (swarm(newest={"a": -5}), "'newest'"),
+    "negative_sender_round": (free_window(sender_rounds={"a": -5}), "'sender_rounds'"),
+    "window_of_no_kind": (swarm(window={"newest": {}}), "'window' is not"),
     "bool_unpublished": (swarm(unpublished={"too_large": True}), "'unpublished'"),
 }
 
@@ -177,8 +189,8 @@ def genuine(tokenizer, tmp_path_factory):
 
 @pytest.fixture
 def checkpoint(genuine, tmp_path):
-    """A copy of the genuine checkpoint (as `tmp_path/out/checkpoint-2`) and of its exchange, for one test to write into
-    and resume from: the exchange's URL, the state file's path and the state (as JSON)."""
+    """A copy of the genuine checkpoint (as `tmp_path/out/checkpoint-2`) and of its exchange, for one test to write
+    into and resume from: the exchange's URL, the state file's path and the state (as JSON)."""
     folder = shutil.copytree(genuine.folder, tmp_path / "out" / genuine.folder.name)
     path = state_path(folder, 0)
     return copy_exchange(genuine.url), path, json.loads(path.read_text())
@@ -202,7 +214,7 @@ def test_the_genuine_checkpoint_is_trained_with_the_tests_settings(make_args, tm
 def test_the_check_passes_the_genuine_state(genuine, tokenizer, tmp_path):
     """The harness of the crafted states refuses them for what was crafted: the genuine state passes it."""
     state = json.loads(genuine.state_text)
-    swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
+    swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer, window=FreeWindow)  # the genuine's mode's
     path = state_folder(genuine, tmp_path / "checkpoint-2", state)
     parsed = read_checked_state(path.parent, 0, genuine.limits, swarm, genuine.mode)
     assert parsed.mode_name == "free" and parsed.mode_state == ([], [])  # checked by the mode: an empty queue
@@ -216,7 +228,7 @@ def test_a_crafted_state_is_refused_naming_file_and_field(genuine, tokenizer, tm
     a swarm client to load the swarm's part into) refuses the file whole, naming it and the field, and the swarm
     client is unchanged."""
     path = state_folder(genuine, tmp_path / "checkpoint-2", craft(json.loads(genuine.state_text)))
-    swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer)
+    swarm = make_swarm(f"memory://{uuid.uuid4().hex}", "me", tokenizer, window=FreeWindow)  # the genuine's mode's
     before = swarm.state_dict()
     with pytest.raises(ValueError, match=message) as error:
         read_checked_state(path.parent, 0, genuine.limits, swarm, genuine.mode)
@@ -310,12 +322,13 @@ def test_json_too_deep_or_an_integer_too_long_is_refused_naming_the_file(tmp_pat
 def test_a_swarm_state_may_follow_the_swarm_forward_but_no_further(tokenizer):
     url = f"memory://{uuid.uuid4().hex}"
     state = make_swarm(url, "me", tokenizer).state_dict()
-    ahead = {**state, "newest": {"a": 5000}, "round_offset": 4990}  # a peer that caught up with a swarm at 5000
+    window = {"name": "sync", "state": {**state["window"]["state"], "newest": {"a": 5000}}}
+    ahead = {**state, "window": window, "round_offset": 4990}  # a peer that caught up with a swarm at 5000
     resumed = make_swarm(url, "me", tokenizer)
     resumed.load_state_dict(ahead)
     assert resumed.round_offset == 4990
     with pytest.raises(ValueError, match="'round_offset'"):
         make_swarm(url, "me", tokenizer).load_state_dict({**ahead, "round_offset": 5001})
     counted = make_swarm(url, "me", tokenizer, num_expected_peers=2)
-    counted.load_state_dict({**state, "absent_count": 10**6})
-    assert counted.state_dict()["absent_count"] == 2  # never more than are expected
+    counted.load_state_dict({**state, "window": {"name": "sync", "state": {**window["state"], "absent_count": 10**6}}})
+    assert counted.state_dict()["window"]["state"]["absent_count"] == 2  # never more than are expected

@@ -303,7 +303,8 @@ def test_swarm_state_round_trips_and_refuses_what_it_cannot_read(tokenizer):
         {**state, "delivered": {"a": "x"}},
         {**state, "known_peers": None},
         "state",
-        {**state, "absent_count": -1},
+        {**state, "window": {"name": "sync", "state": {**state["window"]["state"], "absent_count": -1}}},
+        {**state, "window": state["window"]["state"]},  # the window's state, without its name
     ):
         fresh = make_swarm(url, "me", tokenizer)
         with pytest.raises(ValueError, match="Swarm state"):
@@ -328,3 +329,22 @@ def test_a_queued_re_tokenised_row_keeps_its_text_level_and_old_totals_still_loa
     back = rows_from_json(json.loads(json.dumps(records)))
     assert [row.text_level for row in back] == [True, False]
     assert "text_level" not in records[1]  # the file of a token-level row is as before
+
+
+def test_a_swarm_state_of_another_window_restores_all_but_the_window(tokenizer, caplog):
+    """A run that changed its exchange mode between restarts: the swarm's counters and digests are restored, the
+    other window's state and the round offset are not (each window checks and restores only its own)."""
+    from trl_ftis.swarm.exchange_modes.free_window import FreeWindow
+
+    url = f"memory://state-{uuid.uuid4().hex}"
+    sync = make_swarm(url, "me", tokenizer)
+    make_swarm(url, "a", tokenizer).publish(rows("a"), 0)
+    sync.collect(0)
+    state = json.loads(json.dumps(sync.state_dict()))
+    assert state["window"]["name"] == "sync"
+    free = make_swarm(url, "me", tokenizer, window=FreeWindow)
+    with caplog.at_level(logging.WARNING, logger="trl_ftis.swarm.swarm_state"):
+        free.load_state_dict(state)
+    assert free.known_peers == {"a"} and free.round_offset == 0 and free.window.sender_rounds == {}
+    assert free.collect(0).refused["duplicate"] == 1  # the digests were restored: read again, used once
+    assert "from a state of the 'sync' one" in caplog.text

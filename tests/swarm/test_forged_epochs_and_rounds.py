@@ -138,8 +138,7 @@ def test_free_a_receiver_resumed_from_a_state_holding_a_forged_start_takes_the_p
     me.collect(0)
     state = me.state_dict()
     forged = FAR if epoch == FAR else clocks.now_epoch() + 1800 * 10**6
-    state["sender_epochs"] = {"victim": forged}
-    state["sender_rounds"] = {"victim": 10**9}
+    state["window"]["state"] = {"sender_rounds": {"victim": 10**9}, "sender_epochs": {"victim": forged}}
     resumed = free(url, tokenizer)
     resumed.load_state_dict(state)
     victim.publish(rows("victim", group="g2"), 2)
@@ -160,7 +159,7 @@ def test_lock_step_a_start_far_in_the_future_is_refused_before_it_is_recorded(to
     victim.publish(rows("victim", group="g1"), 1)
     result = me.collect(1)
     assert result.refused["epoch"] == 2 and genuine(result) == [1]
-    assert me.state_dict()["newest_epochs"] == {"victim": victim.epoch}
+    assert me.state_dict()["window"]["state"]["newest_epochs"] == {"victim": victim.epoch}
 
 
 def test_lock_step_a_forged_newer_start_stops_the_peer_only_until_it_sends_again(tokenizer, url):
@@ -300,7 +299,8 @@ def test_free_one_message_senders_are_not_kept_in_checkpoints(tokenizer, url, sm
     me.collect(2)
     assert len(me.window.sender_rounds) == 6
     state = me.state_dict()
-    assert state["sender_rounds"] == {"a": 1} and list(state["sender_epochs"]) == ["a"]
+    window = state["window"]["state"]
+    assert window["sender_rounds"] == {"a": 1} and list(window["sender_epochs"]) == ["a"]
     resumed = free(url, tokenizer)
     resumed.load_state_dict(state)
     late = make_swarm(url, "late", tokenizer, secret=SECRET)

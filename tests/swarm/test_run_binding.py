@@ -198,7 +198,7 @@ def test_resuming_in_another_run_forgets_what_senders_showed_in_the_earlier_one(
         live.publish(rows("b"), round)
         first.collect(step)
     state = first.state_dict()
-    assert state["run"] == "run-1" and state["newest"] == {"b": 22} and first.round_offset == 20
+    assert state["run"] == "run-1" and state["window"]["state"]["newest"] == {"b": 22} and first.round_offset == 20
     same_run = make_swarm(memory_url, "me", tokenizer, run_id="run-1")
     same_run.load_state_dict(state)
     assert {**same_run.state_dict(), "epoch": state["epoch"]} == state and same_run.epoch > state["epoch"]
@@ -206,7 +206,7 @@ def test_resuming_in_another_run_forgets_what_senders_showed_in_the_earlier_one(
         next_run = make_swarm(memory_url, "me", tokenizer, run_id="run-2")
         next_run.load_state_dict(state)
     resumed = next_run.state_dict()
-    assert resumed["newest"] == {} and resumed["delivered"] == {} and resumed["round_offset"] == 20
+    assert resumed["window"]["state"]["newest"] == {} and resumed["delivered"] == {} and resumed["round_offset"] == 20
     assert "the other peers' rounds are not carried over" in caplog.text
     for bad in (5, "", "x" * 10_000_000, "run\n2"):  # checkpoints are shared: the run is checked like any binding
         with pytest.raises(ValueError, match="'run' is malformed"):

@@ -686,7 +686,7 @@ class Swarm:
             "unpublished": dict(self.unpublished),
             "round_offset": self.round_offset,
             "delivered": dict(self._delivered),
-            **self.window.state_dict(),  # `absent`, `absent_count`, `newest`, `newest_epochs`, `sender_rounds`, ...
+            "window": {"name": self.window.name, "state": self.window.state_dict()},  # checked by the window itself
             "epoch": self.epoch,
             "departed": dict(self.departed),
             "run": self.run_id,
@@ -698,14 +698,22 @@ class Swarm:
         as many entries as this swarm ever keeps, every count and round is a whole number in [0, 2**63), `seen`
         holds at most the digests a round window can hold, and `round_offset` is at most the newest round a sender
         showed (the swarm only ever moves forward to such a round: [`SyncWindow.align`])."""
-        checked = check_swarm_state(state, most_seen=self.window.most_seen, run_id=self.run_id, peer_id=self.peer_id)
+        checked = check_swarm_state(
+            state,
+            most_seen=self.window.most_seen,
+            window_name=self.window.name,
+            check_window=self.window.check_state,
+            run_id=self.run_id,
+            peer_id=self.peer_id,
+        )
         self.known_peers = set(checked.known_peers)
         self.peer_models = dict(checked.peer_models)
         self._seen = checked.seen
         self.unpublished = Counter(checked.unpublished)
         self.round_offset = checked.round_offset
         self._delivered = dict(checked.delivered)
-        self.window.load(checked.window)
+        if checked.window is not None:  # else the state of another kind of window: a fresh one
+            self.window.load(checked.window)
         self.epoch = max(self.epoch, start_epoch(checked.epoch))  # every start newer, even if the clock went back
         self.departed = {
             peer: round

@@ -3,8 +3,8 @@ waits for, and how a peer that fell behind catches up. Each exchange mode declar
 (`trl_ftis.swarm.exchange_modes`: the sync window of the sync and async modes, the free window of the free mode);
 the swarm builds it with itself as the window's [`WindowHost`], and drives it through [`RoundWindow`].
 
-A window owns its state and writes it into the swarm's checkpoint state under the keys every swarm state has
-([`WINDOW_STATE`]), so a checkpoint reads the same whatever the window.
+A window owns its state: the swarm's checkpoint state holds it under the window's `name`, and the window checks a
+saved one itself ([`RoundWindow.check_state`]) before it restores it ([`RoundWindow.load`]).
 """
 
 from __future__ import annotations
@@ -17,19 +17,10 @@ if TYPE_CHECKING:
     from ..exchange import Envelope, Message
     from .round_budget import RoundBudget, RoundResult, RoundSpending
 
-__all__ = ["MAX_KNOWN_PEERS", "MAX_SWARM_ROUND", "WINDOW_STATE", "RoundWindow", "WindowHost"]
+__all__ = ["MAX_KNOWN_PEERS", "MAX_SWARM_ROUND", "RoundWindow", "WindowHost"]
 
 MAX_KNOWN_PEERS = 10_000  # senders remembered (memory bound under a flood of invented ids): the swarm's bound too
 MAX_SWARM_ROUND = 10**9  # round alignment moves a peer no further (transports file rounds below 10**10)
-WINDOW_STATE: dict[str, Any] = {
-    "absent": [],
-    "absent_count": 0,
-    "newest": {},
-    "newest_epochs": {},
-    "sender_rounds": {},
-    "sender_epochs": {},
-}
-"""The keys of a swarm state that a window owns, with the value a window that keeps nothing under them writes."""
 
 
 class WindowHost(Protocol):
@@ -63,6 +54,8 @@ class WindowHost(Protocol):
 class RoundWindow(Protocol):
     """A round window, as the swarm client drives it during a collect and in its checkpoint state."""
 
+    name: str
+    """The window's kind, under which a checkpoint keeps its state (a state of another kind is not restored)."""
     waits: bool
     """Whether a collect waits for expected peers."""
     is_old: Callable | None
@@ -104,7 +97,12 @@ class RoundWindow(Protocol):
         """The digests a saved state may hold."""
 
     def state_dict(self) -> dict[str, Any]:
-        """The window's keys of a swarm state ([`WINDOW_STATE`])."""
+        """What a checkpoint keeps of the window, as JSON-serialisable values."""
 
-    def load(self, checked: Mapping[str, Any]) -> None:
-        """Restore the window's keys of a checked swarm state."""
+    def check_state(self, state: Any, same_run: bool) -> tuple[Any, int]:
+        """A saved [`state_dict`] checked (nothing in it is trusted: `ValueError` naming the field), as [`load`]
+        restores it, and the highest `round_offset` a swarm state with it may hold. `same_run`: the state is of this
+        run of the swarm (else what other peers showed is not carried over). Changes nothing."""
+
+    def load(self, checked: Any) -> None:
+        """Restore what [`check_state`] returned."""

@@ -9,7 +9,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..round_budget import RoundResult, RoundSpending
-from ..round_windows import MAX_KNOWN_PEERS, WINDOW_STATE, WindowHost
+from ..round_windows import MAX_KNOWN_PEERS, WindowHost
+from ..swarm_state import counts, not_forged, state_field
 from .free_order import SenderOrder
 
 if TYPE_CHECKING:
@@ -21,6 +22,7 @@ __all__ = ["FreeWindow"]
 class FreeWindow:
     """Each sender in its own order, nothing waited for (`exchange_mode="free"`)."""
 
+    name = "free"
     waits = False
 
     def __init__(self, host: WindowHost):
@@ -76,7 +78,23 @@ class FreeWindow:
         return self.order.epochs
 
     def state_dict(self) -> dict[str, Any]:
-        return {**WINDOW_STATE, **self.order.state_dict()}
+        """Each followed sender's newest accepted round and start (`sender_rounds`, `sender_epochs`)."""
+        return self.order.state_dict()
+
+    def check_state(self, state: Any, same_run: bool) -> tuple[dict[str, Any], int]:
+        """A saved [`state_dict`] checked; the round offset it allows is 0 (this window never moves the round). Of
+        another run, the senders are not followed; a sender whose saved start is far ahead of this machine's clock
+        is not either."""
+        if not isinstance(state, Mapping) or set(state) != {"sender_rounds", "sender_epochs"}:
+            raise ValueError("Swarm state: the free window's state is not {sender_rounds, sender_epochs}.")
+        rounds = state_field(state, "sender_rounds", dict, counts)
+        epochs = state_field(state, "sender_epochs", dict, counts)
+        if set(epochs) - set(rounds):
+            raise ValueError("Swarm state: 'sender_epochs' names senders that 'sender_rounds' does not.")
+        if not same_run:
+            rounds, epochs = {}, {}
+        rounds, epochs = not_forged(rounds, epochs, epochs=epochs)
+        return {"sender_rounds": rounds, "sender_epochs": epochs}, 0
 
     def load(self, checked: Mapping[str, Any]) -> None:
         self.order.load(checked["sender_rounds"], checked["sender_epochs"])

@@ -3,9 +3,9 @@ through. A message is fresh from `max_staleness` rounds behind this peer's round
 waits for the expected peers (each must deliver something new) and stops waiting for one that missed a deadline until
 it sends again; a peer that finds the swarm far ahead moves its round forward ([`SyncWindow.align`]).
 
-It owns its state (the expected peers not waited for, each sender's newest round and start as catch-up evidence) and
-writes it into the swarm's checkpoint state under the keys every swarm state has
-([`trl_ftis.swarm.round_windows.WINDOW_STATE`]).
+It owns its state (the expected peers not waited for, each sender's newest round and start as catch-up evidence),
+which the swarm's checkpoint state holds under the window's name, and checks a saved one itself
+([`SyncWindow.check_state`]).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..clocks import heard_at
 from ..round_budget import RoundResult, RoundSpending
-from ..round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND, WINDOW_STATE, WindowHost
+from ..round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND, WindowHost
+from ..swarm_state import counts, not_forged, state_field, whole
 
 if TYPE_CHECKING:
     from ...exchange import Message
@@ -28,6 +29,8 @@ __all__ = ["EVIDENCE_CLOCK_SLACK", "CatchUp", "SyncWindow"]
 
 logger = logging.getLogger(__name__)
 
+SYNC_WINDOW_STATE = ("absent", "absent_count", "newest", "newest_epochs")
+"""The keys of the sync window's saved state."""
 EVIDENCE_CLOCK_SLACK = 60.0
 """Without a run id, catch-up evidence counts only from messages stamped (`created`) at most this many seconds before
 this peer started: leftovers of an earlier run cannot move it."""
@@ -47,6 +50,7 @@ class CatchUp:
 class SyncWindow:
     """One shared round window, with waiting and catch-up (`exchange_mode` `sync` and `async`)."""
 
+    name = "sync"
     is_old: Callable | None = None  # no sender order: `reading_order` sorts by the shared window only
 
     def __init__(self, host: WindowHost):
@@ -309,16 +313,35 @@ class SyncWindow:
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """The expected peers not waited for, and each sender's newest round and start (catch-up evidence)."""
         return {
-            **WINDOW_STATE,
             "absent": sorted(self.absent),
             "absent_count": self.absent_count,
             "newest": dict(self.newest),
             "newest_epochs": dict(self.newest_epoch),
         }
 
+    def check_state(self, state: Any, same_run: bool) -> tuple[dict[str, Any], int]:
+        """A saved [`state_dict`] checked, and the highest round offset it allows: the newest round a sender showed
+        (this peer only ever moves forward to such a round). Of another run, the senders' rounds are not kept; a
+        sender whose saved start is far ahead of this machine's clock is not followed."""
+        if not isinstance(state, Mapping) or set(state) != set(SYNC_WINDOW_STATE):
+            raise ValueError(f"Swarm state: the sync window's state is not {{{', '.join(SYNC_WINDOW_STATE)}}}.")
+        absent = state_field(state, "absent", list, lambda v: all(isinstance(p, str) for p in v))
+        absent_count = state_field(state, "absent_count", int, whole)
+        newest = state_field(state, "newest", dict, counts)
+        newest_epochs = state_field(state, "newest_epochs", dict, counts)
+        if set(newest_epochs) - set(newest):
+            raise ValueError("Swarm state: 'newest_epochs' names senders that 'newest' does not.")
+        most_offset = max(newest.values(), default=0)
+        if not same_run:
+            newest, newest_epochs = {}, {}
+        newest, newest_epochs = not_forged(newest, newest_epochs, epochs=newest_epochs)
+        checked = {"absent": absent, "absent_count": absent_count, "newest": newest, "newest_epochs": newest_epochs}
+        return checked, most_offset
+
     def load(self, checked: Mapping[str, Any]) -> None:
-        """Restore the window's keys of a swarm state, checked by `Swarm.load_state_dict`."""
+        """Restore what [`check_state`] returned."""
         swarm = self.host
         self.absent = set(checked["absent"]) & set(swarm.expected_peers)
         self.absent_count = min(checked["absent_count"], swarm.num_expected_peers or 0)  # never more than expected
