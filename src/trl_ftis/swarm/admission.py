@@ -3,8 +3,8 @@ rewards can be recomputed with the receiver's own reward functions.
 
 [`Admission`] is an object with explicit dependencies (the config, the tokenizer, a prompt renderer, the vocabulary
 and context limits, a [`RewardScorer`] and the [`PeerRowLedger`] it counts drops in), composed by `FTISTrainer` and
-shared by `add_peer_rows`, the swarm round (`trl_ftis.swarm.rounds`) and the merge; it can be built and tested without a
-trainer. It never rewrites a received [`PeerRow`]: what it keeps comes out as a frozen [`AdmittedRow`], in this
+shared by `add_peer_rows`, the swarm round (`trl_ftis.swarm.rounds`) and the merge; it can be built and tested without
+a trainer. It never rewrites a received [`PeerRow`]: what it keeps comes out as a frozen [`AdmittedRow`], in this
 trainer's tokens, with safe columns and its prompt rendered once (`prompt_ids`, used again by the merge).
 """
 
@@ -78,8 +78,8 @@ DROP_REASONS: dict[str, str] = {
     "(decode(encode(text)) != text: characters it cannot represent)",
     "text_special_tokens": "a completion text that this trainer's tokenizer reads as special or added tokens (a "
     "chat-template marker, padding, end of sequence...) inside the completion",
-    "text_budget": "a completion text beyond this round's text budget (cross_tokenizer): texts this receiver can use in "
-    "one round, derived from its own settings, were tokenised first",
+    "text_budget": "a completion text beyond this round's text budget (cross_tokenizer): texts this receiver can use "
+    "in one round, derived from its own settings, were tokenised first",
     "special_tokens": "completion ids holding a special or added token of this trainer's tokenizer (a chat-template "
     "marker, padding, an added token...) anywhere but as the final end of sequence: reward functions would see the "
     "text without it while the loss trains on it",
@@ -335,7 +335,8 @@ class Admission:
         return None
 
     def holds_control_tokens(self, completion_ids: Any) -> bool:
-        """Whether `completion_ids` (checked integers) hold a special or added token anywhere but as a final stop id."""
+        """Whether `completion_ids` (checked integers) hold a special or added token anywhere but as a final stop
+        id."""
         ids = np.asarray(completion_ids, dtype=np.int64).reshape(-1)
         if not ids.size or not self.control_ids.size:
             return False
@@ -502,8 +503,8 @@ def statistics_problem(row: Any) -> str | None:
 
 def control_token_ids(tokenizer) -> np.ndarray:
     """The ids a peer's completion must not hold inside it, sorted: the tokenizer's special tokens
-    (`all_special_ids`) and every added token (`added_tokens_decoder`: added tokens such as `<file_sep>` are left out of
-    `all_special_ids` by some tokenizers, SmolLM2's among them). Decoding for the reward functions may drop them
+    (`all_special_ids`) and every added token (`added_tokens_decoder`: added tokens such as `<file_sep>` are left out
+    of `all_special_ids` by some tokenizers, SmolLM2's among them). Decoding for the reward functions may drop them
     while the loss trains on them, and a chat-template marker mid-completion is a prompt injection."""
     ids = set(getattr(tokenizer, "all_special_ids", None) or [])
     ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())

@@ -5,9 +5,9 @@ swarm round). `FTISTrainer` adds one JSON file per process, `ftis_state_<process
 checkpoint folder before the Trainer's own files, and reads it back in `train(resume_from_checkpoint=...)`. This
 module saves and reads what the state's owners hand it, and needs no trainer:
 
-* the ledger's state ([`PeerRowLedger.state_dict`], `trl_ftis.swarm.ledger`): the counters behind `summary()`, the model
-  card and the per-reason drop metrics (rows sent, received, accepted, filtered, refused and dropped; rows trained on
-  per peer; the peers that `ftis_source` indexes);
+* the ledger's state ([`PeerRowLedger.state_dict`], `trl_ftis.swarm.ledger`): the counters behind `summary()`, the
+  model card and the per-reason drop metrics (rows sent, received, accepted, filtered, refused and dropped; rows
+  trained on per peer; the peers that `ftis_source` indexes);
 * the loss's adaptive filter threshold (`kl_threshold_mode="quantile"`);
 * the swarm's state ([`Swarm.state_dict`]): peers seen and their models, who is not waited for, and the digests of
   the messages accepted in the round window, so that a restarted peer that reads them again from the exchange does
@@ -87,7 +87,7 @@ def state_path(checkpoint: str | os.PathLike, process_index: int) -> Path:
     return Path(checkpoint) / STATE_FILE.format(process=process_index)
 
 
-# -- peer rows as JSON -------------------------------------------------------------------------------------------------
+# -- peer rows as JSON ------------------------------------------------------------------------------------------------
 def _key_to_json(key: Hashable) -> Any:
     """A group key as JSON that [`_key_from_json`] turns back into an equal key: JSON scalars as they are, tuples
     (the swarm's `(sender, round, index)`) tagged, anything else by its `repr` (equal keys stay equal)."""
@@ -418,7 +418,7 @@ class StateCheckpoints:
     def save(self, folder: str | os.PathLike, global_step: int, adaptive_threshold: float | None) -> None:
         """Write this process's state file into `folder`."""
         # Async: the swarm's state is read once its worker's round is done (the rows of that round are trained on at
-        # the next step of this run, but are not in the checkpoint); free-running: they are queued, and saved.
+        # the next step of this run, but are not in the checkpoint); the free mode: they are queued, and saved.
         self.rounds.wait()
         with self.rounds.lock:
             swarm = self.rounds.swarm

@@ -202,7 +202,7 @@ class Swarm:
         # Redis publish, a directory read again after `reopen`) are used once. Distinct messages are never refused
         # as duplicates, so no one can pre-empt a peer's own message by writing first under its name.
         self._seen: dict[bytes, int] = {}
-        # This peer's swarm round is its step + `round_offset`, which a lock-step window moves forward when it
+        # This peer's swarm round is its step + `round_offset`, which the sync window moves forward when it
         # finds the swarm far ahead (`SyncWindow.align`).
         self.round_offset = 0
         # Newest round of an accepted message per sender: a peer one round ahead may deliver round r + 1 while this
@@ -366,7 +366,7 @@ class Swarm:
     # -- collecting ----------------------------------------------------------------------------------------------
     @property
     def waits(self) -> bool:
-        """Whether a round waits for expected peers (as the window decides: never when free-running)."""
+        """Whether a round waits for expected peers (as the window decides: never in the free mode)."""
         return self.window.waits
 
     def regulars(self) -> frozenset[str]:
@@ -496,7 +496,7 @@ class Swarm:
             return None
         if hint == self.peer_id:
             return None  # our own message (or one written under our name: it can only get itself skipped)
-        if self.window.refuses_unread(envelope, round, state, result):  # lock-step: filed far beyond the window
+        if self.window.refuses_unread(envelope, round, state, result):  # sync window: filed far beyond it
             return None
         spent = state.examine(hint, envelope.size or len(envelope.data))
         if spent is not None:

@@ -182,7 +182,7 @@ class PeerRowLedger:
         self.refused.update(refused)
 
     def record_accepted(self, accepted: Sequence[Any]) -> None:
-        """Swarm rows taken to be trained on (rows with a `sender`): in the free-running exchange, when a step takes
+        """Swarm rows taken to be trained on (rows with a `sender`): in the free mode, when a step takes
         them from the queue of arrived rows rather than when their round is collected."""
         self.totals["rows_accepted"] += len(accepted)
         self.accepted_by_peer.update(row.sender for row in accepted)

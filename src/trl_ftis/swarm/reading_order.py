@@ -26,7 +26,7 @@ def reading_order(
     """The order in which a receiver (whose secret `order_key` draws the senders' order: [`sender_rank`]) examines a
     poll's envelopes ([`RoundBudget`]): regulars' first, then everyone
     else's; within each, one envelope per sender hint at a time (its round hint nearest `round` first, the newest
-    on a tie; the newest when free-running), the senders in an order drawn for this round ([`sender_rank`]);
+    on a tie; the newest in the free mode), the senders in an order drawn for this round ([`sender_rank`]);
     envelopes whose round hint is outside the window, or missing, last (by distance, then arrival).
 
     `window` is `(max_staleness, max_rounds_ahead)` around `round`. Except when enough regulars to move this peer

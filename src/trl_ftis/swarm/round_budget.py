@@ -1,6 +1,7 @@
 """What one swarm round may cost and what it produced: [`RoundBudget`] (the bounds), [`RoundSpending`] (one collect's
 spending against them), [`RoundResult`] and [`PeerRoundStats`] (its outcome), and [`sender_rank`] (the order in which a
-receiver reads senders it cannot all read). Used by [`trl_ftis.swarm.client.Swarm`], which re-exports the public types."""
+receiver reads senders it cannot all read). Used by [`trl_ftis.swarm.client.Swarm`], which re-exports the public
+types."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ class RoundBudget:
 
     The order ([`trl_ftis.swarm.reading_order.reading_order`]): regulars first, then everyone else; within each, one
     envelope per sender hint at a time (each sender's round hint nearest this peer's round first, the newest on a
-    tie; the newest when free-running), the senders in an order drawn afresh every round from a key only this peer
+    tie; the newest in the free mode), the senders in an order drawn afresh every round from a key only this peer
     knows, the round and the hint;
     envelopes whose round hint is outside the round window, or missing, come last. (Except when half the regulars
     or more file envelopes ahead of the window: each one's newest such envelope then comes first, since a peer that
@@ -132,12 +133,13 @@ class RoundResult:
 class RoundSpending:
     """One collect's spending against the [`RoundBudget`].
 
-    Rows: every regular, and all newcomers together, have a share of the round's rows reserved for them (`row_share`
-    = `max_rows // (regulars + 1)`, at least `share`, which raises `max_rows` to hold every share). A regular's message is taken whole when it fits in what is left of its share plus
-    the rows nobody has a claim on (unreserved); beyond that it is cut to whole groups, so what one sender sends never
-    takes another's reserved rows, whatever the order of reading. Newcomers never get more than their share. When the
-    budget is too small to reserve a row for each (more regulars than `max_rows`), rows go first come, first served,
-    and reading ends after `ROW_MISSES` regulars' messages did not fit."""
+    Rows: every regular, and all newcomers together, have a share of the round's rows reserved for them (`row_share` =
+    `max_rows // (regulars + 1)`, at least `share`, which raises `max_rows` to hold every share). A regular's message
+    is taken whole when it fits in what is left of its share plus the rows nobody has a claim on (unreserved); beyond
+    that it is cut to whole groups, so what one sender sends never takes another's reserved rows, whatever the order of
+    reading. Newcomers never get more than their share. When the budget is too small to reserve a row for each (more
+    regulars than `max_rows`), rows go first come, first served, and reading ends after `ROW_MISSES` regulars' messages
+    did not fit."""
 
     def __init__(
         self,
@@ -167,7 +169,7 @@ class RoundSpending:
         self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
         self.misses: set[str] = set()  # regulars whose decoded message did not fit (first come, first served only)
         self.newcomer_misses: set[str] = set()  # newcomers whose decoded message did not fit in their share's rest
-        # Free-running: (epoch, round) of the messages taken from each sender, and the newest of them.
+        # The free mode: (epoch, round) of the messages taken from each sender, and the newest of them.
         self.free_taken: dict[str, set[tuple[int, int]]] = {}
         self.free_newest: dict[str, tuple[int, int]] = {}
         self.free_heard: dict[str, float] = {}  # the latest `created` (bounded: `heard_at`) taken from each sender

@@ -102,10 +102,10 @@ def connect_swarm(
 
 
 def no_waiting_warning(config: FTISConfig) -> str | None:
-    """What a peer says when it starts, once, when its rounds wait for no one: a lock-step mode (`sync`, `async`)
+    """What a peer says when it starts, once, when its rounds wait for no one: the sync or async mode
     without `expected_peers` (other than itself) or `num_expected_peers`. Its rounds then take whatever has arrived,
     so a slower peer's rows can miss their round, silently. `None` otherwise, and for a mode that never waits by
-    design (`free`: its window's `waits` is the constant `False`; a lock-step window's depends on the settings)."""
+    design (`free`: its window's `waits` is the constant `False`; the sync window's depends on the settings)."""
     if exchange_mode(config.exchange_mode).window.waits is False:
         return None
     others = set(config.expected_peers or []) - {config.peer_id}
@@ -171,7 +171,7 @@ class RoundRunner:
 
     @property
     def admission_seconds(self) -> float:
-        """Free-running: admitting the rows the steps took (work, not a wait), all steps together."""
+        """The free mode: admitting the rows the steps took (work, not a wait), all steps together."""
         return self.mode.admission_seconds
 
     @contextmanager
@@ -189,7 +189,7 @@ class RoundRunner:
 
     def wait(self) -> None:
         """Block until the mode's background work in flight (if any) is done, leaving its result for the next step
-        (before a checkpoint: a free-running collect's rows are queued, and so saved)."""
+        (before a checkpoint: a collect of the free mode has its rows queued, and so saved)."""
         self.mode.wait()
 
     def round(self, own_rows: list[PeerRow], round: int) -> RoundOutcome:

@@ -185,7 +185,7 @@ class FreeMode(WorkerMode):
         result = swarm.collect(
             round,
             max_rows=self.arrivals.max_rows or None,
-            share=max((len(rows) for rows, _ in unsent), default=None),  # as in a lock-step round
+            share=max((len(rows) for rows, _ in unsent), default=None),  # as in a round of the sync mode
         )
         return result, sum(len(rows) for rows, _ in unsent), bytes_sent, dict(swarm.window.sender_rounds)
 

@@ -1,4 +1,4 @@
-"""Free-running exchange (`exchange_mode="free"`): each sender's messages taken in order, its window, its liveness.
+"""The free mode (`exchange_mode="free"`): each sender's messages taken in order, its window, its liveness.
 
 [`SenderOrder`] owns what a [`trl_ftis.swarm.client.Swarm`] of the free mode knows of each sender: its newest start
 (epoch) and the round of the newest message accepted from it in that start, and when it was last heard from. A message

@@ -1,6 +1,6 @@
 """The rows that arrived and wait for a step to train on them (`exchange_mode="free"`).
 
-In the free-running exchange no step waits for a peer: the exchange worker collects whatever arrived (checked and
+In the free mode no step waits for a peer: the exchange worker collects whatever arrived (checked and
 decoded by the swarm, not admitted yet), and [`FreeQueue`] keeps it until a step takes it. Each step takes the
 fresh rows, newest first and shared fairly between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row
 cap, and admits only those: a step's cost is set by the rows it trains on. Rows left over join a later step while

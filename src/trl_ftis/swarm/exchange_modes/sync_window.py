@@ -38,7 +38,7 @@ this peer started: leftovers of an earlier run cannot move it."""
 
 @dataclass
 class CatchUp:
-    """One move forward of a lock-step peer ([`SyncWindow.align`]), kept so that it can be undone."""
+    """One move forward of a peer in a shared round ([`SyncWindow.align`]), kept so that it can be undone."""
 
     size: int  # rounds moved
     leaders: frozenset[str]  # the senders whose leads were at the median or above
