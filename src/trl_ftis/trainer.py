@@ -11,6 +11,8 @@ trainer:
 * [`RoundRunner`] (`trl_ftis.swarm.rounds`): the swarm round on the main process, run as its exchange mode
   (`trl_ftis.swarm.exchange_modes`) runs it, and the lock a background worker shares with the training loop;
 * [`PeerMerge`] (`trl_ftis.peer_merge`): admitted peer rows into TRL's batch, the same count on every process;
+* [`ExchangeStep`] (`trl_ftis.exchange_step`): own rows out and the swarm's accepted rows in at a training
+  generation, the same collectives on every process;
 * [`FTISLossHook`] (`trl_ftis.loss_hook`): the F-TIS terms written into the batch TRL's loss reads, and their
   statistics;
 * the [`Swarm`] client (`trl_ftis.swarm.client`), connected with the credentials the config reads once, before the
@@ -31,7 +33,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from accelerate.utils import broadcast_object_list, gather_object
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -41,6 +42,7 @@ from .collaboration_report import collaboration_report
 from .config import FTISConfig
 from .console import apply_console_env
 from .credentials import SwarmCredentials
+from .exchange_step import ExchangeStep
 from .generator_logps import (
     GeneratorLogpsRecorder,
     generate_with,
@@ -65,7 +67,6 @@ from .peer_merge import PeerMerge
 from .peer_rows import (
     AdmittedRow,
     PeerRow,
-    ScoredRow,
     checked_rows,
 )
 from .peer_summary import peer_summary
@@ -296,6 +297,13 @@ class FTISTrainer(GRPOTrainer):
             if self.mask_truncated_completions
             else None,
         )
+        self._exchange = ExchangeStep(
+            accelerator=self.accelerator,
+            rounds=self._rounds,
+            merge=self._merge,
+            log=lambda name, value: self._metrics["train"][name].append(value),
+            sampling=lambda: sampling_settings(self.logps_source, self.top_k, self.top_p, self.min_p),
+        )
         # The clock first: a held-out evaluation inserted before the summary then runs after the step is closed.
         self.add_callback(
             StepClockCallback(self._clock, lambda name, value: self._metrics["train"][name].append(value))
@@ -492,7 +500,7 @@ class FTISTrainer(GRPOTrainer):
         rows = self._inbox.take(self._rounds.peer_row_cap(len(inputs)))
         if in_swarm:
             with self._clock.measure("exchange"):
-                rows = rows + self._exchange_round(own_rows, output)
+                rows = rows + self._exchange.run(own_rows, output, self.state.global_step)
         with self._rounds.turn():
             return self._merge_peer_rows(output, rows)
 
@@ -546,28 +554,6 @@ class FTISTrainer(GRPOTrainer):
             num_generations=num_generations,
             texts=completion_texts(self._tokenizer, ids, self.eos_token_ids) if self.args.cross_tokenizer else None,
         )
-
-    def _exchange_round(self, own_rows: list[PeerRow], output: dict[str, Any]) -> list[ScoredRow]:
-        """Publish this job's rows and return this process's equal share of the accepted peer rows.
-
-        Only the main process talks to the swarm (the [`RoundRunner`]); all processes run the same collectives (one
-        gather, one broadcast) whatever arrived. In horizontal mode the local rows' advantages are renormalised over
-        the mixed groups (written into `output`).
-        """
-        accelerator = self.accelerator
-        everyone = gather_object(own_rows) if accelerator.num_processes > 1 else own_rows
-        payload = [None]
-        if accelerator.is_main_process:
-            self.swarm.sampling = sampling_settings(self.logps_source, self.top_k, self.top_p, self.min_p)
-            payload = [tuple(self._rounds.round(everyone, self.state.global_step))]
-        if accelerator.num_processes > 1:
-            broadcast_object_list(payload, from_process=0)
-        rows, own_statistics, metrics = payload[0]
-        for name, value in metrics.items():
-            self._metrics["train"][name].append(value)
-        if own_statistics is not None:  # horizontal mode
-            self._merge.own_statistics(output, own_statistics, len(own_rows))
-        return self._merge.equal_share(rows)
 
     def _merge_peer_rows(self, output: dict[str, Any], rows: Sequence[AdmittedRow]) -> dict[str, Any]:
         return self._merge.merge(output, rows)  # `trl_ftis.peer_merge.PeerMerge`
