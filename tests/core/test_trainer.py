@@ -3,6 +3,7 @@
 import copy
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow, ftis_loss
 from trl_ftis.demo.tiny import build_tiny_llama
+from trl_ftis.exchange_step import ExchangeStep
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 
@@ -700,3 +702,40 @@ def test_the_collaboration_sentence_is_never_cut_mid_number():
     )
     assert "final number is 98765.4321." in section
     assert "| training reward (last logged) | 0.25 |" in section and "| eval_accuracy | 0.5 |" in section
+
+
+def test_the_exchange_step_runs_the_round_on_the_main_process_and_hands_back_this_process_share():
+    """`ExchangeStep` without a trainer: the round gets this job's own rows and step, the swarm the sampling settings;
+    the round's metrics are logged, horizontal statistics rewrite the own rows, and this process keeps its share."""
+    rounds_seen, rewritten, logged = [], [], []
+    swarm = SimpleNamespace(sampling=None)
+
+    class Rounds:
+        def __init__(self, own_statistics):
+            self.swarm, self.own_statistics = swarm, own_statistics
+
+        def round(self, rows, step):
+            rounds_seen.append((list(rows), step))
+            return ["a1", "a2", "b1"], self.own_statistics, {"ftis/exchange/bytes_sent": 10.0}
+
+    class Merge:
+        def own_statistics(self, output, statistics, count):
+            rewritten.append((output, statistics, count))
+
+        def equal_share(self, rows):
+            return rows[:2]
+
+    def step_with(own_statistics):
+        return ExchangeStep(
+            accelerator=SimpleNamespace(num_processes=1, is_main_process=True),
+            rounds=Rounds(own_statistics),
+            merge=Merge(),
+            log=lambda name, value: logged.append((name, value)),
+            sampling=lambda: {"logps": "trainer"},
+        )
+
+    assert step_with(None).run(["own1", "own2"], {"batch": 1}, 7) == ["a1", "a2"]
+    assert rounds_seen == [(["own1", "own2"], 7)] and swarm.sampling == {"logps": "trainer"}
+    assert logged == [("ftis/exchange/bytes_sent", 10.0)] and rewritten == []
+    step_with({"mean": 0.5}).run(["own1"], {"batch": 2}, 8)
+    assert rewritten == [({"batch": 2}, {"mean": 0.5}, 1)]
