@@ -43,12 +43,12 @@ def _add_swarm(subparsers) -> None:
         help="print each peer's command and environment (on SLURM: each job's sbatch options and script); start "
         "nothing",
     )
-    parser.add_argument(
-        "--slurm",
-        action="store_true",
-        help="run every peer as a SLURM job (as `launcher: slurm` does; a top-level `launcher: python|accelerate` "
-        "then says what runs inside each job)",
-    )
+    from .launcher.backends import backend_kind, backend_names
+
+    for name in backend_names():  # each backend's own flag (`--slurm`): it runs the swarm whatever the config says
+        kind = backend_kind(name)
+        if kind.cli_flag:
+            parser.add_argument(kind.cli_flag, dest="backend", action="store_const", const=name, help=kind.cli_help)
     parser.add_argument(
         "--grace",
         type=_non_negative_float,
@@ -71,14 +71,14 @@ def _add_swarm(subparsers) -> None:
         help="each peer started resumes from the newest complete checkpoint-<step> in its output dir "
         "(--resume_from_checkpoint PATH); one without a checkpoint yet starts from the beginning",
     )
-    parser.set_defaults(func=_run_swarm)
+    parser.set_defaults(func=_run_swarm, backend=None)
 
 
 def _run_swarm(args: argparse.Namespace) -> int:
     from . import launcher  # here, not at the top: keeps the CLI fast for other subcommands
 
     try:
-        config = launcher.load_swarm_config(args.config, run_dir=args.run_dir, slurm=args.slurm)
+        config = launcher.load_swarm_config(args.config, run_dir=args.run_dir, backend=args.backend)
         config, said = launcher.restart_config(config, only=args.only, resume=args.resume)
         for line in said:  # which checkpoint each peer resumes from, before its output starts
             print(f"# {line}" if args.dry_run else f"trl-ftis swarm: {line}", flush=True)

@@ -17,8 +17,9 @@ from waits import returns_within  # tests/ is on sys.path
 
 from trl_ftis import rules
 from trl_ftis.launcher import (
-    BACKENDS,
     SwarmConfigError,
+    backend_kind,
+    backend_names,
     build_commands,
     format_summary_table,
     load_swarm_config,
@@ -27,7 +28,6 @@ from trl_ftis.launcher import (
 from trl_ftis.launcher.backend import Backend, Console, Outcome, PeerState, Signals
 from trl_ftis.launcher.driver import backend_for, drive
 from trl_ftis.launcher.local import LocalBackend
-from trl_ftis.launcher.schema import SCHEDULERS
 from trl_ftis.launcher.slurm.backend import SlurmBackend
 
 
@@ -234,8 +234,8 @@ def test_console_prefixes_line_up_and_hide_url_passwords():
     ]
 
 
-def test_every_scheduler_has_a_backend_that_follows_the_protocol(tmp_path):
-    assert set(BACKENDS) == set(SCHEDULERS)
+def test_every_built_in_backend_follows_the_protocol(tmp_path):
+    assert {"local", "slurm"} <= set(backend_names())
     members = {name for name in dir(Backend) if not name.startswith("_")} | set(Backend.__annotations__)
     for cls in (LocalBackend, SlurmBackend):
         missing = {name for name in members if not hasattr(cls, name)}
@@ -255,7 +255,7 @@ def test_run_swarm_drives_the_configs_backend(tmp_path, monkeypatch):
         made.append(FakeBackend(config, plan=[_all_finish]))
         return made[-1]
 
-    monkeypatch.setitem(BACKENDS, "local", fake)
+    monkeypatch.setattr(backend_kind("local"), "create", fake)
     assert run_swarm(config, grace=2, stream=io.StringIO()) == 0
     assert made[0].calls[-2:] == ["stop", "finish"] and made[0].grace == 2
 
@@ -284,8 +284,8 @@ def test_several_mistakes_are_reported_at_once_with_locations():
         load_swarm_config(raw)
     errors = info.value.errors
     expected = [
-        "top level: unknown key `exchnage_url` (allowed: script, launcher, exchange_url, run_dir, args, env, slurm, "
-        "redis, on_failure, controls, seeds, peers); did you mean `exchange_url`?",
+        "top level: unknown key `exchnage_url` (allowed: script, launcher, exchange_url, run_dir, args, env, "
+        "on_failure, controls, seeds, peers, slurm, redis); did you mean `exchange_url`?",
         "top level: `args.lr` must be a string, number, boolean, null or a list of those, got dict",
         "top level: unknown key `slurm.gpus_per_node` (allowed: nodes, gpus, cpus, mem, time, partition, account, "
         "extra, setup); did you mean `slurm.gpus`?",
@@ -296,7 +296,7 @@ def test_several_mistakes_are_reported_at_once_with_locations():
         "partition, account, extra, setup); did you mean `redis.cpus`? (the Redis job is one CPU job on one node)",
         "peers[0] (id 'a'): `env.X` must be a string or a number, got bool True (quote it: 'true' / '1')",
         "peers[0] (id 'a'): unknown key `lorra` (allowed: id, model, lora, args, env, script, launcher, "
-        "accelerate_config, num_processes, gpus, gpu_share, slurm, vllm_server, controls); did you mean `lora`?",
+        "accelerate_config, num_processes, gpus, gpu_share, vllm_server, controls, slurm); did you mean `lora`?",
         "peers[1] (id 'b'): `num_processes` must be an integer >= 1, got 0",
         "peers[1] (id 'b'): unknown key `slurm.gpus_per_node` (allowed: nodes, gpus, cpus, mem, time, partition, "
         "account, extra, setup); did you mean `slurm.gpus`?",

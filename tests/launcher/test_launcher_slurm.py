@@ -168,7 +168,7 @@ def test_slurm_resources_merge_key_by_key(tmp_path):
     assert config.scheduler == "slurm"
     a, b = config.peers
     assert a.launcher == "python" and b.launcher == "accelerate"
-    assert a.slurm == SlurmResources(
+    assert a.sections["slurm"] == SlurmResources(
         nodes=1,
         gpus=1,
         cpus=8,
@@ -179,19 +179,24 @@ def test_slurm_resources_merge_key_by_key(tmp_path):
         extra=(("qos", "high"), ("exclusive", True), ("constraint", "a100")),
         setup=("module load cuda", "source env.sh"),
     )
-    assert (b.slurm.nodes, b.slurm.gpus, b.slurm.partition, b.slurm.cpus) == (2, 4, None, 8)  # null: cluster default
-    options = a.slurm.sbatch_options()
+    assert (
+        b.sections["slurm"].nodes,
+        b.sections["slurm"].gpus,
+        b.sections["slurm"].partition,
+        b.sections["slurm"].cpus,
+    ) == (2, 4, None, 8)  # null: cluster default
+    options = a.sections["slurm"].sbatch_options()
     assert options["gpus-per-node"] == "1" and options["time"] == "240" and options["exclusive"] is True
     assert options["ntasks-per-node"] == "1"
-    params = a.slurm.submitit_parameters()
+    params = a.sections["slurm"].submitit_parameters()
     assert params["additional_parameters"] == {"qos": "high", "exclusive": True, "constraint": "a100"}
     assert (
         params["time"] == 240 and params["wckey"] is None and params["setup"] == ["module load cuda", "source env.sh"]
     )
     # Without `time`, no --time line: the partition's default applies (submitit's own default would be 5 minutes).
-    assert load_swarm_config(_slurm([{"id": "a"}])).peers[0].slurm.submitit_parameters()["time"] is None
+    assert load_swarm_config(_slurm([{"id": "a"}])).peers[0].sections["slurm"].submitit_parameters()["time"] is None
     # The Redis job: inherits partition, account, time, extra and setup; never GPUs, CPUs, memory or nodes.
-    redis = config.redis
+    redis = config.sections["redis"]
     assert redis is not None and config.exchange_url == REDIS_JOB_EXCHANGE
     assert (redis.port, redis.password, redis.server) == (0, True, "redis-server")
     assert redis.resources.partition == "gpu" and redis.resources.time == 240 and redis.resources.account == "proj"
@@ -207,16 +212,16 @@ def test_slurm_resources_merge_key_by_key(tmp_path):
 def test_slurm_exchange_defaults(tmp_path):
     run = str(tmp_path / "run")
     # No exchange_url: a Redis job is the default on SLURM.
-    assert load_swarm_config(_slurm([{"id": "a"}], run_dir=run)).redis is not None
+    assert load_swarm_config(_slurm([{"id": "a"}], run_dir=run)).sections["redis"] is not None
     # redis.start: false without an exchange_url: the shared-directory default.
     config = load_swarm_config(_slurm([{"id": "a"}], run_dir=run, redis={"start": False}))
-    assert config.redis is None and config.exchange_url == f"dir://{tmp_path}/run/exchange"
+    assert config.sections["redis"] is None and config.exchange_url == f"dir://{tmp_path}/run/exchange"
     # An external Redis: no job.
     config = load_swarm_config(_slurm([{"id": "a"}], exchange_url="REDIS://h:1/0"))
-    assert config.redis is None and config.exchange_url == "redis://h:1/0"
+    assert config.sections["redis"] is None and config.exchange_url == "redis://h:1/0"
     custom = load_swarm_config(
         _slurm([{"id": "a"}], redis={"port": 6380, "password": False, "partition": "cpu", "time": 600, "cpus": 2})
-    ).redis
+    ).sections["redis"]
     assert (custom.port, custom.password, custom.resources.partition, custom.resources.time) == (
         6380,
         False,
@@ -226,15 +231,19 @@ def test_slurm_exchange_defaults(tmp_path):
     assert custom.resources.cpus == 2
     # Local swarms are unchanged.
     local = load_swarm_config({"script": "p.py", "peers": [{"id": "a", "gpus": 0}]})
-    assert local.scheduler == "local" and local.redis is None and local.peers[0].slurm is None
+    assert local.scheduler == "local" and local.sections == {} and local.peers[0].sections == {}
 
 
 def test_slurm_flag_forces_slurm_and_keeps_the_inner_launcher(tmp_path):
     path = tmp_path / "swarm.yaml"
     path.write_text(yaml.safe_dump({"script": "p.py", "launcher": "accelerate", "peers": [{"id": "a"}]}))
     assert load_swarm_config(path).scheduler == "local"
-    config = load_swarm_config(path, slurm=True)
-    assert config.scheduler == "slurm" and config.peers[0].launcher == "accelerate" and config.redis is not None
+    config = load_swarm_config(path, backend="slurm")
+    assert (
+        config.scheduler == "slurm"
+        and config.peers[0].launcher == "accelerate"
+        and config.sections["redis"] is not None
+    )
 
 
 @pytest.mark.parametrize(
@@ -271,7 +280,7 @@ def test_unquoted_yaml_times_mean_what_slurm_means(tmp_path):
         "peers:\n  - id: a\n  - id: b\n    slurm: {time: 30:00}\n"
     )
     config = load_swarm_config(path)
-    assert config.peers[0].slurm.time == 240 and config.peers[1].slurm.time == 30
+    assert config.peers[0].sections["slurm"].time == 240 and config.peers[1].sections["slurm"].time == 30
     assert config.peers[0].args["x"] == 90  # as before: only `time` reads the text
     assert "--x 90" in " ".join(build_commands(config)[0].argv)
 
@@ -343,11 +352,15 @@ def test_slurm_dry_run_notes_a_shared_directory_exchange(tmp_path):
 def test_example_slurm_config_loads_and_dry_runs(monkeypatch):
     monkeypatch.chdir(ROOT)  # its paths are relative to the repository
     config = load_swarm_config(EXAMPLE)
-    assert config.scheduler == "slurm" and config.redis is not None and config.redis.resources.partition == "cpu"
+    assert (
+        config.scheduler == "slurm"
+        and config.sections["redis"] is not None
+        and config.sections["redis"].resources.partition == "cpu"
+    )
     small, large = config.peers
-    assert (small.slurm.gpus, large.slurm.gpus, large.num_processes) == (1, 2, 2)
+    assert (small.sections["slurm"].gpus, large.sections["slurm"].gpus, large.num_processes) == (1, 2, 2)
     assert small.launcher == large.launcher == "accelerate"
-    assert small.slurm.time == 360 and config.redis.resources.time == 480
+    assert small.sections["slurm"].time == 360 and config.sections["redis"].resources.time == 480
     assert small.args["expected_peers"] == [small.id, large.id]
     stream = io.StringIO()
     dry_run(config, stream)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from trl_ftis import cli
-from trl_ftis.launcher import SwarmConfigError, check_files, load_swarm_config, run_swarm
+from trl_ftis.launcher import SwarmConfigError, backend_kind, check_files, load_swarm_config, run_swarm
 from trl_ftis.launcher.placement import placement_problems, process_count
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
@@ -260,7 +260,7 @@ def test_slurm_server_in_a_job_without_gpus_is_refused(gpus):
 def test_slurm_server_beside_training_gpus_is_accepted():
     config = load_swarm_config(_slurm([{"id": "a", "model": "m", "vllm_server": _server("3")}], slurm={"gpus": 4}))
     assert config.peers[0].vllm_server.gpus == "3"
-    assert placement_problems(config.peers, "slurm") == []
+    assert placement_problems(config.peers, backend_kind("slurm")) == []
 
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -279,7 +279,7 @@ def test_an_8_gpu_node_with_two_peers_and_their_servers_is_accepted(tmp_path):
         peer.update(accelerate_config=zero2, num_processes=3)
     config = load_swarm_config(raw)
     assert [(peer.gpus, peer.vllm_server.gpus) for peer in config.peers] == [("0,1,2", "3"), ("4,5,6", "7")]
-    assert placement_problems(config.peers, "local") == []
+    assert placement_problems(config.peers, backend_kind("local")) == []
 
 
 def test_two_peers_sharing_one_gpu_with_colocated_vllm_below_their_shares_are_accepted():
@@ -416,7 +416,7 @@ def test_on_slurm_a_missing_package_is_only_a_dry_run_warning(without, capsys):
     from trl_ftis.launcher import dry_run
 
     config = load_swarm_config(
-        _slurm([{"id": "a", "model": "m", "vllm_server": _server("1")}], slurm={"gpus": 2}), slurm=True
+        _slurm([{"id": "a", "model": "m", "vllm_server": _server("1")}], slurm={"gpus": 2}), backend="slurm"
     )
     without("vllm")
     assert _package_problems(config) == []  # a real submission is not refused

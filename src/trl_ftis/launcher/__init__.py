@@ -7,28 +7,30 @@ cannot hang the others in a collective.
 
 The package, one concern per module (each step can be used and tested alone), imported bottom to top without a cycle:
 
-* `validation`, `schema`, `slurm.schema`: the YAML schema (documented in `docs/swarm-launcher.md`), declared with
-  pydantic. `load_swarm_config` returns a `SwarmConfig`; every problem is reported at once, naming the peer and the
-  key (a did-you-mean for unknown keys), before anything starts. `slurm.schema` is the SLURM section (`slurm:`
-  resources, the `redis:` job).
+* `backends`: the registry of backends (`BackendKind`: a backend's name, its own config sections and their checks,
+  the keys it refuses, its placement rules, its command-line flag, its `Backend`); `register_backend` adds one.
+* `validation`, `schema`: the YAML schema (documented in `docs/swarm-launcher.md`), declared with pydantic, the
+  registered backends' sections included. `load_swarm_config` returns a `SwarmConfig`; every problem is reported at
+  once, naming the peer and the key (a did-you-mean for unknown keys), before anything starts.
 * `commands`: `build_commands(config)` turns it into one `PeerCommand` (argv + environment additions) per peer,
   whatever the backend; nothing starts. Also `check_files` and the redaction of secrets for display (`redact_env`,
   `redact_argv`).
 * `backend`: the backend protocol (`Backend`: start the peers, watch them, stop them, gather their logs and results)
   and what the driver hands a backend (`Console`, `Signals`, `Outcome`, `PeerState`).
 * `driver`: the one driver every backend shares, `run_swarm(config)` / `dry_run(config)`: the pre-start check,
-  signals, prefixed output, the watch loop, the stop that always runs, the summary and the exit code. `BACKENDS` maps
-  each scheduler to its backend.
-* `local` (`LocalBackend`, with `processes`: every process the peers started, found with psutil, and die-with-parent)
-  and the `slurm` subpackage (`SlurmBackend`: a Redis job, one submitit job per peer, `squeue`/`scontrol`/`scancel`,
-  their logs and exit files; `slurm.jobs` is what runs inside those jobs): the two backends.
+  signals, prefixed output, the watch loop, the stop that always runs, the summary and the exit code.
+* `local` (`LocalKind`, `LocalBackend`, with `processes`: every process the peers started, found with psutil, and
+  die-with-parent) and the `slurm` subpackage (`slurm.kind.SlurmKind`; `slurm.schema`, its `slurm:` and `redis:`
+  sections; `SlurmBackend`: a Redis job, one submitit job per peer, `squeue`/`scontrol`/`scancel`, their logs and exit
+  files; `slurm.jobs` is what runs inside those jobs): the two built-in backends.
 * `summary`: each peer's summary file, the summary rows, `format_summary_table` and the end-of-run exchange warnings
   (worded by `trl_ftis.exchange_report`, standard library only).
 * `restart`: `restart_config(config, only, resume)`, the CLI's `--only PEER_ID` (some peers of the swarm, each with the
   command the full run gives it) and `--resume` (each from its newest complete checkpoint).
 
-A new backend (Ray, Kubernetes, ...) is one module with a class that follows `backend.Backend`, its line in
-`driver.BACKENDS` (and `schema.SCHEDULERS`), and, for keys of its own, its schema section.
+A new backend (Ray, Kubernetes, ...) is a `backends.BackendKind` and a `backend.Backend`, in a module of its own
+(inside this package or not) that calls `register_backend`; nothing else changes (`docs/swarm-launcher.md`, "Adding a
+backend").
 
 The rules shared with the rest of trl-ftis (peer ids, exchange URL schemes, redaction, environment variable and file
 names, the interrupted exit code) come from `trl_ftis.rules`. Only the standard library, PyYAML, pydantic and psutil
@@ -42,6 +44,7 @@ from __future__ import annotations
 from ..redaction import redact_text
 from ..rules import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
 from .backend import Backend, Outcome
+from .backends import backend_kind, backend_names, register_backend
 from .commands import (
     PeerCommand,
     build_commands,
@@ -51,20 +54,21 @@ from .commands import (
     redact_env,
     render_args,
 )
-from .driver import BACKENDS, dry_run, run_swarm
+from .driver import dry_run, run_swarm
 from .restart import restart_config
 from .schema import LAUNCHERS as LAUNCHERS
-from .schema import PEER_KEYS as PEER_KEYS
 from .schema import RESERVED_ARGS as RESERVED_ARGS
-from .schema import TOP_LEVEL_KEYS as TOP_LEVEL_KEYS
-from .schema import PeerConfig, SwarmConfig, SwarmConfigError, load_swarm_config
+from .schema import SwarmConfigError, load_swarm_config
 from .slurm.schema import RedisJobConfig, SlurmResources
 from .summary import SUMMARY_FIELDS, format_summary_table
+from .swarm_config import PeerConfig, SwarmConfig
 
 __all__ = [
-    "BACKENDS",
     "SUMMARY_FIELDS",
     "Backend",
+    "backend_kind",
+    "backend_names",
+    "register_backend",
     "Outcome",
     "PeerCommand",
     "PeerConfig",

@@ -4,8 +4,8 @@ one driver every backend shares (`driver.drive`), and the pieces the driver hand
 A backend starts the peers, watches them, stops them and gathers their logs and results; the driver does everything
 else the same way for all of them: the pre-start check, the signal handlers, the prefixed console, the loop that
 watches, the stop that always runs, the summary table and `summary.json`, and the exit code. A new backend (Ray,
-Kubernetes, ...) is one module with a class that follows `Backend`, its entry in `driver.BACKENDS`, and, if it needs
-keys of its own, its section of the schema.
+Kubernetes, ...) is a class that follows `Backend` and its `backends.BackendKind` (its name, its own config sections,
+its flag), registered with `backends.register_backend`.
 
 * `Backend`: the protocol (see its methods for the contract).
 * `Outcome`: how a swarm ended, `(exit code, reason)`; `interrupted(signal)` for Ctrl-C, SIGTERM and SIGHUP.

@@ -42,8 +42,10 @@ from ..rules import (
     hub_model_problem,
     local_model_problem,
 )
+from .backends import backend_kind
 from .preflight import render_args, render_value
-from .schema import SwarmConfig, SwarmConfigError
+from .schema import SwarmConfigError
+from .swarm_config import SwarmConfig
 from .vllm_schema import peer_vllm_args
 from .vllm_servers import ServerCommand, server_command
 
@@ -246,7 +248,7 @@ def build_commands(config: SwarmConfig, *, exchange_url: str | None = None) -> l
                 peer_env=peer.env,
                 logs=logs,
                 cwd=cwd,
-                visible_devices=config.scheduler == "local",
+                visible_devices=backend_kind(config.scheduler).runs_here,
             )
             argv += render_args(peer_vllm_args(peer.vllm_server, server.port, server.group_port))
         if "project" not in peer.args:  # trackio groups the peers' runs (each named after its peer) by project
@@ -361,7 +363,8 @@ def check_files(config: SwarmConfig) -> list[str]:
             problem = hub_model_problem(model, elsewhere=[*beside, config.run_dir])
         if problem is not None:
             problems.append(f"`peers[{index}] (id {peer.id!r}).{key}`: {problem}")
-    if config.scheduler == "local":  # on SLURM the jobs import them on their nodes (`slurm.setup`), not here
+    # Elsewhere (SLURM jobs, ...) the peers import them on their own machines, not here.
+    if backend_kind(config.scheduler).runs_here:
         problems += dependency_problems(config.peers)
     return problems
 

@@ -61,7 +61,7 @@ def _scaled(args: dict[str, Any], factor: int) -> dict[str, Any]:
 
 
 def control_peers(peers: Sequence[Any], kinds_of: dict[str, Sequence[str]]) -> list[Any]:
-    """The control peers of `peers` (`schema.PeerConfig`s of the swarm): for each peer, one per kind in
+    """The control peers of `peers` (`swarm_config.PeerConfig`s of the swarm): for each peer, one per kind in
     `kinds_of[peer.id]`, named `<peer id>-<kind>`, with `control_of` set to the peer's id."""
     swarm_size = len(peers)
     controls = []

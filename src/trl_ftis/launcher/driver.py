@@ -1,5 +1,5 @@
 """The one driver every backend shares: `run_swarm(config)` and `dry_run(config)` pick the backend of the config's
-scheduler (`BACKENDS`), and `drive(backend, ...)` runs it.
+scheduler (`backends.backend_kind(config.scheduler).create(config)`), and `drive(backend, ...)` runs it.
 
 `drive` does, for every backend alike: the pre-start check (a negative `grace`, the backend's `problems()`: raised
 as `SwarmConfigError` before anything starts), the SIGINT/SIGTERM/SIGHUP handlers (main thread only; restored when
@@ -19,31 +19,26 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
 from typing import TextIO
 
 from ..redaction import redact_text
 from ..worth_report import record_in_peer_outputs, run_reading
 from .backend import Backend, Console, Outcome, Signals, short_error
+from .backends import backend_kind
 from .commands import SECRET_ARGS, is_secret_name, new_run_id, peer_output_dir, record_run_id
-from .local import LocalBackend
 from .preflight import before_start, secret_warnings
 from .restarts_merge import merge_restarts
-from .schema import SCHEDULERS, SwarmConfig, SwarmConfigError
+from .schema import SwarmConfigError
 from .seeds import run_seeds, seed_config
-from .slurm.backend import SlurmBackend
 from .summary import earlier_rows, report_summary, summary_rows
+from .swarm_config import SwarmConfig
 
-__all__ = ["BACKENDS", "backend_for", "drive", "dry_run", "run_swarm"]
-
-# One backend per scheduler (`SwarmConfig.scheduler`, see `schema.SCHEDULERS`): a class taking the config.
-BACKENDS: dict[str, Callable[[SwarmConfig], Backend]] = {"local": LocalBackend, "slurm": SlurmBackend}
-assert set(BACKENDS) == set(SCHEDULERS), "every scheduler of the schema needs a backend"
+__all__ = ["backend_for", "drive", "dry_run", "run_swarm"]
 
 
 def backend_for(config: SwarmConfig) -> Backend:
-    """The backend that runs `config` (its `scheduler`)."""
-    return BACKENDS[config.scheduler](config)
+    """The backend that runs `config`: the one registered under its `scheduler` (`backends.backend_kind`)."""
+    return backend_kind(config.scheduler).create(config)
 
 
 def dry_run(config: SwarmConfig, stream: TextIO | None = None) -> int:

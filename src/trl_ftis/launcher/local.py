@@ -24,11 +24,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import Any, BinaryIO, ClassVar, TextIO
 
 from ..exchange.transports.registry import exchange_folder
 from ..redaction import redact_text
 from .backend import Console, Outcome, PeerState, Signals, finished_outcome
+from .backends import DEFAULT_BACKEND, BackendKind, register_backend
 from .commands import (
     build_commands,
     check_files,
@@ -39,11 +40,11 @@ from .commands import (
 )
 from .processes import ProcessTracker, die_with_parent
 from .restart import restart_command
-from .schema import SwarmConfig
 from .summary import describe_code
+from .swarm_config import SwarmConfig
 from .vllm_servers import ServerRun, log_tail, port_problem, start_server, wait_until_ready
 
-__all__ = ["LocalBackend"]
+__all__ = ["LocalBackend", "LocalKind"]
 
 
 @dataclass
@@ -438,3 +439,17 @@ class LocalBackend:
 
     def summary_fields(self) -> dict:
         return {}
+
+
+class LocalKind(BackendKind):
+    """The default backend: every peer a process on this machine (`LocalBackend`); no keys of its own."""
+
+    name: ClassVar[str] = DEFAULT_BACKEND
+    where: ClassVar[str] = "on this machine"
+    runs_here: ClassVar[bool] = True
+
+    def create(self, config: Any) -> LocalBackend:
+        return LocalBackend(config)
+
+
+register_backend(LocalKind())

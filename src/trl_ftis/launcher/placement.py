@@ -1,10 +1,10 @@
 """Where a swarm's processes run: the GPUs of every peer, control and vLLM server of a validated config, checked
 together before anything starts, and the packages a peer's config needs on the machine that starts it.
 
-`placement_problems(peers, scheduler)` lists the placement mistakes of a config's `PeerConfig`s (controls included:
+`placement_problems(peers, kind)` lists the placement mistakes of a config's `PeerConfig`s (controls included:
 they run at the same time as the swarm), one line each naming the peers and the GPUs; `schema.load_swarm_config`
-refuses a config that has any (`--dry-run` and a real start alike). On this machine (`scheduler == "local"`, `gpus`
-are device ids):
+refuses a config that has any (`--dry-run` and a real start alike). Where the peers run on this machine (a backend
+that `runs_here`: `gpus` are device ids):
 
 * peers on one GPU need a `gpu_share` each, and the shares on one GPU add up to at most 1;
 * a vLLM server's GPUs are its own: no peer trains on them, no other server runs on them;
@@ -14,8 +14,8 @@ are device ids):
   peer's processes (TRL refuses it otherwise), and its `vllm_gpu_memory_utilization` (a fraction of the whole GPU) is
   below the peer's share, inside which the engine allocates (`trl_ftis.gpu_share` refuses it, but only on the GPU).
 
-On SLURM (`gpus` is refused there) a server's `gpus` are positions among the job's GPUs (`slurm.gpus` per node): they
-exist, and leave the training at least one.
+A backend adds its own rules (`BackendKind.placement_problems`: on SLURM, a server's `gpus` are positions among the
+job's GPUs).
 
 `dependency_problems(peers)` lists the packages a peer needs that cannot be imported here: vllm (colocated vLLM, or a
 `vllm_server` that runs `trl vllm-serve`) and deepspeed (an accelerate config with `distributed_type: DEEPSPEED`);
@@ -32,13 +32,16 @@ from typing import TYPE_CHECKING, Any
 from .schema_values import GPU_MEMORY_FRACTION_ARG
 
 if TYPE_CHECKING:
-    from .schema import PeerConfig
+    from .backends import BackendKind
+    from .swarm_config import PeerConfig
 
 __all__ = [
     "VLLM_MEMORY_DEFAULT",
     "accelerate_settings",
     "colocated_vllm",
     "dependency_problems",
+    "gpu_ids",
+    "on_gpus",
     "placement_problems",
     "process_count",
 ]
@@ -114,7 +117,7 @@ def _share(peer: PeerConfig) -> float | None:
     return peer.gpu_share if peer.gpu_share is not None else _fraction(peer.args.get(GPU_MEMORY_FRACTION_ARG))
 
 
-def _ids(gpus: str | None) -> list[str]:
+def gpu_ids(gpus: str | None) -> list[str]:
     return list(dict.fromkeys(gpus.split(","))) if gpus else []
 
 
@@ -127,7 +130,7 @@ def _names(peers: Sequence[PeerConfig]) -> str:
     return ", ".join(repr(peer.id) for peer in peers)
 
 
-def _on(gpus: Sequence[str]) -> str:
+def on_gpus(gpus: Sequence[str]) -> str:
     return f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {','.join(gpus)}"
 
 
@@ -152,7 +155,7 @@ def _repeated(peer: PeerConfig) -> list[str]:
         items = gpus.split(",") if gpus else []
         twice = sorted({gpu for gpu in items if items.count(gpu) > 1})
         if twice and peer.control_of is None:
-            found.append(f"peer {peer.id!r}: `{key}` {gpus!r} lists {_on(twice)} more than once")
+            found.append(f"peer {peer.id!r}: `{key}` {gpus!r} lists {on_gpus(twice)} more than once")
     return found
 
 
@@ -160,7 +163,7 @@ def _shared_gpus(peers: Sequence[PeerConfig]) -> list[str]:
     """Peers whose `gpus` overlap: each needs a `gpu_share`, and the shares on one GPU add up to at most 1."""
     on_gpu: dict[str, list[PeerConfig]] = {}
     for peer in peers:
-        for gpu in _ids(peer.gpus):
+        for gpu in gpu_ids(peer.gpus):
             on_gpu.setdefault(gpu, []).append(peer)
     unshared: dict[tuple[str, ...], list[str]] = {}
     over: dict[tuple[str, ...], list[str]] = {}
@@ -181,7 +184,7 @@ def _shared_gpus(peers: Sequence[PeerConfig]) -> list[str]:
         lacking = [peer for peer in group if _share(peer) is None]
         who = "both use" if len(group) == 2 else "all use"
         found.append(
-            f"peers {_names(group)}: {who} {_on(gpus)} (`gpus`), and {_names(lacking)} "
+            f"peers {_names(group)}: {who} {on_gpus(gpus)} (`gpus`), and {_names(lacking)} "
             f"{'has' if len(lacking) == 1 else 'have'} no `gpu_share`: peers on one GPU each need a `gpu_share` "
             f"(adding up to at most 1), or GPUs of their own{_control_note(group)}"
         )
@@ -189,7 +192,7 @@ def _shared_gpus(peers: Sequence[PeerConfig]) -> list[str]:
         group = together[key]
         total = sum(_share(peer) for peer in group)
         found.append(
-            f"peers {_names(group)}: `gpu_share` values on {_on(gpus)} add up to {total:g} > 1 (one GPU's memory)"
+            f"peers {_names(group)}: `gpu_share` values on {on_gpus(gpus)} add up to {total:g} > 1 (one GPU's memory)"
             f"{_control_note(group)}"
         )
     return found
@@ -203,32 +206,32 @@ def _server_gpus(peers: Sequence[PeerConfig]) -> list[str]:
         server = peer.vllm_server
         if peer.gpus is None:
             found.append(
-                f"peer {peer.id!r}: its vLLM server runs on {_on(_ids(server.gpus))} (`vllm_server.gpus` "
+                f"peer {peer.id!r}: its vLLM server runs on {on_gpus(gpu_ids(server.gpus))} (`vllm_server.gpus` "
                 f"{server.gpus!r}), but the peer has no `gpus`: it would see every GPU, the server's too; set its "
                 "`gpus` to the GPUs it trains on"
             )
         for other in peers:
-            common = [gpu for gpu in _ids(server.gpus) if gpu in _ids(other.gpus)]
+            common = [gpu for gpu in gpu_ids(server.gpus) if gpu in gpu_ids(other.gpus)]
             if not common:
                 continue
             if other is peer:
                 found.append(
                     f"peer {peer.id!r}: its vLLM server (`vllm_server.gpus` {server.gpus!r}) and its training "
-                    f"(`gpus` {peer.gpus!r}) both use {_on(common)}: the server needs GPUs of its own"
+                    f"(`gpus` {peer.gpus!r}) both use {on_gpus(common)}: the server needs GPUs of its own"
                 )
             else:
                 found.append(
                     f"peers {peer.id!r}, {other.id!r}: the vLLM server of {peer.id!r} (`vllm_server.gpus` "
                     f"{server.gpus!r}) and the training of {other.id!r} (`gpus` {other.gpus!r}) both use "
-                    f"{_on(common)}: a server needs GPUs of its own"
+                    f"{on_gpus(common)}: a server needs GPUs of its own"
                 )
     for index, peer in enumerate(servers):
         for other in servers[index + 1 :]:
-            common = [gpu for gpu in _ids(peer.vllm_server.gpus) if gpu in _ids(other.vllm_server.gpus)]
+            common = [gpu for gpu in gpu_ids(peer.vllm_server.gpus) if gpu in gpu_ids(other.vllm_server.gpus)]
             if common:
                 found.append(
                     f"peers {peer.id!r}, {other.id!r}: their vLLM servers (`vllm_server.gpus` "
-                    f"{peer.vllm_server.gpus!r} and {other.vllm_server.gpus!r}) both use {_on(common)}: each server "
+                    f"{peer.vllm_server.gpus!r} and {other.vllm_server.gpus!r}) both use {on_gpus(common)}: each server "
                     "needs GPUs of its own"
                 )
     return found
@@ -236,7 +239,7 @@ def _server_gpus(peers: Sequence[PeerConfig]) -> list[str]:
 
 def _processes_per_gpu(peer: PeerConfig) -> list[str]:
     """An accelerate peer starts one process per GPU of its `gpus`."""
-    gpus = _ids(peer.gpus)
+    gpus = gpu_ids(peer.gpus)
     if peer.launcher != "accelerate" or not gpus:
         return []
     count, said = _process_count(peer)
@@ -253,8 +256,8 @@ def _vllm_sizes(peer: PeerConfig) -> list[str]:
     """A server's engine fits its GPUs; colocated vLLM's tensor parallel size divides the peer's processes."""
     found = []
     server = peer.vllm_server
-    if server is not None and server.parallel_size > len(_ids(server.gpus)):
-        gpus = len(_ids(server.gpus))
+    if server is not None and server.parallel_size > len(gpu_ids(server.gpus)):
+        gpus = len(gpu_ids(server.gpus))
         found.append(
             f"peer {peer.id!r}: its vLLM server needs {server.parallel_size} GPUs (tensor_parallel_size x "
             f"data_parallel_size of `vllm_server.args`), but `vllm_server.gpus` {server.gpus!r} is {gpus} "
@@ -281,7 +284,7 @@ def _vllm_memory(peer: PeerConfig) -> list[str]:
     memory = _fraction(peer.args.get("vllm_gpu_memory_utilization", VLLM_MEMORY_DEFAULT))
     if memory is None or memory < share:
         return []
-    where = f" on {_on(_ids(peer.gpus))}" if peer.gpus else ""
+    where = f" on {on_gpus(gpu_ids(peer.gpus))}" if peer.gpus else ""
     return [
         f"peer {peer.id!r}: colocated vLLM's `args.vllm_gpu_memory_utilization` {memory:g}"
         f"{'' if given else ' (TRL default)'} is not below its `gpu_share` {share:g}{where}: the engine allocates "
@@ -290,48 +293,13 @@ def _vllm_memory(peer: PeerConfig) -> list[str]:
     ]
 
 
-def _slurm_server(peer: PeerConfig) -> list[str]:
-    """On SLURM a server's `gpus` are positions among the job's GPUs per node, and leave the training some."""
-    server = peer.vllm_server
-    if server is None:
-        return []
-    job_gpus = peer.slurm.gpus if peer.slurm is not None else None
-    if not job_gpus:
-        return [
-            f"peer {peer.id!r}: has a `vllm_server` (`vllm_server.gpus` {server.gpus!r}) but its job asks for no "
-            "GPUs: set `slurm.gpus` (GPUs per node) to the server's GPUs plus the training's"
-        ]
-    nodes = peer.slurm.nodes if peer.slurm is not None else 1
-    if nodes > 1:
-        return [
-            f"peer {peer.id!r}: has a `vllm_server` and `slurm.nodes` {nodes}: the server takes GPUs of the job's "
-            "first node only, and accelerate starts as many processes on every node; run a server peer on one node"
-        ]
-    gpus = _ids(server.gpus)
-    outside = [gpu for gpu in gpus if not gpu.isdigit() or int(gpu) >= job_gpus]
-    if outside:
-        return [
-            f"peer {peer.id!r}: `vllm_server.gpus` {server.gpus!r} names {_on(outside)}, but on SLURM they are "
-            f"positions among the job's {job_gpus} GPU{'s' if job_gpus > 1 else ''} per node (`slurm.gpus` "
-            f"{job_gpus}): 0 to {job_gpus - 1}"
-        ]
-    if len(gpus) >= job_gpus:
-        return [
-            f"peer {peer.id!r}: `vllm_server.gpus` {server.gpus!r} takes all {job_gpus} of the job's GPUs "
-            f"(`slurm.gpus` {job_gpus}), leaving none for training: ask for more (`slurm.gpus`) or give the server "
-            "fewer"
-        ]
-    return []
-
-
-def placement_problems(peers: Sequence[PeerConfig], scheduler: str) -> list[str]:
+def placement_problems(peers: Sequence[PeerConfig], kind: BackendKind) -> list[str]:
     """Every placement mistake of a config's peers (controls included), one line each naming the peers and GPUs;
-    [] when none. `scheduler` is `"local"` (`gpus` are this machine's device ids) or `"slurm"`."""
+    [] when none. `kind` is the backend that runs them: its own rules (`BackendKind.placement_problems`), and, when
+    its peers run on this machine (`runs_here`: `gpus` are its device ids), this machine's GPUs."""
     found = [problem for peer in peers for problem in _repeated(peer)]
-    if scheduler == "slurm":
-        own = [peer for peer in peers if peer.control_of is None]
-        found += [problem for peer in own for problem in _slurm_server(peer)]
-    else:
+    found += kind.placement_problems(peers)
+    if kind.runs_here:
         found += _shared_gpus(peers)
         found += _server_gpus(peers)
         # One peer's own mistakes are said once, for the peer (its controls repeat its configuration).

@@ -12,7 +12,7 @@ model folders, an exchange server the launcher did not start, and the secrets wr
   once (secrets written in the config, `expected_peers` names no peer of the config runs).
 
 Pure functions apart from the file, network and import look-ups they are named after; `config` is a
-`schema.SwarmConfig` (not imported: the schema imports this module).
+`swarm_config.SwarmConfig` (not imported: the schema imports this module).
 """
 
 from __future__ import annotations
@@ -498,13 +498,14 @@ def before_start(
 
     Problems: an exchange the launcher did not start whose transport has a probe (`TransportKind.probe`: a
     `redis://` server, say) and that does not answer within `PROBE_TIMEOUT` seconds, when a peer's script is known
-    to connect to it (its options include `exchange_url`); for scripts whose options are not known it is a warning. Warnings: the secrets written in the
-    config (`secret_warnings`), and `expected_peers` names that no peer of the config has (refused by the schema
-    when the exchange is the launcher's own; with an external exchange a peer started elsewhere may join)."""
+    to connect to it (its options include `exchange_url`); for scripts whose options are not known it is a warning.
+    Warnings: the secrets written in the config (`secret_warnings`), and `expected_peers` names that no peer of the
+    config has (refused by the schema when the exchange is the launcher's own; with an external exchange a peer
+    started elsewhere may join)."""
     problems: list[str] = credential_problems(config)
     found = secret_warnings(config, is_secret, passed_as)
     probe = transport_kind(config.exchange_url).probe
-    if getattr(config, "redis", None) is None and probe is not None:
+    if not getattr(config, "exchange_started", False) and probe is not None:
         problem = probe(config.exchange_url, PROBE_TIMEOUT)
         if problem is not None and _uses_exchange(config):
             problems.append(problem)

@@ -28,8 +28,10 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
+from .backends import backend_kind
 from .commands import peer_output_dir, recorded_run_id
-from .schema import SwarmConfig, SwarmConfigError
+from .schema import SwarmConfigError
+from .swarm_config import SwarmConfig
 
 __all__ = [
     "CHECKPOINT_PREFIX",
@@ -69,8 +71,7 @@ def restart_command(config: SwarmConfig, only: Sequence[str] = ()) -> str:
     from its newest complete checkpoint (`--resume`). A config given as a dict, not a file, is named `CONFIG`."""
     source = os.path.abspath(config.source) if config.source else "CONFIG"
     argv = ["trl-ftis", "swarm", source, "--run-dir", str(config.run_dir)]
-    if config.scheduler == "slurm":
-        argv.append("--slurm")
+    argv += backend_kind(config.scheduler).restart_argv(config)
     for peer_id in only:
         argv += ["--only", peer_id]
     return shlex.join([*argv, "--resume"])
@@ -83,12 +84,12 @@ def _select(config: SwarmConfig, only: Sequence[str]) -> SwarmConfig:
             close = difflib.get_close_matches(peer_id, ids, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise SwarmConfigError(f"--only {peer_id!r}: no such peer (peers: {', '.join(ids)}){hint}")
-    if config.redis is not None:
+    if config.exchange_started:
         raise SwarmConfigError(
-            "--only: this swarm's exchange is the Redis server the launcher starts as a job of its own (`redis: "
-            "{start: true}`, the default on SLURM), which lives only as long as that launcher, so a peer started "
-            "alone could not meet the others there; set `exchange_url: redis://HOST:PORT/0` to a Redis server you "
-            "run yourself (or a dir:// exchange on a filesystem every node shares), start the swarm with it, then "
+            "--only: this swarm's exchange is a server the launcher starts itself (on SLURM by default: the Redis "
+            "job of `redis: {start: true}`), which lives only as long as that launcher, so a peer started alone "
+            "could not meet the others there; set `exchange_url` to an exchange you run yourself (`exchange_url: "
+            "redis://HOST:PORT/0` for a Redis server, or a folder every node shares), start the swarm with it, then "
             "restart peers with --only"
         )
     wanted = set(only)

@@ -2,9 +2,10 @@
 validated `SwarmConfig` the backends run.
 
 The schema is three kinds of section, each a `validation.Spec` model whose fields are its keys: `SwarmSpec` (the top
-level), `PeerSpec` (one entry of `peers`) and the SLURM sections of `slurm.schema` (`SlurmResources`, `RedisSpec`). A
-backend that needs keys of its own adds its section there. Each field's validator says what is wrong in the
-launcher's words; checks across the keys of one peer run as validators of the later key (pydantic hands them the
+level), `PeerSpec` (one entry of `peers`) and the sections each backend declares (`backends.BackendKind`:
+`top_sections`, `peer_sections`, with their validators), added to the two by `spec_models()` for every registered
+backend; a backend's section is refused unless that backend runs the swarm. Each field's validator says what is wrong
+in the launcher's words; checks across the keys of one peer run as validators of the later key (pydantic hands them the
 earlier ones), checks across peers as the validator of `peers`, and what the top level decides for every peer (the
 scheduler, the default launcher, whether there is a default script) is read from the raw mapping first and handed to
 the validators as pydantic's validation context.
@@ -23,15 +24,15 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from .. import rules
 from ..exchange.transports.directory import dir_exchange_url
+from .backends import BackendKind, backend_kind, backend_names
 from .controls import control_peers
 from .placement import placement_problems
 from .preflight import ScriptOptions, expected_peer_problems, script_options
@@ -40,9 +41,9 @@ from .schema_values import (
     GPU_MEMORY_FRACTION_ARG,
     LAUNCHERS,
     RESERVED_ARGS,
-    SCHEDULERS,
     SUGAR_ARGS,
     Args,
+    ColonInt,
     Env,
     PathValue,
     SwarmConfigError,
@@ -66,22 +67,18 @@ from .schema_values import (
     top_launcher_value,
     top_level,
 )
-from .slurm.schema import REDIS_JOB_EXCHANGE, ColonInt, RedisJobConfig, RedisSpec, SlurmResources, merge_resources
+from .swarm_config import PeerConfig, SwarmConfig
 from .validation import Spec, bad, format_problems, problems, said, with_problems
-from .vllm_schema import VllmServerConfig, VllmServerSpec, server_arg_conflicts
+from .vllm_schema import VllmServerSpec, server_arg_conflicts
 
 __all__ = [
     "LAUNCHERS",
-    "PEER_KEYS",
     "RESERVED_ARGS",
-    "SCHEDULERS",
-    "TOP_LEVEL_KEYS",
-    "PeerConfig",
     "PeerSpec",
-    "SwarmConfig",
     "SwarmConfigError",
     "SwarmSpec",
     "load_swarm_config",
+    "spec_models",
 ]
 
 # --------------------------------------------------------------------------------------------------------------------
@@ -110,7 +107,6 @@ class PeerSpec(Spec):
     gpu_share: Annotated[float | None, BeforeValidator(gpu_share_value)] = Field(
         None, description="sugar for args.gpu_memory_fraction"
     )
-    slurm: SlurmResources | None = Field(None, validate_default=True, description="this peer's job, on SLURM")
     vllm_server: VllmServerSpec | None = Field(
         None, description="a vLLM server the launcher starts for this peer on GPUs of its own"
     )
@@ -148,16 +144,19 @@ class PeerSpec(Spec):
             raise said(f"`{info.field_name}` needs `launcher: accelerate` (this peer uses {launcher!r})")
         return value
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _refused_by_the_backend(cls, value: Any, info: ValidationInfo) -> Any:
+        refused = backend_kind(top_level(info).scheduler).refused_peer_keys
+        if value is not None and info.field_name in refused:
+            raise said(refused[info.field_name])
+        return value
+
     @field_validator("gpus")
     @classmethod
     def _gpus_here(cls, gpus: str | None, info: ValidationInfo) -> str | None:
         if gpus is None:
             return None
-        if top_level(info).scheduler == "slurm":
-            raise said(
-                "`gpus` picks devices on this machine; on SLURM ask for GPUs with `slurm.gpus` (GPUs per node), and "
-                "SLURM sets CUDA_VISIBLE_DEVICES in the job"
-            )
         if "CUDA_VISIBLE_DEVICES" in info.data.get("env", {}):
             raise said("`gpus` and env.CUDA_VISIBLE_DEVICES both set; keep `gpus`")
         return gpus
@@ -170,28 +169,6 @@ class PeerSpec(Spec):
         if share is not None and GPU_MEMORY_FRACTION_ARG in info.data.get("args", {}):
             raise said(f"`gpu_share` and args.{GPU_MEMORY_FRACTION_ARG} both set; keep one")
         return share
-
-    @field_validator("slurm", mode="before")
-    @classmethod
-    def _slurm_only_there(cls, value: Any, info: ValidationInfo) -> Any:
-        if value is not None and top_level(info).scheduler != "slurm":
-            raise said("`slurm` is only used on SLURM: add `launcher: slurm` at the top level (or --slurm)")
-        return value
-
-    @field_validator("slurm")
-    @classmethod
-    def _nodes_need_accelerate(cls, own: SlurmResources | None, info: ValidationInfo) -> SlurmResources | None:
-        top = top_level(info)
-        if top.scheduler != "slurm":
-            return own
-        nodes = own.nodes if own is not None and "nodes" in own.model_fields_set else top.slurm_nodes
-        launcher = info.data.get("launcher") or top.launcher
-        if nodes > 1 and launcher != "accelerate":
-            raise said(
-                f"`slurm.nodes` is {nodes}, but a {launcher!r} peer is one process on one node; use "
-                "`launcher: accelerate` (one `accelerate launch` per node) or nodes: 1"
-            )
-        return own
 
     @field_validator("vllm_server")
     @classmethod
@@ -284,10 +261,14 @@ def _expected_peer_problems(entries: list, top: TopLevel) -> list[tuple[str, str
     return found
 
 
-def _only_on_slurm(key: str):
+def _only_with(kind: BackendKind, key: str, at_top: bool):
+    """A backend's own section: refused unless that backend runs the swarm."""
+
     def check(value: Any, info: ValidationInfo) -> Any:
-        if value is not None and top_level(info).scheduler != "slurm":
-            raise said(f"`{key}` is only used on SLURM: add `launcher: slurm` (or run with --slurm)")
+        if value is not None and top_level(info).scheduler != kind.name:
+            where = " at the top level" if not at_top else ""
+            flag = f" (or run with {kind.cli_flag})" if kind.cli_flag else ""
+            raise said(f"`{key}` is only used {kind.where}: add `launcher: {kind.name}`{where}{flag}")
         return value
 
     return check
@@ -300,14 +281,12 @@ class SwarmSpec(Spec):
 
     script: PathValue = Field(None, description="the default script of every peer")
     launcher: Annotated[str, BeforeValidator(top_launcher_value)] = Field(
-        "python", description="python | accelerate (every peer's default), or slurm (one SLURM job per peer)"
+        "python", description="python | accelerate (every peer's default), or a backend's name (`backends`)"
     )
     exchange_url: Annotated[str | None, BeforeValidator(exchange_url_value)] = None
     run_dir: Annotated[str | None, BeforeValidator(run_dir_value)] = None
     args: Args = Field(default_factory=dict, description="every peer's arguments")
     env: Env = Field(default_factory=dict, description="every peer's environment additions")
-    slurm: Annotated[SlurmResources | None, BeforeValidator(_only_on_slurm("slurm"))] = None
-    redis: Annotated[RedisSpec | None, BeforeValidator(_only_on_slurm("redis"))] = None
     on_failure: Annotated[str, BeforeValidator(on_failure_value)] = Field(
         "stop", description="stop | continue: whether a peer that fails stops the others"
     )
@@ -320,16 +299,6 @@ class SwarmSpec(Spec):
         "`<run_dir>/seed-N`; the end reads the seeds together (intervals over seeds)",
     )
     peers: Annotated[list[PeerSpec], BeforeValidator(_peers_list)]
-
-    @field_validator("redis")
-    @classmethod
-    def _one_exchange(cls, redis: RedisSpec | None, info: ValidationInfo) -> RedisSpec | None:
-        if redis is not None and redis.start and info.data.get("exchange_url") is not None:
-            raise said(
-                "`exchange_url` and `redis.start: true` both set: the launcher gives every peer the address of the "
-                "Redis job it starts; drop one"
-            )
-        return redis
 
     @field_validator("peers", mode="wrap")
     @classmethod
@@ -360,62 +329,35 @@ class SwarmSpec(Spec):
         return peers
 
 
-TOP_LEVEL_KEYS = tuple(SwarmSpec.model_fields)
-PEER_KEYS = tuple(PeerSpec.model_fields)
+_MODELS: dict[tuple, tuple[type[SwarmSpec], type[PeerSpec]]] = {}
 
 
-# --------------------------------------------------------------------------------------------------------------------
-# The validated config
-# --------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class PeerConfig:
-    """One validated peer. `args` and `env` are already merged over the top-level ones, sugar applied (`model`,
-    `lora` and `gpu_share` are in `args` as `model_name_or_path`, `use_peft` and `gpu_memory_fraction`)."""
-
-    id: str
-    script: Path
-    launcher: str = "python"
-    args: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    model: str | None = None
-    lora: bool | None = None
-    accelerate_config: Path | None = None
-    num_processes: int | None = None
-    gpus: str | None = None
-    gpu_share: float | None = None
-    slurm: SlurmResources | None = None  # the peer's job (merged over the top-level `slurm`); None when local
-    vllm_server: VllmServerConfig | None = None  # the vLLM server the launcher starts for this peer
-    control_of: str | None = None  # a control (`controls.py`): the swarm peer whose configuration it runs alone
-
-
-@dataclass
-class SwarmConfig:
-    """A validated swarm: absolute `run_dir`, one `exchange_url` for all peers, at least one peer.
-
-    `scheduler` names the backend that runs it (`SCHEDULERS`). With `scheduler == "slurm"` every peer is one SLURM
-    job; `redis` is then the Redis server job the launcher starts first (or None), and while its address is unknown
-    `exchange_url` is `slurm.schema.REDIS_JOB_EXCHANGE`."""
-
-    peers: list[PeerConfig]
-    run_dir: Path
-    exchange_url: str
-    source: str | None = None  # the config file, for messages; None for a dict
-    scheduler: str = "local"
-    redis: RedisJobConfig | None = None
-    on_failure: str = "stop"  # `ON_FAILURE`: whether a peer that fails stops the others
-    not_started: tuple[str, ...] = ()  # peers of the config this launcher leaves alone (`--only`, `restart.py`)
-    seeds: tuple[int, ...] = ()  # `seeds:`: the swarm runs once per seed (`seeds.py`); () runs it once as written
-    seed: int | None = None  # the seed this config runs, when it is one of several (`seeds.seed_config`)
-    # Every peer's FTIS_SWARM_RUN (`commands.RUN_ID_FILE`): None, run_swarm draws one; "", no run binding.
-    run_id: str | None = None
-
-    def peer(self, peer_id: str) -> PeerConfig:
-        for peer in self.peers:
-            if peer.id == peer_id:
-                return peer
-        raise KeyError(peer_id)
+def spec_models() -> tuple[type[SwarmSpec], type[PeerSpec]]:
+    """`SwarmSpec` and `PeerSpec` with the sections of every registered backend (`BackendKind.top_sections`,
+    `peer_sections`, and their validators), each refused unless its backend runs the swarm. Built again when the
+    registered backends change."""
+    kinds = [backend_kind(name) for name in backend_names()]
+    key = tuple((kind.name, id(kind)) for kind in kinds)
+    if key not in _MODELS:
+        peer_fields: dict[str, Any] = {}
+        top_fields: dict[str, Any] = {}
+        peer_validators: dict[str, Any] = {}
+        top_validators: dict[str, Any] = {}
+        for kind in kinds:
+            for name, annotation in kind.peer_sections.items():
+                checked = Annotated[annotation | None, BeforeValidator(_only_with(kind, name, at_top=False))]
+                peer_fields[name] = (checked, Field(None, validate_default=True))
+            for name, annotation in kind.top_sections.items():
+                checked = Annotated[annotation | None, BeforeValidator(_only_with(kind, name, at_top=True))]
+                top_fields[name] = (checked, Field(None, validate_default=True))
+            peer_validators.update({f"{kind.name}_{n}": v for n, v in kind.peer_validators().items()})
+            top_validators.update({f"{kind.name}_{n}": v for n, v in kind.top_validators().items()})
+        peer_model = create_model("PeerSpec", __base__=PeerSpec, __validators__=peer_validators, **peer_fields)
+        top_fields["peers"] = (Annotated[list[peer_model], BeforeValidator(_peers_list)], ...)
+        top_model = create_model("SwarmSpec", __base__=SwarmSpec, __validators__=top_validators, **top_fields)
+        _MODELS.clear()
+        _MODELS[key] = (top_model, peer_model)
+    return _MODELS[key]
 
 
 def _load_raw(path_or_dict: Any) -> tuple[Mapping, str | None, str]:
@@ -427,7 +369,7 @@ def _load_raw(path_or_dict: Any) -> tuple[Mapping, str | None, str]:
     import yaml  # only needed for files
 
     class _Loader(yaml.SafeLoader):
-        """YAML 1.1 reads an unquoted `4:00:00` as the base-60 integer 14400; keep its text (`slurm.time`)."""
+        """YAML 1.1 reads an unquoted `4:00:00` as the base-60 integer 14400; keep its text (a time limit, say)."""
 
     def _int(loader, node):
         value = yaml.SafeLoader.construct_yaml_int(loader, node)
@@ -471,24 +413,27 @@ def _order(problem: str) -> int:
 
 
 def load_swarm_config(
-    path_or_dict: str | os.PathLike | Mapping, run_dir: str | os.PathLike | None = None, *, slurm: bool = False
+    path_or_dict: str | os.PathLike | Mapping, run_dir: str | os.PathLike | None = None, *, backend: str | None = None
 ) -> SwarmConfig:
     """Read and validate a swarm config (a YAML file or an already-parsed mapping).
 
     `run_dir` (the CLI's `--run-dir`) wins over the config's `run_dir`; the default is `runs/<config file stem>`
     (`runs/swarm` for a mapping). Relative paths (`script`, `accelerate_config`, `run_dir` and a relative `dir://`
-    exchange) are made absolute against the current directory. `slurm=True` (the CLI's `--slurm`) runs the swarm on
-    SLURM as `launcher: slurm` does, keeping a top-level `launcher: python|accelerate` as what runs inside each
-    peer's job.
+    exchange) are made absolute against the current directory. `backend` (a backend's command-line flag, e.g.
+    `--slurm`: `backend="slurm"`) runs the swarm there as `launcher: <backend>` does, keeping a top-level `launcher:
+    python|accelerate` as what runs inside each peer's job.
 
     Raises `SwarmConfigError` listing every problem, each naming the peer and the key.
     """
     raw, source, default_name = _load_raw(path_or_dict)
-    top = TopLevel.of(raw, slurm, run_dir)
+    if backend is not None:
+        backend_kind(backend)  # KeyError naming the registered backends
+    top = TopLevel.of(raw, backend, run_dir)
+    top_model, _ = spec_models()
     try:
-        spec = SwarmSpec.model_validate(dict(raw), context={"top": top})
+        spec = top_model.model_validate(dict(raw), context={"top": top})
     except ValidationError as error:
-        found = format_problems(error, SwarmSpec, _locator(raw))
+        found = format_problems(error, top_model, _locator(raw))
         found.sort(key=_order)  # the top level first, then peer by peer
         where = f" {source}" if source else ""
         lines = "\n".join(f"  - {item}" for item in found)
@@ -504,18 +449,10 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
     if problem is not None:
         what = "--run-dir" if top.run_dir_given else "run_dir" if spec.run_dir is not None else "the default run_dir"
         raise SwarmConfigError(f"invalid swarm config{f' {source}' if source else ''}: `{what}` {problem}")
-    redis_job = None
-    if top.scheduler == "slurm":
-        if spec.redis is not None:
-            redis_job = spec.redis.job(spec.slurm) if spec.redis.start else None
-        elif spec.exchange_url is None:
-            # On SLURM the default exchange is a Redis server the launcher starts as a job of its own: peers on
-            # different nodes only need to reach it (dir:// needs a directory every node shares).
-            redis_job = RedisSpec().job(spec.slurm)
-    if redis_job is not None:
-        exchange_url = REDIS_JOB_EXCHANGE
-    else:
-        exchange_url = spec.exchange_url or dir_exchange_url(resolved_run_dir / "exchange")
+    kind = backend_kind(top.scheduler)
+    started_url, sections, exchange_started = kind.resolve(spec)
+    # The backend's own exchange, the config's, or a folder in the run directory.
+    exchange_url = started_url or spec.exchange_url or dir_exchange_url(resolved_run_dir / "exchange")
 
     peers = []
     for peer in spec.peers:
@@ -526,9 +463,6 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
             args["use_peft"] = peer.lora
         if peer.gpu_share is not None:
             args[GPU_MEMORY_FRACTION_ARG] = peer.gpu_share  # FTISConfig caps the peer's GPU memory to it
-        resources = None
-        if top.scheduler == "slurm":
-            resources = merge_resources(*(layer for layer in (spec.slurm, peer.slurm) if layer is not None))
         peers.append(
             PeerConfig(
                 id=peer.id,
@@ -542,7 +476,7 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
                 num_processes=peer.num_processes,
                 gpus=peer.gpus,
                 gpu_share=peer.gpu_share,
-                slurm=resources,
+                sections=kind.peer_resolve(spec, peer),
                 vllm_server=peer.vllm_server.config() if peer.vllm_server is not None else None,
             )
         )
@@ -568,7 +502,7 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
         taken.add(control.id)
     peers += controls
     # Where everything runs, the controls included (they run at the same time as the swarm): every mistake at once.
-    found = placement_problems(peers, top.scheduler)
+    found = placement_problems(peers, kind)
     if found:
         lines = "\n".join(f"  - {item}" for item in found)
         raise SwarmConfigError(f"invalid swarm config{f' {source}' if source else ''}:\n{lines}", found)
@@ -578,7 +512,8 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
         exchange_url=exchange_url,
         source=source,
         scheduler=top.scheduler,
-        redis=redis_job,
+        sections=sections,
+        exchange_started=exchange_started,
         on_failure=spec.on_failure,
         seeds=tuple(spec.seeds),
     )

@@ -17,14 +17,11 @@ from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 from .. import rules
 from ..exchange.transports.registry import normalise_exchange_url, transport_kind, transport_schemes
 from ..redaction import redact_url
+from .backends import DEFAULT_BACKEND, backend_kind, backend_names
 from .controls import control_problem
 from .validation import bad, said
 
 LAUNCHERS = ("python", "accelerate")
-# Where the peers run: this machine, or one SLURM job each (`launcher: slurm` at the top level, or --slurm). A swarm is
-# either local or on SLURM; inside its job each peer still runs its own launcher (python or accelerate). Each
-# scheduler is one backend (`driver.BACKENDS`).
-SCHEDULERS = ("local", "slurm")
 # Arguments the launcher sets itself for every peer; a config that sets them would silently disagree.
 RESERVED_ARGS = {
     "peer_id": "the peer's `id`",
@@ -48,6 +45,18 @@ EXPECTED_PEERS_ARG = "expected_peers"
 SUGAR_ARGS = {"model": "model_name_or_path", "lora": "use_peft", "gpu_share": GPU_MEMORY_FRACTION_ARG}
 
 
+class ColonInt(int):
+    """An integer YAML 1.1 read from a base-60 literal: unquoted `4:00:00` is 14400 to PyYAML. `schema`'s loader
+    keeps the text so that `time: 4:00:00` means four hours (as SLURM reads a time limit), not 14400 minutes."""
+
+    text: str
+
+    def __new__(cls, value: int, text: str):
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+
 class SwarmConfigError(ValueError):
     """A swarm config that cannot be run; `errors` lists every problem found, each naming the peer and the key."""
 
@@ -65,25 +74,28 @@ class SwarmConfigError(ValueError):
 class TopLevel:
     """Read from the raw mapping before validation (the top level's own validators report its problems)."""
 
-    scheduler: str = "local"
-    launcher: str = "python"  # a peer's default (inside each job on SLURM)
+    # The backend that runs the peers (`backends.backend_kind`): `launcher: <backend>` at the top level, or the
+    # command line's flag for it; inside what the backend starts, each peer still runs its own launcher.
+    scheduler: str = DEFAULT_BACKEND
+    launcher: str = "python"  # a peer's default
     has_script: bool = False
-    slurm_nodes: int = 1  # the top-level `slurm.nodes`, the default of every peer's job
+    backend: Mapping = field(default_factory=dict)  # what the backend's validators read (`BackendKind.context`)
     run_dir_given: bool = False  # --run-dir wins over the config's run_dir (which is then not checked)
     exchange_given: bool = False  # an exchange of the user's: peers started elsewhere may meet there too
     # The top-level `args` as written, for the checks across peers (so that a bad value there hides no other problem).
     args: Mapping = field(default_factory=dict)
 
     @classmethod
-    def of(cls, raw: Mapping, slurm: bool, run_dir: Any) -> TopLevel:
+    def of(cls, raw: Mapping, backend: str | None, run_dir: Any) -> TopLevel:
+        """`backend`: the one the command line chose (None: the config's `launcher`, else the default)."""
         launcher = raw.get("launcher", "python")
-        top_slurm = raw.get("slurm")
-        nodes = top_slurm.get("nodes") if isinstance(top_slurm, Mapping) else None
+        if backend is None:
+            backend = launcher if launcher in chosen_backends() else DEFAULT_BACKEND
         return cls(
-            scheduler="slurm" if slurm or launcher == "slurm" else "local",
+            scheduler=backend,
             launcher=launcher if launcher in LAUNCHERS else "python",
             has_script=raw.get("script") is not None,
-            slurm_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes >= 1 else 1,
+            backend=backend_kind(backend).context(raw),
             run_dir_given=run_dir is not None,
             exchange_given=raw.get("exchange_url") is not None,
             args=raw_args(raw),
@@ -253,9 +265,15 @@ def run_dir_value(value: Any, info: ValidationInfo) -> str | None:
     return os.fspath(value)
 
 
+def chosen_backends() -> tuple[str, ...]:
+    """The backends a config's top-level `launcher` may name (the default one is what `python` and `accelerate`
+    run on)."""
+    return tuple(name for name in backend_names() if name != DEFAULT_BACKEND)
+
+
 def top_launcher_value(value: Any) -> str:
-    if value not in (*LAUNCHERS, "slurm"):
-        raise bad(f"must be one of {', '.join(LAUNCHERS)}, slurm, got {value!r}")
+    if value not in (*LAUNCHERS, *chosen_backends()):
+        raise bad(f"must be one of {', '.join((*LAUNCHERS, *chosen_backends()))}, got {value!r}")
     return value
 
 
@@ -300,10 +318,12 @@ def controls_value(value: Any) -> list[str] | None:
 
 
 def peer_launcher_value(value: Any) -> str | None:
-    if value == "slurm":
+    if value in chosen_backends():
+        flag = backend_kind(value).cli_flag
         raise said(
-            "`launcher: slurm` is for the whole swarm: set it at the top level (or run with --slurm); a peer's "
-            "`launcher` says what runs inside its job (python or accelerate)"
+            f"`launcher: {value}` is for the whole swarm: set it at the top level"
+            f"{f' (or run with {flag})' if flag else ''}; a peer's `launcher` says what runs inside its job "
+            f"({' or '.join(LAUNCHERS)})"
         )
     if value is not None and value not in LAUNCHERS:
         raise bad(f"must be one of {', '.join(LAUNCHERS)}, got {value!r}")

@@ -23,8 +23,8 @@ from .. import rules
 from ..exchange.transports.directory import dir_exchange_url
 from ..worth_report import record_in_peer_outputs, run_reading
 from .commands import peer_output_dir
-from .schema import SwarmConfig
 from .summary import say_reading, write_summary_file
+from .swarm_config import SwarmConfig
 
 __all__ = ["SEED_DIR", "read_seed_summaries", "run_seeds", "seed_config"]
 

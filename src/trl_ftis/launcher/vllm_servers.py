@@ -29,9 +29,8 @@ import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol
 
-from .backend import Signals
 from .preflight import render_args
 from .vllm_schema import VllmServerConfig
 
@@ -281,9 +280,18 @@ class ServerFailure:
         return f"exited with code {self.exit_code} before it was ready"
 
 
+class SignalWait(Protocol):
+    """What `wait_until_ready` needs of the launcher's signals (`backend.Signals`): those received so far, and a
+    sleep that a new one cuts short."""
+
+    received: list[int]
+
+    def wait(self, seconds: float) -> None: ...
+
+
 def wait_until_ready(
     servers: Sequence[ServerRun],
-    signals: Signals,
+    signals: SignalWait,
     *,
     on_ready: Callable[[ServerRun], None] = lambda server: None,
     interval: float = 0.2,

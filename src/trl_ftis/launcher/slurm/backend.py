@@ -54,7 +54,7 @@ from ..commands import (
     write_cmd_file,
 )
 from ..placement import dependency_problems
-from ..schema import SwarmConfig
+from ..swarm_config import SwarmConfig
 from ..vllm_servers import ServerCommand
 from .cli import (
     describe_resources,
@@ -67,7 +67,7 @@ from .cli import (
     submitit_parameters,
 )
 from .jobs import PeerJob, RedisJob, ServerJob, answers_ping
-from .schema import REDIS_JOB_EXCHANGE, SlurmResources
+from .schema import REDIS_JOB_EXCHANGE, job_resources, redis_job
 from .watch import JobWatch, SlurmJob, exit_path, node_exit_paths, read_exit_code
 
 __all__ = ["LogTail", "SlurmBackend", "redis_job_url", "slurm_problems", "swarm_name"]
@@ -168,8 +168,8 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
     root = config.run_dir / SLURM_DIR
     commands = build_commands(config)
     out = [f"# swarm: {len(commands)} peer(s) on SLURM, one job each; run_dir {config.run_dir}"]
-    if config.redis is not None:
-        redis = config.redis
+    if redis_job(config) is not None:
+        redis = redis_job(config)
         out.append(f"# exchange: a Redis server job started first; peers get --exchange_url {REDIS_JOB_EXCHANGE}")
     else:
         out.append(f"# exchange: {redact_text(config.exchange_url)}")
@@ -178,7 +178,7 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
     if note:
         out.append(f"# note: {note}")
     out.append("")
-    if config.redis is not None:
+    if redis_job(config) is not None:
         name = redis_job_name(config, token)
         port = redis.port or "free on its node"
         secret = f"${REDIS_PASSWORD_ENV} (set here)" if os.environ.get(REDIS_PASSWORD_ENV) else "a random one"
@@ -190,7 +190,7 @@ def _dry_run(config: SwarmConfig, token: str, stream: TextIO) -> None:
         out.extend(script_lines(redis.resources, name, root / "redis-job"))
         out.append("")
     for command, peer in zip(commands, config.peers):
-        resources = peer.slurm or SlurmResources()
+        resources = job_resources(peer)
         name = peer_job_name(config, token, peer.id)
         out.append(f"# ---- job {name}: peer {peer.id} (launcher {peer.launcher}; {describe_resources(resources)})")
         if resources.nodes > 1:
@@ -285,16 +285,16 @@ class SlurmBackend:
             SlurmJob(
                 command=command,
                 name=peer_job_name(config, self.token, peer.id),
-                resources=peer.slurm or SlurmResources(),
+                resources=job_resources(peer),
             )
             for peer, command in zip(config.peers, self.commands)
         ]
         self.redis = (
-            SlurmJob(command=None, name=redis_job_name(config, self.token), resources=config.redis.resources)
-            if config.redis is not None
+            SlurmJob(command=None, name=redis_job_name(config, self.token), resources=redis_job(config).resources)
+            if redis_job(config) is not None
             else None
         )
-        self.exchange_url = config.exchange_url if config.redis is None else None
+        self.exchange_url = config.exchange_url if redis_job(config) is None else None
         self.tails = {run.command.id: LogTail(run.command.log_path) for run in self.runs}
         self.console: Console | None = None
         self.signals: Signals | None = None
@@ -370,7 +370,7 @@ class SlurmBackend:
     # ---- the Redis job ---------------------------------------------------------------------------------------
 
     def _secret_file(self) -> Path | None:
-        if self.config.redis is None or not self.config.redis.password:
+        if redis_job(self.config) is None or not redis_job(self.config).password:
             return None
         path = self.root / "redis.secret"
         password = os.environ.get(REDIS_PASSWORD_ENV) or secrets.token_urlsafe(24)
@@ -382,7 +382,7 @@ class SlurmBackend:
 
     def start_redis(self) -> Outcome | None:
         """Submit the Redis job and wait until it answers; sets `self.exchange_url`. A failure: (code, reason)."""
-        redis, job = self.config.redis, self.redis
+        redis, job = redis_job(self.config), self.redis
         assert redis is not None and job is not None
         address_path = self.root / "redis.json"
         address_path.unlink(missing_ok=True)

@@ -17,19 +17,23 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BeforeValidator, Field
 
+from ..schema_values import ColonInt
 from ..validation import Spec, bad
 
 __all__ = [
     "REDIS_JOB_EXCHANGE",
+    "REDIS_KEY",
+    "SLURM_KEY",
     "REDIS_KEYS",
     "SLURM_KEYS",
-    "ColonInt",
     "RedisJobConfig",
     "RedisSpec",
     "SlurmResources",
     "format_minutes",
+    "job_resources",
     "merge_resources",
     "parse_slurm_time",
+    "redis_job",
 ]
 
 # What `SwarmConfig.exchange_url` holds while the address of the Redis job the launcher starts is not known yet
@@ -69,18 +73,6 @@ _TIME_RE = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 # --------------------------------------------------------------------------------------------------------------------
 # Values
 # --------------------------------------------------------------------------------------------------------------------
-
-
-class ColonInt(int):
-    """An integer YAML 1.1 read from a base-60 literal: unquoted `4:00:00` is 14400 to PyYAML. `schema`'s loader
-    keeps the text so that `time: 4:00:00` means four hours, as SLURM reads it, not 14400 minutes."""
-
-    text: str
-
-    def __new__(cls, value: int, text: str):
-        obj = super().__new__(cls, value)
-        obj.text = text
-        return obj
 
 
 def parse_slurm_time(value: Any) -> int | None:
@@ -413,3 +405,16 @@ class RedisJobConfig:
 
 SLURM_KEYS = tuple(SlurmResources.model_fields)
 REDIS_KEYS = tuple(RedisSpec.model_fields)
+
+SLURM_KEY = "slurm"  # the resources section, top level and per peer
+REDIS_KEY = "redis"  # the Redis job section, top level
+
+
+def job_resources(peer: Any) -> SlurmResources:
+    """What a peer's job asks for (a `swarm_config.PeerConfig` of a SLURM swarm: its resolved `slurm` section)."""
+    return peer.sections.get(SLURM_KEY) or SlurmResources()
+
+
+def redis_job(config: Any) -> RedisJobConfig | None:
+    """The Redis job the launcher starts for a SLURM swarm (`swarm_config.SwarmConfig`), or None."""
+    return config.sections.get(REDIS_KEY)

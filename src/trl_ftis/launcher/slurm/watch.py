@@ -16,8 +16,8 @@ from pathlib import Path
 
 from ..backend import Console, Outcome, PeerState
 from ..restart import restart_command
-from ..schema import SwarmConfig
 from ..summary import describe_code
+from ..swarm_config import SwarmConfig
 from .cli import job_outcome, squeue
 from .schema import SlurmResources
 
