@@ -52,6 +52,7 @@ from ..rules import (
 )
 from .clocks import EPOCH_LEAD_LIMIT, epoch_lead, now_epoch, start_epoch
 from .exchange_modes.sync_window import SyncWindow
+from .message_checks import load_keys, tokenizer_problem
 from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
 from .reading_order import reading_order
 from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
@@ -185,7 +186,7 @@ class Swarm:
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be a trl_ftis.exchange.Limits, got {type(limits).__name__}")
         self.budget = budget if budget is not None else RoundBudget()
-        self.private_key, self.public_keys = self._keys(private_key, public_keys)
+        self.private_key, self.public_keys = load_keys(private_key, public_keys, peer_id, self.expected_peers)
         self.transport = transport if transport is not None else self._open()
         self.known_peers: set[str] = set()
         self.model_name = model_name
@@ -219,30 +220,6 @@ class Swarm:
         self._collects = 0  # collects so far ([`_say_if_alone`])
         self._interrupted = threading.Event()  # set by `interrupt`: a round stops waiting for peers
         self.window = window(self)
-
-    def _keys(self, private_key, public_keys):
-        """The key arguments loaded (from files when they are paths) and checked against each other."""
-        from ..exchange import keys
-
-        if isinstance(private_key, (str, os.PathLike)):
-            private_key = keys.load_private_key(private_key)
-        elif private_key is not None:
-            keys.check_private_key(private_key)
-        if isinstance(public_keys, (str, os.PathLike)):
-            public_keys = keys.load_public_keys(public_keys)
-        elif public_keys is not None:  # TypeError for anything but an Ed25519 key; a private key gives its public half
-            public_keys = {
-                peer: keys.public_key_of(key, f"public_keys[{peer!r}]") for peer, key in public_keys.items()
-            }
-        keys.check_key_pair(private_key, public_keys, self.peer_id)  # the same check as FTISConfig.swarm_credentials
-        if public_keys is not None:
-            unregistered = [peer for peer in self.expected_peers if peer not in public_keys]
-            if unregistered:
-                logger.warning(
-                    "Expected peers %s have no registered public key: their messages will be refused (unknown_peer).",
-                    ", ".join(map(repr, unregistered)),
-                )
-        return private_key, public_keys
 
     def _open(self) -> Transport:
         return open_transport(self.url, max_message_bytes=self.limits.max_message_bytes)
@@ -543,7 +520,13 @@ class Swarm:
                 "under their own id only.",
             )
             return None
-        problem = self._tokenizer_problem(message)
+        problem = tokenizer_problem(
+            message,
+            fingerprint=self.fingerprint,
+            tokenizer_name=self.tokenizer_name,
+            vocab_limit=self.vocab_limit,
+            cross_tokenizer=self.cross_tokenizer,
+        )
         if problem is not None:
             reason, text = problem
             result.refused[reason] += 1
@@ -573,28 +556,6 @@ class Swarm:
             state.deferred.append((envelope, digest, message))  # a live peer far ahead: the window's catch-up decides
             return None
         return self.take(envelope, digest, message, round, result, state, dropped)
-
-    def _tokenizer_problem(self, message: Message) -> tuple[str, str] | None:
-        """`(reason, explanation)` when this peer cannot use `message`'s token ids or text, else `None`."""
-        if message.tokenizer_fingerprint == self.fingerprint:
-            if self.cross_tokenizer and message.completions:  # decoded without the vocabulary check
-                highest = max(int(c.completion_ids.max()) for c in message.completions)
-                if highest >= self.vocab_limit:
-                    return "ids", f"token id {highest} is outside this peer's vocabulary of {self.vocab_limit}."
-            return None
-        theirs = f"its tokenizer {message.tokenizer_name!r} (fingerprint {message.tokenizer_fingerprint[:12]})"
-        ours = f"ours {self.tokenizer_name!r} (fingerprint {self.fingerprint[:12]})"
-        if not self.cross_tokenizer:
-            return "tokenizer", (
-                f"{theirs} differs from {ours}; token ids would mean different tokens. Peers must share a tokenizer, "
-                "or set cross_tokenizer=True on every peer (completions then travel as text too)."
-            )
-        if not any(c.text is not None for c in message.completions):
-            return "tokenizer", (
-                f"{theirs} differs from {ours} and its messages carry no completion text to re-tokenise: set "
-                "cross_tokenizer=True on that peer too."
-            )
-        return None
 
     def take(self, envelope, digest: bytes, message: Message, round: int, result, state, dropped) -> str | None:
         """Accept a verified, decoded message of a compatible peer when its round is in the window and the round's
