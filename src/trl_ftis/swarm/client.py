@@ -389,6 +389,7 @@ class Swarm:
         state = RoundSpending(
             budget, regulars, per_sender, rows_cap, (deadline if self.waits else start) + budget.max_seconds, share
         )
+        state.window = self.window.begin()
         self.forget(round)
         fresh: set[str] = {sender for sender, newest in self._delivered.items() if newest >= round}
         dropped: Counter = Counter()
@@ -552,8 +553,7 @@ class Swarm:
                 f"more than the {EPOCH_LEAD_LIMIT:.0f} s allowed: its clock is far off, or the message is forged.",
             )
             return None
-        if self.window.defers(sender, message, round, state):
-            state.deferred.append((envelope, digest, message))  # a live peer far ahead: the window's catch-up decides
+        if self.window.defer(envelope, digest, sender, message, round, state):  # sync: a live peer far ahead
             return None
         return self.take(envelope, digest, message, round, result, state, dropped)
 

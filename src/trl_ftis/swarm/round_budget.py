@@ -11,6 +11,7 @@ import math
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..exchange import Message
 from ..peer_rows import PeerRow
@@ -162,17 +163,9 @@ class RoundSpending:
         self.accepted: Counter = Counter()  # messages accepted, by signed sender
         self.regular_rows: Counter = Counter()  # rows taken, by regular (signed sender)
         self.reserved = self.row_share * shares  # rows of shares not yet taken (regulars' and the newcomers')
-        self.newest: dict[str, tuple[int, int]] = {}  # newest verified (epoch, round) per sender in this poll
-        self.newest_heard: dict[str, float] = {}  # when that message was made (bounded: `clocks.heard_at`)
-        self.leads: dict[str, int] = {}  # senders that showed they are live and far ahead, with their round
-        self.deferred: list = []  # their messages beyond the window, until the round window's catch-up decides
-        self.hinted: set[str] = set()  # senders of envelopes refused unread as far ahead in this poll
         self.misses: set[str] = set()  # regulars whose decoded message did not fit (first come, first served only)
         self.newcomer_misses: set[str] = set()  # newcomers whose decoded message did not fit in their share's rest
-        # The free mode: (epoch, round) of the messages taken from each sender, and the newest of them.
-        self.free_taken: dict[str, set[tuple[int, int]]] = {}
-        self.free_newest: dict[str, tuple[int, int]] = {}
-        self.free_heard: dict[str, float] = {}  # the latest `created` (bounded: `heard_at`) taken from each sender
+        self.window: Any = None  # the round window's own record of this collect (`RoundWindow.begin`)
 
     def rows_spent(self) -> bool:
         """Whether the round can take no more rows: `max_rows` are taken, or (first come, first served only) the

@@ -64,11 +64,17 @@ class RoundWindow(Protocol):
     def satisfied(self, fresh: set[str]) -> bool:
         """Whether the senders that delivered something new (`fresh`) are all a collect waits for."""
 
+    def begin(self) -> Any:
+        """The window's own record of one collect (`RoundSpending.window`), fresh at its start."""
+
     def refuses_unread(self, envelope: Envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
         """Whether an envelope is refused before it is read (counted in `result`)."""
 
-    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
-        """Whether a verified message is set aside until the end of the poll ([`after_poll`] decides)."""
+    def defer(
+        self, envelope: Envelope, digest: bytes, sender: str, message: Message, round: int, state: RoundSpending
+    ) -> bool:
+        """Whether a verified message is set aside (the window keeps it) until the end of the poll, when
+        [`after_poll`] hands it back to be taken, or not."""
 
     def after_poll(
         self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter

@@ -20,14 +20,25 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 
 from ...exchange import Message
 from ..clocks import heard_at
 from ..round_budget import RoundResult, RoundSpending
 
-__all__ = ["SenderOrder"]
+__all__ = ["FreeCollect", "SenderOrder"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FreeCollect:
+    """What one collect of the free window took ([`FreeWindow.begin`]): the (epoch, round) of the messages taken from
+    each sender, the newest of them, and the latest `created` (bounded: `heard_at`) taken from each sender."""
+
+    taken: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    newest: dict[str, tuple[int, int]] = field(default_factory=dict)
+    heard: dict[str, float] = field(default_factory=dict)
 
 
 class SenderOrder:
@@ -61,15 +72,15 @@ class SenderOrder:
         decides this."""
         epoch, round = message.epoch, message.round
         known = self.top.get(sender)
-        new = known is None and sender not in state.free_newest
+        new = known is None and sender not in state.window.newest
         if new and sender not in state.regulars and not self.make_room(listed, state):
             return "senders"
         if known is not None and (epoch, round) <= known and not self.later(sender, message):
             return "stale"
-        current = state.free_newest.get(sender)
-        if current is not None and epoch < current[0] and heard_at(message.created) <= state.free_heard[sender]:
+        current = state.window.newest.get(sender)
+        if current is not None and epoch < current[0] and heard_at(message.created) <= state.window.heard[sender]:
             return "stale"  # an older start than one already taken in this collect, and not made later
-        if (epoch, round) in state.free_taken.get(sender, ()):
+        if (epoch, round) in state.window.taken.get(sender, ()):
             return "stale"
         return None
 
@@ -82,7 +93,7 @@ class SenderOrder:
         """Whether a new sender can be followed: fewer than `max_senders` are, or the one heard from least recently
         has been silent for `peer_timeout` and is not `listed` (it is forgotten: its leftovers could then be taken
         once, as by a peer that never saw it)."""
-        joining = sum(sender not in self.top for sender in state.free_newest)  # followed from this collect's end
+        joining = sum(sender not in self.top for sender in state.window.newest)  # followed from this collect's end
         if len(self.top) + joining < self.max_senders:
             return True
         now = time.monotonic()
@@ -108,10 +119,10 @@ class SenderOrder:
         collect took from `sender` (it restarted), or of an earlier (epoch, round) but made later (the newer one was
         not the sender's), replaces that: those rows go."""
         epoch, round, heard = message.epoch, message.round, heard_at(message.created)
-        taken = state.free_taken.setdefault(sender, set())
-        current = state.free_newest.get(sender)
+        taken = state.window.taken.setdefault(sender, set())
+        current = state.window.newest.get(sender)
         if current is not None and (
-            epoch > current[0] or ((epoch, round) < current and heard > state.free_heard[sender])
+            epoch > current[0] or ((epoch, round) < current and heard > state.window.heard[sender])
         ):
             dropped = sum(row.sender == sender for row in result.rows)
             result.rows = [row for row in result.rows if row.sender != sender]
@@ -121,8 +132,8 @@ class SenderOrder:
             current = None
         taken.add((epoch, round))
         if current is None or (epoch, round) > current:
-            state.free_newest[sender] = (epoch, round)
-        state.free_heard[sender] = max(state.free_heard.get(sender, heard), heard)
+            state.window.newest[sender] = (epoch, round)
+        state.window.heard[sender] = max(state.window.heard.get(sender, heard), heard)
 
     def window(self, result: RoundResult, state: RoundSpending) -> None:
         """At the end of a collect: keep each sender's rows of at most `max_staleness` of its own steps before its
@@ -144,7 +155,7 @@ class SenderOrder:
         if not result.refused["stale"]:
             del result.refused["stale"]
         now = time.monotonic()
-        for sender, (epoch, round) in state.free_newest.items():
+        for sender, (epoch, round) in state.window.newest.items():
             if epoch > self.epochs.get(sender, epoch):
                 logger.warning(
                     "Peer %r restarted (its messages now come from a new start, at its step %d, after step %d): "
@@ -164,8 +175,8 @@ class SenderOrder:
                 )
             self.epochs[sender], self.rounds[sender] = epoch, round
             self.top[sender] = max(self.top.get(sender, (epoch, round)), (epoch, round))
-            self.heard[sender] = max(self.heard.get(sender, state.free_heard[sender]), state.free_heard[sender])
-            self.messages[sender] = min(self.messages.get(sender, 0) + len(state.free_taken[sender]), 2)
+            self.heard[sender] = max(self.heard.get(sender, state.window.heard[sender]), state.window.heard[sender])
+            self.messages[sender] = min(self.messages.get(sender, 0) + len(state.window.taken[sender]), 2)
             self.last_heard.pop(sender, None)  # kept in the order heard: `make_room` gives the oldest's place away
             self.last_heard[sender] = now
         for sender in {row.sender for row in kept}:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..round_budget import RoundResult, RoundSpending
 from ..round_windows import MAX_KNOWN_PEERS, WindowHost
 from ..swarm_state import counts, not_forged, state_field
-from .free_order import SenderOrder
+from .free_order import FreeCollect, SenderOrder
 
 if TYPE_CHECKING:
     from ...exchange import Message
@@ -45,7 +45,10 @@ class FreeWindow:
     def refuses_unread(self, envelope, round: int, state: RoundSpending, result: RoundResult) -> bool:
         return False  # no shared round to be ahead of
 
-    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
+    def begin(self) -> FreeCollect:
+        return FreeCollect()
+
+    def defer(self, envelope, digest: bytes, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
         return False  # no shared clock to catch up with
 
     def after_poll(self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter):

@@ -25,7 +25,7 @@ from ..swarm_state import counts, not_forged, state_field, whole
 if TYPE_CHECKING:
     from ...exchange import Message
 
-__all__ = ["EVIDENCE_CLOCK_SLACK", "CatchUp", "SyncWindow"]
+__all__ = ["EVIDENCE_CLOCK_SLACK", "CatchUp", "SyncCollect", "SyncWindow"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,17 @@ SYNC_WINDOW_STATE = ("absent", "absent_count", "newest", "newest_epochs")
 EVIDENCE_CLOCK_SLACK = 60.0
 """Without a run id, catch-up evidence counts only from messages stamped (`created`) at most this many seconds before
 this peer started: leftovers of an earlier run cannot move it."""
+
+
+@dataclass
+class SyncCollect:
+    """What the sync window records during one collect ([`SyncWindow.begin`]), for its catch-up at each poll's end."""
+
+    newest: dict[str, tuple[int, int]] = field(default_factory=dict)  # newest verified (epoch, round) per sender
+    newest_heard: dict[str, float] = field(default_factory=dict)  # when that message was made (`clocks.heard_at`)
+    leads: dict[str, int] = field(default_factory=dict)  # senders that showed they are live and far ahead
+    deferred: list = field(default_factory=list)  # their messages beyond the window, until the catch-up decides
+    hinted: set[str] = field(default_factory=set)  # senders of envelopes refused unread as far ahead in this poll
 
 
 @dataclass
@@ -146,7 +157,7 @@ class SyncWindow:
             return False
         result.refused["ahead"] += 1
         if isinstance(hint, str):
-            state.hinted.add(hint)  # from the next poll on, its messages are read: it may be a live swarm ahead
+            state.window.hinted.add(hint)  # from the next poll on, its messages are read: it may be a live swarm ahead
         swarm.warn_once(
             str(hint),
             "ahead",
@@ -187,12 +198,18 @@ class SyncWindow:
             return hint in regulars
         return hint in self.newest or hint in self.hinted
 
-    def defers(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
+    def begin(self) -> SyncCollect:
+        return SyncCollect()
+
+    def defer(self, envelope, digest: bytes, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
         """Whether a verified message is set aside until the end of the poll, for [`align`] to decide: it is outside
         the window and shows a live peer far ahead ([`note_round`]), or the last catch-up may be undone."""
         shows_lead = self.note_round(sender, message, round, state)
         # While a catch-up may still be undone, every message outside the window waits too: the round may go back.
-        return (shows_lead or self.catch_up is not None) and self.outside(message.round, round) is not None
+        if (shows_lead or self.catch_up is not None) and self.outside(message.round, round) is not None:
+            state.window.deferred.append((envelope, digest, message))
+            return True
+        return False
 
     def note_round(self, sender: str, message: Message, round: int, state: RoundSpending) -> bool:
         """Record `sender`'s verified round; returns whether it shows a live peer far ahead of this one: newer than
@@ -216,13 +233,13 @@ class SyncWindow:
             # Made later than the sender's newest, yet of an earlier start or round: an honest sender never does
             # that, so the newest was signed by another member (the shared secret cannot tell). Follow this one.
             self.newest[sender], self.newest_epoch[sender], self.newest_heard[sender] = message_round, epoch, heard
-            state.newest.pop(sender, None)
+            state.window.newest.pop(sender, None)
             if self.catch_up is not None and sender in self.catch_up.leaders:
                 self.catch_up.disowned.add(sender)
             return False
-        if (epoch, message_round) > state.newest.get(sender, (-1, -1)):
-            state.newest[sender] = (epoch, message_round)
-            state.newest_heard[sender] = heard
+        if (epoch, message_round) > state.window.newest.get(sender, (-1, -1)):
+            state.window.newest[sender] = (epoch, message_round)
+            state.window.newest_heard[sender] = heard
         known = self.newest_epoch.get(sender, 0)
         if epoch < known:
             return False  # an older start of the sender: no evidence
@@ -235,7 +252,7 @@ class SyncWindow:
             or (state.regulars and sender not in state.regulars)
         ):
             return False
-        state.leads[sender] = max(state.leads.get(sender, message_round), message_round)
+        state.window.leads[sender] = max(state.window.leads.get(sender, message_round), message_round)
         return True
 
     def align(self, round: int, result: RoundResult, state: RoundSpending, dropped: Counter):
@@ -250,28 +267,28 @@ class SyncWindow:
         sender's previous one, so leftovers of an earlier run, forged hints and strangers move nothing; a member
         can only move this peer forward, which isolates it at worst (documented in `docs/security.md`)."""
         swarm = self.host
-        for sender, (epoch, newest) in state.newest.items():
+        for sender, (epoch, newest) in state.window.newest.items():
             if sender in self.newest or len(self.newest) < MAX_KNOWN_PEERS:
                 known = self.newest_epoch.get(sender, 0)
                 if epoch > known or sender not in self.newest or (epoch == known and newest > self.newest[sender]):
                     self.newest[sender], self.newest_epoch[sender] = newest, max(epoch, known)
-                    self.newest_heard[sender] = state.newest_heard[sender]
-        state.newest, state.newest_heard = {}, {}
+                    self.newest_heard[sender] = state.window.newest_heard[sender]
+        state.window.newest, state.window.newest_heard = {}, {}
         round = self.undo_catch_up(round)
-        self.hinted |= set(list(state.hinted)[: max(MAX_KNOWN_PEERS - len(self.hinted), 0)])
-        state.hinted = set()
-        deferred, state.deferred = state.deferred, []
-        if state.leads:
+        self.hinted |= set(list(state.window.hinted)[: max(MAX_KNOWN_PEERS - len(self.hinted), 0)])
+        state.window.hinted = set()
+        deferred, state.window.deferred = state.window.deferred, []
+        if state.window.leads:
             leads = (
-                [state.leads.get(peer, round) for peer in state.regulars]
+                [state.window.leads.get(peer, round) for peer in state.regulars]
                 if state.regulars
-                else list(state.leads.values())
+                else list(state.window.leads.values())
             )
             target = min(sorted(leads)[len(leads) // 2], MAX_SWARM_ROUND)
             if target - round > swarm.max_staleness:
                 self.catch_up = CatchUp(
                     size=target - round,
-                    leaders=frozenset(sender for sender, lead in state.leads.items() if lead >= target),
+                    leaders=frozenset(sender for sender, lead in state.window.leads.items() if lead >= target),
                     needed=len(leads) - len(leads) // 2,  # leads at the median or above
                     forgotten=swarm.forget(target),
                 )
@@ -280,13 +297,13 @@ class SyncWindow:
                     "moves to round %d so that its rows are fresh to the others again (%d rounds forward).",
                     round,
                     target,
-                    ", ".join(f"{peer!r}: {lead}" for peer, lead in sorted(state.leads.items())[:8]),
+                    ", ".join(f"{peer!r}: {lead}" for peer, lead in sorted(state.window.leads.items())[:8]),
                     swarm.max_staleness,
                     target,
                     target - round,
                 )
                 round = target
-                state.leads.clear()
+                state.window.leads.clear()
         return round, deferred
 
     def undo_catch_up(self, round: int) -> int:
