@@ -32,6 +32,19 @@ def test_no_module_branches_on_the_exchange_modes_name(module):
     assert MODE_BRANCH.findall(text) == [], f"{module} branches on the exchange mode: move it into the mode's class"
 
 
+OLD_NAMES = re.compile(
+    r"LockStep|FreeRunning|PerSenderWindow|ArrivalQueue|lock_step|free_running|[Ll]ock-step|[Ff]ree-running|\bBackground\b"
+)
+
+
+def test_the_swarm_names_each_mode_one_way():
+    """The config's values (`sync`, `async`, `free`) name the modes, their modules and classes (`sync_mode.SyncMode`,
+    `SyncWindow`, ...): no second vocabulary in the swarm or the registry."""
+    files = [*(PACKAGE / "swarm").rglob("*.py"), PACKAGE / "exchange_mode_registry.py"]
+    named = {str(path.relative_to(PACKAGE)): OLD_NAMES.findall(path.read_text(encoding="utf-8")) for path in files}
+    assert {path: names for path, names in named.items() if names} == {}
+
+
 def test_the_registry_holds_the_three_modes_with_their_windows():
     assert [exchange_mode(name) for name in EXCHANGE_MODE_NAMES] == [SyncMode, AsyncMode, FreeMode]
     assert [EXCHANGE_MODES[name].horizontal for name in EXCHANGE_MODE_NAMES] == [True, False, False]
