@@ -167,7 +167,7 @@ class RowLimits:
     the wire format's own ceilings, for a state checked without a trainer."""
 
     max_rows: int = RoundBudget().max_rows
-    """Rows in the queue: what the trainer's queue holds (`RoundRunner.queue_bound`)."""
+    """Rows in the queue: what the trainer's queue holds (`RoundRunner.queue_rows`)."""
     max_tokens: int = Limits().max_completion_tokens
     """Tokens in one completion."""
     foreign: bool = False

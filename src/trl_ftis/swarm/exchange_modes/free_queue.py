@@ -1,13 +1,13 @@
 """The rows that arrived and wait for a step to train on them (`exchange_mode="free"`).
 
-In the free mode no step waits for a peer: the exchange worker collects whatever arrived (checked and
-decoded by the swarm, not admitted yet), and [`FreeQueue`] keeps it until a step takes it. Each step takes the
-fresh rows, newest first and shared fairly between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row
-cap, and admits only those: a step's cost is set by the rows it trains on. Rows left over join a later step while
-they are fresh. A row's age is counted in its sender's own steps: the sender's newest delivered round
-([`trl_ftis.swarm.client.Swarm.sender_rounds`]) minus the row's round. Rows older than `max_staleness` of them, or from
-rounds after the sender's newest (it restarted from an older checkpoint since), are dropped as `stale`; when more
-rows arrive than the queue holds, the oldest go first (`queue_full`).
+In the free mode no step waits for a peer: the exchange worker collects whatever arrived (checked and decoded by the
+swarm, not admitted yet), and [`FreeQueue`] keeps it until a step takes it. Each step takes the fresh rows, newest
+first and shared fairly between senders ([`trl_ftis.peer_rows.select_rows`]), up to its peer-row cap, and admits only
+those: a step's cost is set by the rows it trains on. Rows left over join a later step while they are fresh. A row's
+age is counted in its sender's own steps: the sender's newest delivered round
+([`trl_ftis.swarm.exchange_modes.free_window.FreeWindow.sender_rounds`]) minus the row's round. Rows older than
+`max_staleness` of them, or from rounds after the sender's newest (it restarted from an older checkpoint since), are
+dropped as `stale`; when more rows arrive than the queue holds, the oldest go first (`queue_full`).
 
 The queue is owned by the free mode ([`trl_ftis.swarm.exchange_modes.free_mode.FreeMode`]) and used by the training
 loop only (the worker's results are added by the loop when it takes them), so it needs no lock.
