@@ -5,7 +5,7 @@ to start). Peers started as subprocesses inherit the id."""
 import os
 import time
 
-from trl_ftis.rules import SWARM_RUN_ENV
+from trl_ftis.shared_names import SWARM_RUN_ENV
 
 
 def bind_peers_to_this_run() -> str:

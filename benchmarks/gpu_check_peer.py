@@ -34,7 +34,7 @@ import gpu_check_worker as worker  # benchmarks/, this script's folder, is first
 from trl import TrlParser
 
 from trl_ftis import FTISConfig
-from trl_ftis.rules import SUMMARY_FILE
+from trl_ftis.shared_names import SUMMARY_FILE
 
 GIB = 2**30
 #: What the record keeps of the peer's own summary file.

@@ -28,7 +28,7 @@ quiet_dependency_warnings()  # before the imports that warn
 
 from transformers import HfArgumentParser
 
-from trl_ftis.rules import local_model_problem
+from trl_ftis.model_paths import local_model_problem
 from trl_ftis.tasks.math_problems import R1_ZERO_SYSTEM_PROMPT, evaluate_math, load_math_dataset
 
 #: The paper evaluates on the first 512 GSM8K test questions and on all of MATH-500.

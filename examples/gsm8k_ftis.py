@@ -27,7 +27,8 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from trl_ftis import FTISConfig, FTISTrainer
 from trl_ftis.console import use_script_console
 from trl_ftis.evaluation import add_held_out_evaluation
-from trl_ftis.rules import local_model_problem, peer_id_from
+from trl_ftis.model_paths import local_model_problem
+from trl_ftis.peer_ids import peer_id_from
 from trl_ftis.tasks.generation import stop_token_ids
 from trl_ftis.tasks.math_problems import (
     R1_ZERO_SYSTEM_PROMPT,

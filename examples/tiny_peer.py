@@ -44,7 +44,7 @@ from trl_ftis.demo.tiny import (  # noqa: E402
     warmup_dev_problems,
 )
 from trl_ftis.evaluation import add_held_out_evaluation  # noqa: E402
-from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
+from trl_ftis.shared_names import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.addition import (  # noqa: E402
     addition_dataset,
     addition_problems,

@@ -131,7 +131,7 @@ def _run_keygen(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .exchange import keys
-    from .rules import peer_id_problem
+    from .peer_ids import peer_id_problem
 
     def fail(code: int, text: str) -> int:
         print(f"trl-ftis keygen: error: {text}", file=sys.stderr)

@@ -15,14 +15,8 @@ from .config_secrets import SecretFields
 from .exchange_mode_registry import EXCHANGE_MODE_NAMES
 from .objective import FILTER_MODES, KL_REDUCTIONS, THRESHOLD_MODES
 from .presets import check_preset, resolve_preset_options, say_what_the_preset_set
-from .rules import (
-    DEFAULT_MAX_ROUNDS_AHEAD,
-    DEFAULT_MAX_STALENESS,
-    DEFAULT_PEER_TIMEOUT,
-    SWARM_NAME_ENV,
-    SWARM_RUN_ENV,
-    SWARM_SECRET_ENV,
-)
+from .round_window import DEFAULT_MAX_ROUNDS_AHEAD, DEFAULT_MAX_STALENESS, DEFAULT_PEER_TIMEOUT
+from .shared_names import SWARM_NAME_ENV, SWARM_RUN_ENV, SWARM_SECRET_ENV
 
 
 @dataclass(repr=False)  # `repr()` is SecretFields's, which redacts
@@ -86,7 +80,7 @@ class FTISConfig(SecretFields, GRPOConfig):
 
         peer_id (`str`, *optional*):
             This peer's name in the swarm: 1-64 ASCII letters, digits, `_`, `.` or `-`, starting with a letter, a
-            digit or `_` (`trl_ftis.rules`). Defaults to `run_name` when it is a valid id, else `"peer"`. When set and
+            digit or `_` (`trl_ftis.peer_ids`). Defaults to `run_name` when it is a valid id, else `"peer"`. When set and
             `run_name` is not, `run_name` becomes the peer id, so each peer's tracker run (wandb, trackio, ...) is
             named after it.
         exchange_url (`str`, *optional*):

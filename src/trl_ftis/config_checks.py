@@ -17,6 +17,7 @@ from typing import Any
 
 from .exchange.transports.registry import normalise_exchange_url
 from .exchange_mode_registry import EXCHANGE_MODES
+from .message_trust import binding_problem
 from .objective import (
     FILTER_MODES,
     IMPORTANCE_SAMPLING_LEVELS,
@@ -25,15 +26,10 @@ from .objective import (
     THRESHOLD_MODES,
     parse_variant,
 )
+from .peer_ids import check_peer_id, is_peer_id
 from .presets import warn_once
-from .rules import (
-    binding_problem,
-    check_expected_peers,
-    check_peer_id,
-    check_round_window,
-    check_temperature,
-    is_peer_id,
-)
+from .round_window import check_expected_peers, check_round_window
+from .sampling_bounds import check_temperature
 
 logger = logging.getLogger(__name__)
 

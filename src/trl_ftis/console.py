@@ -2,7 +2,7 @@
 keys, ~2.7 KB, no step number), and the dependencies' deprecation notices a user cannot act on, hidden.
 
 The full metrics stay in the trackers and `trainer.state.log_history`. The launcher turns both on for its peers
-with the environment switch [`trl_ftis.rules.CONSOLE_ENV`] (read by [`apply_console_env`], which `FTISTrainer`
+with the environment switch [`trl_ftis.shared_names.CONSOLE_ENV`] (read by [`apply_console_env`], which `FTISTrainer`
 calls); scripts call `trl_ftis.dependency_warnings.quiet_dependency_warnings` (before importing transformers: this
 module imports it) and [`use_step_lines`] themselves, or [`use_script_console`] (the examples: step lines unless
 `CONSOLE_ENV=dict`). Standard library and transformers only.
@@ -18,7 +18,7 @@ from typing import Any
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from .dependency_warnings import quiet_dependency_warnings
-from .rules import CONSOLE_DICTS, CONSOLE_ENV, CONSOLE_LINES
+from .shared_names import CONSOLE_DICTS, CONSOLE_ENV, CONSOLE_LINES
 
 
 def step_line(

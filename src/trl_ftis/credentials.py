@@ -7,7 +7,8 @@ import logging
 import os
 from typing import Any, NamedTuple
 
-from .rules import SWARM_NAME_ENV, SWARM_RUN_ENV, SWARM_SECRET_ENV, binding_problem
+from .message_trust import binding_problem
+from .shared_names import SWARM_NAME_ENV, SWARM_RUN_ENV, SWARM_SECRET_ENV
 
 __all__ = ["SwarmCredentials", "read_swarm_credentials"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from .rules import is_peer_id
+from .peer_ids import is_peer_id
 
 _CARD_CELL_CHARS = 120
 

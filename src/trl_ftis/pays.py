@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .joining import ArmRun, hardware_factors
-from .rules import SUMMARY_FILE
+from .shared_names import SUMMARY_FILE
 
 __all__ = [
     "VERDICT_WORDS",

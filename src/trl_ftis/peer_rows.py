@@ -30,7 +30,7 @@ import torch
 from trl.trainer.utils import pad
 
 from .objective import group_max_len
-from .rules import MAX_LOGP
+from .sampling_bounds import MAX_LOGP
 
 UNMERGEABLE_FIELDS = (
     "tool_mask",

@@ -1,5 +1,5 @@
 """The end-of-run summary file: [`SummaryCallback`] writes `FTISTrainer.summary()` to
-`output_dir/ftis_summary.json`, the file the launcher reads (`trl_ftis.rules.SUMMARY_FILE`), and says what
+`output_dir/ftis_summary.json`, the file the launcher reads (`trl_ftis.shared_names.SUMMARY_FILE`), and says what
 collaboration bought, with the exchange's warnings (`trl_ftis.exchange_report`)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from .exchange_report import exchange_warning
-from .rules import SUMMARY_FILE
+from .shared_names import SUMMARY_FILE
 
 logger = logging.getLogger(__name__)
 

@@ -54,6 +54,7 @@ from .gpu_share import cap_gpu_memory
 from .loss_hook import FTISLossHook
 from .micro_batches import chunk_size, chunked_loss
 from .model_card import ModelCardAtEndCallback, add_ftis_section, card_results
+from .multi_turn import MULTI_TURN_REFUSAL
 from .own_rows import (
     build_own_rows,
     completion_lengths,
@@ -71,7 +72,6 @@ from .peer_rows import (
 )
 from .peer_summary import peer_summary
 from .peer_value import PeerValue
-from .rules import MULTI_TURN_REFUSAL
 from .step_clock import StepClock, StepClockCallback
 from .summary_file import SummaryCallback
 from .swarm import (

@@ -347,7 +347,7 @@ def record_in_peer_outputs(output_dirs: Mapping[str, Any], reading: Mapping[str,
     """Keep each controlled peer's reading in its own output directory (`output_dirs[peer_id]`): as `joining` in its
     `ftis_summary.json` and as a section of its model card (`README.md`), where those files exist. Returns what
     could not be written (never raises: the run's summary matters more)."""
-    from .rules import SUMMARY_FILE
+    from .shared_names import SUMMARY_FILE
 
     problems = []
     for peer_id, entry in (reading.get("peers") or {}).items():

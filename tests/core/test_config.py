@@ -1,5 +1,5 @@
-"""`FTISConfig`'s own decisions: each field has one meaning, defaults and checks are written once (`trl_ftis.rules`)
-and shared with `Swarm`, a field with no effect in the chosen mode is refused or warned about, a `GRPOConfig` is
+"""`FTISConfig`'s own decisions: each field has one meaning, defaults and checks are written once
+(`trl_ftis.round_window`, `trl_ftis.sampling_bounds`, ...) and shared with `Swarm`, a field with no effect in the chosen mode is refused or warned about, a `GRPOConfig` is
 converted by explicit copying, and building a config reads neither the environment nor a file.
 """
 
@@ -14,7 +14,14 @@ import pytest
 from swarm_helpers import make_swarm
 from trl import GRPOConfig
 
-from trl_ftis import FTISConfig, rules
+from trl_ftis import FTISConfig
+from trl_ftis.round_window import (
+    DEFAULT_MAX_ROUNDS_AHEAD,
+    DEFAULT_MAX_STALENESS,
+    DEFAULT_PEER_TIMEOUT,
+    check_round_window,
+)
+from trl_ftis.shared_names import SWARM_SECRET_ENV
 from trl_ftis.swarm.client import Swarm
 
 
@@ -90,21 +97,21 @@ def test_quantile_fields_warn_only_when_they_have_no_effect(caplog):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Defaults and checks written once, in trl_ftis.rules
+# Defaults and checks written once, in the core's rule modules
 
 
 def test_the_round_defaults_come_from_the_rules():
     config = _config()
     swarm = inspect.signature(Swarm.__init__).parameters
     for name, default in (
-        ("peer_timeout", rules.DEFAULT_PEER_TIMEOUT),
-        ("max_staleness", rules.DEFAULT_MAX_STALENESS),
-        ("max_rounds_ahead", rules.DEFAULT_MAX_ROUNDS_AHEAD),
+        ("peer_timeout", DEFAULT_PEER_TIMEOUT),
+        ("max_staleness", DEFAULT_MAX_STALENESS),
+        ("max_rounds_ahead", DEFAULT_MAX_ROUNDS_AHEAD),
     ):
         assert getattr(config, name) == swarm[name].default == default, name
-    from trl_ftis.swarm.client import DEFAULT_MAX_ROUNDS_AHEAD
+    from trl_ftis.swarm import client
 
-    assert DEFAULT_MAX_ROUNDS_AHEAD is rules.DEFAULT_MAX_ROUNDS_AHEAD
+    assert client.DEFAULT_MAX_ROUNDS_AHEAD is DEFAULT_MAX_ROUNDS_AHEAD
 
 
 @pytest.mark.parametrize(
@@ -128,10 +135,10 @@ def test_the_config_and_the_swarm_refuse_with_the_same_rule(tokenizer, fields, m
 def test_the_round_window_takes_numpy_integers_and_refuses_fractions():
     import numpy as np
 
-    assert rules.check_round_window(np.int64(3), 0) == (3, 0)
+    assert check_round_window(np.int64(3), 0) == (3, 0)
     for bad in (1.5, "2", True, None):
         with pytest.raises(ValueError, match="max_staleness"):
-            rules.check_round_window(bad, 4)
+            check_round_window(bad, 4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,17 +193,17 @@ def test_a_grpo_config_is_copied_into_a_new_ftis_config():
 
 
 def test_building_a_config_reads_neither_the_environment_nor_a_file(monkeypatch, tmp_path):
-    monkeypatch.setenv(rules.SWARM_SECRET_ENV, "from-the-environment")
+    monkeypatch.setenv(SWARM_SECRET_ENV, "from-the-environment")
     absent = _config(private_key_file=str(tmp_path / "absent.key"))  # no such file: building it is fine
     with pytest.raises(ValueError, match="absent.key"):
         absent.swarm_credentials()  # the file is looked for when the credentials are read
     config = _config()
     assert config.swarm_secret is None and absent.swarm_secret is None
     assert config.swarm_credentials().secret == "from-the-environment"  # read when asked
-    monkeypatch.setenv(rules.SWARM_SECRET_ENV, "rotated")
+    monkeypatch.setenv(SWARM_SECRET_ENV, "rotated")
     assert config.swarm_credentials().secret == "rotated"
     assert _config(swarm_secret="own").swarm_credentials().secret == "own"  # the field wins over the variable
-    monkeypatch.setenv(rules.SWARM_SECRET_ENV, "")
+    monkeypatch.setenv(SWARM_SECRET_ENV, "")
     assert _config().swarm_credentials().secret is None  # empty means none
 
 

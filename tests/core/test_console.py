@@ -9,13 +9,13 @@ from types import SimpleNamespace
 from transformers import PrinterCallback, ProgressCallback
 from transformers.trainer_callback import DefaultFlowCallback
 
-from trl_ftis import rules
 from trl_ftis.console import (
     StepLineCallback,
     apply_console_env,
     step_line,
     use_step_lines,
 )
+from trl_ftis.shared_names import CONSOLE_DICTS, CONSOLE_ENV, CONSOLE_LINES
 
 
 def test_the_step_line_for_a_step_with_peer_rows_and_without():
@@ -84,10 +84,10 @@ def test_the_callbacks_eta_counts_the_steps_of_this_run_only(monkeypatch):
 
 
 def test_the_environment_switch(monkeypatch):
-    monkeypatch.delenv(rules.CONSOLE_ENV, raising=False)
+    monkeypatch.delenv(CONSOLE_ENV, raising=False)
     trainer = FakeTrainer([PrinterCallback()])
     assert apply_console_env(trainer) is False and isinstance(trainer.callback_handler.callbacks[0], PrinterCallback)
-    monkeypatch.setenv(rules.CONSOLE_ENV, rules.CONSOLE_LINES)
+    monkeypatch.setenv(CONSOLE_ENV, CONSOLE_LINES)
     from transformers.utils import logging as transformers_logging
 
     assert transformers_logging.is_progress_bar_enabled()
@@ -113,10 +113,10 @@ def test_the_example_scripts_print_step_lines_unless_asked_for_dicts(monkeypatch
         def add_callback(self, callback):
             self.callback_handler.callbacks.append(callback)
 
-    monkeypatch.setenv(rules.CONSOLE_ENV, rules.CONSOLE_DICTS)
+    monkeypatch.setenv(CONSOLE_ENV, CONSOLE_DICTS)
     dicts = Trainer()
     assert use_script_console(dicts) is False and dicts.callback_handler.callbacks == []
-    monkeypatch.delenv(rules.CONSOLE_ENV)
+    monkeypatch.delenv(CONSOLE_ENV)
     lines = Trainer()
     assert use_script_console(lines) is True
     assert [type(c) for c in lines.callback_handler.callbacks] == [StepLineCallback]

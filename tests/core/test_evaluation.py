@@ -5,11 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from tiny_trainers import tiny_trainer  # tests/ is on sys.path
 
 from trl_ftis.evaluation import add_held_out_evaluation
-from trl_ftis.rules import SUMMARY_FILE
+from trl_ftis.shared_names import SUMMARY_FILE
 
 
 def test_the_held_out_evaluation_runs_before_at_checkpoints_and_at_the_end(tokenizer, make_args, tmp_path):

@@ -14,7 +14,6 @@ import torch
 
 from trl_ftis import FTISConfig, FTISTrainer, PeerRow
 from trl_ftis.demo.tiny import build_tiny_llama
-from trl_ftis.rules import GPU_MEMORY_FRACTION_ENV
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 
@@ -36,7 +35,7 @@ def _capped(monkeypatch, tokenizer, args) -> list[float]:
 
 
 def test_the_trainer_caps_gpu_memory_from_the_config_field_not_the_environment(monkeypatch, tokenizer, make_args):
-    monkeypatch.setenv(GPU_MEMORY_FRACTION_ENV, "0.3")  # what the launcher used to set: no longer read
+    monkeypatch.setenv("FTIS_GPU_MEMORY_FRACTION", "0.3")  # what the launcher used to set: no longer read
     assert _capped(monkeypatch, tokenizer, make_args(max_steps=1)) == []
     assert _capped(monkeypatch, tokenizer, make_args(max_steps=1, gpu_memory_fraction=0.45)) == [0.45]
 

@@ -687,7 +687,7 @@ PEER_EXTREMES = [-0.0, 1e-4, -1e-45, -1e30, -3.4028234663852886e38, -INF]  # -0.
 @pytest.mark.parametrize("advantage", [1.0, 1e7], ids=["unit", "max-peer-advantage"])
 def test_ftis_loss_is_finite_for_every_generator_log_prob_a_peer_can_send(variant, dtype, advantage):
     """Generator log-probs are constants received from peers: every value a peer row can carry into the float32
-    batch (up to `rules.MAX_LOGP` above 0, down to float32 `-inf`) with advantages up to
+    batch (up to `MAX_LOGP` above 0, down to float32 `-inf`) with advantages up to
     `peer_rows.MAX_ABS_ADVANTAGE` in magnitude gives a finite loss and finite gradients, for every variant, in fp32
     and for a bf16 learner."""
     n = len(PEER_EXTREMES)

@@ -15,7 +15,7 @@ from trl_ftis.peer_rows import (
     group_advantages,
     row_problems,
 )
-from trl_ftis.rules import MAX_LOGP
+from trl_ftis.sampling_bounds import MAX_LOGP
 
 
 def test_group_advantages_are_normalised_within_each_group_only():

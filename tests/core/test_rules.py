@@ -1,6 +1,6 @@
 """One rule, one verdict: the same inputs through the config, the launcher, the wire format and the transports.
 
-Each rule lives in `trl_ftis.rules`; every part that applies it must agree, or a peer the config accepts would be
+Each rule lives in one module of its own (`trl_ftis.peer_ids`, `trl_ftis.redaction`, the transport registry, ...); every part that applies it must agree, or a peer the config accepts would be
 refused by the wire (and silently never publish), or a URL the transports open would be refused by the config.
 """
 
@@ -12,13 +12,16 @@ import math
 import numpy as np
 import pytest
 
-from trl_ftis import FTISConfig, rules
+from trl_ftis import FTISConfig
 from trl_ftis.exchange import ExchangeError, Message, WireCompletion, WireGroup, decode_message, encode_message
 from trl_ftis.exchange.transports import MemoryTransport, open_transport, validate_sender
 from trl_ftis.exchange.transports.redis_streams import redis_client_url
 from trl_ftis.exchange.transports.registry import exchange_scheme
 from trl_ftis.launcher import SwarmConfigError, load_swarm_config, redact_text
+from trl_ftis.peer_ids import is_peer_id, peer_id_from
 from trl_ftis.redaction import REDACTED, redact_url
+from trl_ftis.sampling_bounds import MAX_LOGP
+from trl_ftis.shared_names import SUMMARY_FILE, SWARM_SECRET_ENV
 
 PEER_IDS = [
     # (peer id, valid)
@@ -141,7 +144,7 @@ def _transport_verdict(peer_id: str) -> bool:
 @pytest.mark.parametrize("peer_id, valid", PEER_IDS, ids=[repr(p) for p, _ in PEER_IDS])
 def test_every_part_gives_the_same_verdict_on_a_peer_id(peer_id, valid, tmp_path):
     verdicts = {
-        "rules": rules.is_peer_id(peer_id),
+        "rules": is_peer_id(peer_id),
         "FTISConfig.peer_id": _config_verdict(peer_id),
         "FTISConfig.expected_peers": _expected_peers_verdict(peer_id),
         "launcher": _launcher_verdict(peer_id, tmp_path),
@@ -262,8 +265,8 @@ def test_the_generator_logp_bound_is_the_same_for_the_wire_and_the_trainer():
     from trl_ftis.exchange import checks
     from trl_ftis.peer_rows import check_rows
 
-    assert checks.MAX_LOGP is rules.MAX_LOGP  # the wire format's checks live in exchange/checks.py
-    just_inside, just_outside = rules.MAX_LOGP, math.nextafter(rules.MAX_LOGP, 1.0) * 2
+    assert checks.MAX_LOGP is MAX_LOGP  # the wire format's checks live in exchange/checks.py
+    just_inside, just_outside = MAX_LOGP, math.nextafter(MAX_LOGP, 1.0) * 2
     message = _message("a")
     message.completions[0].generator_logps = np.array([just_inside, -1.0], dtype=np.float32)
     encode_message(message)
@@ -280,8 +283,8 @@ def test_the_generator_logp_bound_is_the_same_for_the_wire_and_the_trainer():
 def test_shared_names_are_the_ones_each_part_uses():
     from trl_ftis import config, summary_file
 
-    assert config.SWARM_SECRET_ENV == rules.SWARM_SECRET_ENV == "FTIS_SWARM_SECRET"
-    assert summary_file.SUMMARY_FILE == rules.SUMMARY_FILE  # the summary callback writes the file the launcher reads
+    assert config.SWARM_SECRET_ENV == SWARM_SECRET_ENV == "FTIS_SWARM_SECRET"
+    assert summary_file.SUMMARY_FILE == SUMMARY_FILE  # the summary callback writes the file the launcher reads
 
 
 @pytest.mark.parametrize(
@@ -297,7 +300,7 @@ def test_shared_names_are_the_ones_each_part_uses():
     ],
 )
 def test_a_peer_id_is_made_from_a_model_name(name, expected):
-    assert rules.peer_id_from(name) == expected and rules.is_peer_id(expected)
+    assert peer_id_from(name) == expected and is_peer_id(expected)
 
 
 def test_the_redis_client_url_drops_only_trl_ftis_own_parameters():

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trl_ftis import FTISConfig, FTISTrainer, rules
+from trl_ftis import FTISConfig, FTISTrainer
 from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.redaction import REDACTED, redact_text, redact_url
+from trl_ftis.shared_names import SWARM_SECRET_ENV
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 SECRET = "sw4rm-s3cret-value"
@@ -80,7 +81,7 @@ def test_what_is_shown_never_holds_the_secret_or_the_password(tmp_path, url):
 
 def test_the_config_never_reads_the_secret_from_the_environment(tmp_path, monkeypatch):
     """The config holds only what it was given (the trainer reads the environment: `swarm_credentials()`)."""
-    monkeypatch.setenv(rules.SWARM_SECRET_ENV, SECRET)
+    monkeypatch.setenv(SWARM_SECRET_ENV, SECRET)
     config = FTISConfig(str(tmp_path), use_cpu=True, report_to=[])
     assert config.swarm_secret is None and copy.deepcopy(config).swarm_secret is None
     assert all(SECRET not in text for text in _shown(config).values())
@@ -234,7 +235,7 @@ def _trainer(tokenizer, args, model=None):
 
 
 def test_the_swarm_signs_with_the_secret_from_the_environment(tokenizer, make_args, monkeypatch):
-    monkeypatch.setenv(rules.SWARM_SECRET_ENV, SECRET)
+    monkeypatch.setenv(SWARM_SECRET_ENV, SECRET)
     args = make_args(exchange_url=f"memory://secrets-{uuid.uuid4().hex}", peer_id="p0")
     assert args.swarm_secret is None
     trainer = _trainer(tokenizer, args)

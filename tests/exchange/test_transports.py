@@ -823,7 +823,7 @@ def test_redis_unreachable_server_raises_transport_error_within_deadline_without
 def test_redis_password_from_the_environment_never_in_a_url(tmp_path, monkeypatch):
     from redis_server import RedisServerUnavailable, start_redis_server
 
-    from trl_ftis.rules import REDIS_PASSWORD_ENV
+    from trl_ftis.shared_names import REDIS_PASSWORD_ENV
 
     try:
         url, stop = start_redis_server(tmp_path, extra=("--requirepass", "s3cret-pw"))

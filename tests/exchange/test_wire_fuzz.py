@@ -37,7 +37,8 @@ from trl_ftis.exchange import (
     wire,
 )
 from trl_ftis.exchange.wire import PREAMBLE_SIZE, REASONS
-from trl_ftis.rules import MAX_LOGP, peer_id_problem
+from trl_ftis.peer_ids import peer_id_problem
+from trl_ftis.sampling_bounds import MAX_LOGP
 
 SECRET = b"fuzz secret"
 VOCAB = 22

@@ -15,7 +15,7 @@ import time
 import pytest
 from waits import returns_within  # tests/ is on sys.path
 
-from trl_ftis import rules
+from trl_ftis.exit_codes import INTERRUPTED_EXIT_CODE
 from trl_ftis.launcher import (
     SwarmConfigError,
     backend_kind,
@@ -29,6 +29,7 @@ from trl_ftis.launcher.backend import Backend, Console, Outcome, PeerState, Sign
 from trl_ftis.launcher.driver import backend_for, drive
 from trl_ftis.launcher.local import LocalBackend
 from trl_ftis.launcher.slurm.backend import SlurmBackend
+from trl_ftis.peer_ids import peer_id_problem
 
 
 class FakeBackend:
@@ -164,7 +165,7 @@ def test_a_signal_stops_the_swarm_with_130_and_the_handlers_are_restored(tmp_pat
 
     backend = FakeBackend(config, plan=[signal_me, lambda b: pytest.fail("polled after the signal")])
     out = io.StringIO()
-    assert drive(backend, config, grace=1, stream=out) == rules.INTERRUPTED_EXIT_CODE
+    assert drive(backend, config, grace=1, stream=out) == INTERRUPTED_EXIT_CODE
     assert backend.calls == ["problems", "start", "poll", "stop", "finish"]
     assert backend.stop_signals == [sig]  # the backend's stop sees the signal (a second one skips the grace)
     assert signal.getsignal(sig) is before
@@ -300,7 +301,7 @@ def test_several_mistakes_are_reported_at_once_with_locations():
         "peers[1] (id 'b'): `num_processes` must be an integer >= 1, got 0",
         "peers[1] (id 'b'): unknown key `slurm.gpus_per_node` (allowed: nodes, gpus, cpus, mem, time, partition, "
         "account, extra, setup); did you mean `slurm.gpus`?",
-        f"peers[2] (id 'c d'): invalid `id`: {rules.peer_id_problem('c d')}",
+        f"peers[2] (id 'c d'): invalid `id`: {peer_id_problem('c d')}",
         "peers[3]: each peer must be a mapping with at least `id`, got str",
     ]
     assert sorted(errors) == sorted(expected), "\n".join(errors)
@@ -315,7 +316,6 @@ def test_cross_key_checks_name_both_keys():
         "script": "p.py",
         "peers": [
             {"id": "a", "gpu_share": 0.5, "args": {"gpu_memory_fraction": 0.4}},
-            {"id": "b", "gpu_share": 0.5, "env": {rules.GPU_MEMORY_FRACTION_ENV: "0.5"}},
             {"id": "c", "model": "m", "lora": True, "args": {"model_name_or_path": "n", "use_peft": True}},
         ],
     }
@@ -323,8 +323,7 @@ def test_cross_key_checks_name_both_keys():
         load_swarm_config(raw)
     assert info.value.errors == [
         "peers[0] (id 'a'): `gpu_share` and args.gpu_memory_fraction both set; keep one",
-        f"peers[1] (id 'b'): `gpu_share` and env.{rules.GPU_MEMORY_FRACTION_ENV} both set; keep `gpu_share`",
-        "peers[2] (id 'c'): `model` and args.model_name_or_path both set; keep one; `lora` and args.use_peft both "
+        "peers[1] (id 'c'): `model` and args.model_name_or_path both set; keep one; `lora` and args.use_peft both "
         "set; keep one",
     ]
 

@@ -23,7 +23,7 @@ from trl_ftis import cli
 from trl_ftis.exchange.transports.redis_streams import reach_problem
 from trl_ftis.launcher import SwarmConfigError, check_files, dry_run, load_swarm_config, run_swarm
 from trl_ftis.launcher.preflight import script_options
-from trl_ftis.rules import local_model_problem, looks_like_local_path
+from trl_ftis.model_paths import local_model_problem, looks_like_local_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PEER = str(ROOT / "tests" / "fixtures" / "swarm_peer.py")
@@ -562,7 +562,7 @@ def test_a_secret_or_keys_given_to_some_peers_only_stop_the_swarm_before_it_star
 def test_a_hub_id_in_the_local_cache_loads_offline_and_is_no_problem(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    from trl_ftis.rules import hub_model_problem
+    from trl_ftis.model_paths import hub_model_problem
 
     snapshot = tmp_path / "models--org--cached" / "snapshots" / "abc123"
     snapshot.mkdir(parents=True)

@@ -32,7 +32,7 @@ from trl_ftis.launcher.restart import (
     restart_config,
 )
 from trl_ftis.launcher.summary import TABLE_COLUMNS, peer_warning, read_peer_summary
-from trl_ftis.rules import SWARM_NAME_ENV, SWARM_RUN_ENV
+from trl_ftis.shared_names import SWARM_NAME_ENV, SWARM_RUN_ENV
 
 PEER = str(Path(__file__).resolve().parents[1] / "fixtures" / "swarm_peer.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")

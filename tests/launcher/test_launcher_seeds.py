@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_ftis import cli, rules
+from trl_ftis import cli
 from trl_ftis.exchange.transports.directory import dir_exchange_url
+from trl_ftis.exit_codes import INTERRUPTED_EXIT_CODE
 from trl_ftis.launcher import SwarmConfigError, dry_run, load_swarm_config, restart_config
 from trl_ftis.launcher.seeds import run_seeds, seed_config
 
@@ -116,5 +117,5 @@ def test_a_failed_seed_stops_the_next_ones_and_is_reported(tmp_path):
     going_on = load_swarm_config(write_config(tmp_path, seeds=[0, 1, 2], on_failure="continue"))
     assert run_seeds(going_on, run_one, say=said.append) == 1 and ran == [0, 1, 2]
     ran.clear()
-    assert run_seeds(going_on, lambda one: ran.append(one.seed) or rules.INTERRUPTED_EXIT_CODE, say=said.append) == 130
+    assert run_seeds(going_on, lambda one: ran.append(one.seed) or INTERRUPTED_EXIT_CODE, say=said.append) == 130
     assert ran == [0]  # Ctrl-C stops every seed

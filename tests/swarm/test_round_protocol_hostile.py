@@ -33,7 +33,7 @@ from trl_ftis.exchange import (
 from trl_ftis.exchange import wire as wire_module
 from trl_ftis.exchange.transports import MemoryTransport
 from trl_ftis.peer_rows import select_rows
-from trl_ftis.rules import MAX_TEMPERATURE, MIN_TEMPERATURE
+from trl_ftis.sampling_bounds import MAX_TEMPERATURE, MIN_TEMPERATURE
 from trl_ftis.swarm.client import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget
 
 SECRET = "members-only"

@@ -20,7 +20,8 @@ from trl_ftis.exchange import (
     generate_keypair,
     peek_header,
 )
-from trl_ftis.rules import MAX_BINDING_CHARS, SWARM_NAME_ENV, SWARM_RUN_ENV
+from trl_ftis.message_trust import MAX_BINDING_CHARS
+from trl_ftis.shared_names import SWARM_NAME_ENV, SWARM_RUN_ENV
 from trl_ftis.swarm.exchange_modes.sync_window import EVIDENCE_CLOCK_SLACK
 
 SECRET = "members-only"

@@ -29,7 +29,7 @@ from trl import ModelConfig, TrlParser, get_peft_config  # noqa: E402
 
 from trl_ftis.config import FTISConfig  # noqa: E402
 from trl_ftis.console import use_step_lines  # noqa: E402
-from trl_ftis.rules import SUMMARY_FILE  # noqa: E402
+from trl_ftis.shared_names import SUMMARY_FILE  # noqa: E402
 from trl_ftis.tasks.word_problems import DEFAULT_REWARD_FUNCS, evaluate_problems, word_problem_dataset  # noqa: E402
 from trl_ftis.trainer import FTISTrainer  # noqa: E402
 

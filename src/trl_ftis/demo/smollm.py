@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from ..rules import CACHE_ENV
+from ..shared_names import CACHE_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ..rules import MAX_BINDING_CHARS, MAX_LOGP, peer_id_problem
+from ..message_trust import MAX_BINDING_CHARS
+from ..peer_ids import peer_id_problem
+from ..sampling_bounds import MAX_LOGP
 from .errors import refusal
 from .layout import (
     HEADER_KEYS,

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..rules import PEER_ID_MAX_CHARS, peer_id_problem
+from ..peer_ids import PEER_ID_MAX_CHARS, peer_id_problem
 from . import keys
 from .errors import ExchangeError
 from .layout import (

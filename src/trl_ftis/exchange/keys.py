@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..rules import check_peer_id
+from ..peer_ids import check_peer_id
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -320,7 +320,7 @@ def load_public_keys(path: str | os.PathLike) -> dict[str, Ed25519PublicKey]:
     """The peers' public keys from `path`: a JSON (`.json`) or YAML (any other suffix) mapping of peer id to the
     base64 of the raw 32-byte public key, as [`public_key_text`] prints it.
 
-    Every id must follow the peer-id rule ([`trl_ftis.rules.check_peer_id`]), every key must be base64 of 32 bytes,
+    Every id must follow the peer-id rule ([`trl_ftis.peer_ids.check_peer_id`]), every key must be base64 of 32 bytes,
     and no key may be registered for two peers (its holder could then write as both). Raises [`KeyFileError`]
     naming the file and the entry. Logs a warning when others than its owner could change the file
     ([`key_file_problems`]): they could register a key of their own for any peer.

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..rules import PEER_ID_MAX_CHARS
+from ..peer_ids import PEER_ID_MAX_CHARS
 from .keys import SIGNATURE_SIZE as ED25519_SIGNATURE_SIZE
 
 __all__ = [

@@ -14,7 +14,7 @@ import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..rules import MAX_TEMPERATURE, MIN_TEMPERATURE
+from ..sampling_bounds import MAX_TEMPERATURE, MIN_TEMPERATURE
 from .layout import MAX_TRAILER_BYTES, PREAMBLE_SIZE, body_size, is_int
 
 __all__ = ["Limits"]

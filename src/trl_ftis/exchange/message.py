@@ -54,7 +54,7 @@ class Message:
     """Everything one peer shares for one training step."""
 
     sender: str
-    """Peer id, by the rule of [`trl_ftis.rules.peer_id_problem`] (transports use it in file names and keys)."""
+    """Peer id, by the rule of [`trl_ftis.peer_ids.peer_id_problem`] (transports use it in file names and keys)."""
     round: int
     """The sender's training step, `>= 0`."""
     tokenizer_fingerprint: str

@@ -32,17 +32,18 @@ A new backend (Ray, Kubernetes, ...) is a `backends.BackendKind` and a `backend.
 (inside this package or not) that calls `register_backend`; nothing else changes (`docs/swarm-launcher.md`, "Adding a
 backend").
 
-The rules shared with the rest of trl-ftis (peer ids, exchange URL schemes, redaction, environment variable and file
-names, the interrupted exit code) come from `trl_ftis.rules`. Only the standard library, PyYAML, pydantic and psutil
-are imported here (submitit only when jobs are submitted), so `trl-ftis swarm --dry-run` stays fast. `__all__` is the
-package's API, re-exported from the modules (`redact_text` from `trl_ftis.rules`); the `X as X` imports keep the
-constants that the package exported before.
+The rules shared with the rest of trl-ftis come from the core's modules, each for one concern (`peer_ids`,
+`redaction`, `shared_names`, `exit_codes`, ...) and from the transport registry (`exchange.transports.registry`: the
+exchange URL schemes). Only the standard library, PyYAML, pydantic and psutil are imported here (submitit only when
+jobs are submitted), so `trl-ftis swarm --dry-run` stays fast. `__all__` is the package's API, re-exported from the
+modules (`redact_text` from `trl_ftis.redaction`); the `X as X` imports keep the constants that the package exported
+before.
 """
 
 from __future__ import annotations
 
+from ..exit_codes import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
 from ..redaction import redact_text
-from ..rules import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
 from .backend import Backend, Outcome
 from .backends import backend_kind, backend_names, register_backend
 from .commands import (

@@ -26,8 +26,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TextIO
 
+from ..exit_codes import INTERRUPTED_EXIT_CODE
 from ..redaction import redact_text
-from ..rules import INTERRUPTED_EXIT_CODE
 
 if TYPE_CHECKING:
     from .commands import PeerCommand

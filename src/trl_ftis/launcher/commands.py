@@ -29,19 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..message_trust import MAX_BINDING_CHARS, binding_problem
+from ..model_paths import hub_model_problem, local_model_problem
 from ..redaction import REDACTED, redact_text
-from ..rules import (
-    CONSOLE_ENV,
-    CONSOLE_LINES,
-    MAX_BINDING_CHARS,
-    PEER_ID_ENV,
-    SWARM_NAME_ENV,
-    SWARM_RUN_ENV,
-    SWARM_SECRET_ENV,
-    binding_problem,
-    hub_model_problem,
-    local_model_problem,
-)
+from ..shared_names import CONSOLE_ENV, CONSOLE_LINES, PEER_ID_ENV, SWARM_NAME_ENV, SWARM_RUN_ENV, SWARM_SECRET_ENV
 from .backends import backend_kind
 from .preflight import render_args, render_value
 from .schema import SwarmConfigError

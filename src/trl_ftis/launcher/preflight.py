@@ -5,7 +5,7 @@ model folders, an exchange server the launcher did not start, and the secrets wr
   dataclasses it hands to `HfArgumentParser` / `TrlParser` (its own, read from its source, and those it imports from
   trl, transformers or trl_ftis, imported). `None` when they cannot be known: then nothing is checked (the schema
   checks the `args` keys against it, `schema.load_swarm_config`).
-* local model folders: `trl_ftis.rules.local_model_problem`, which `commands.check_files` and the example scripts
+* local model folders: `trl_ftis.model_paths.local_model_problem`, which `commands.check_files` and the example scripts
   call.
 * `before_start(config, is_secret)`: what `driver.run_swarm` says before anything starts: the problems that stop the
   swarm (an exchange server that does not answer, asked through its transport's probe) and the warnings printed
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import rules
 from ..exchange.transports.registry import transport_kind
 from ..redaction import redact_text, redact_url
+from ..shared_names import REDIS_PASSWORD_ENV, SWARM_SECRET_ENV
 from .validation import did_you_mean
 
 __all__ = [
@@ -388,9 +388,9 @@ def _secret_hint(name: str, where: str, passed_as: dict[str, str]) -> str:
             f"the peers get it as {variable}, never on their command lines; export {variable} in your shell instead "
             "(every peer inherits the launcher's environment)"
         )
-    if name.lower() == "swarm_secret" or name == rules.SWARM_SECRET_ENV:
+    if name.lower() == "swarm_secret" or name == SWARM_SECRET_ENV:
         return (
-            f"export {rules.SWARM_SECRET_ENV} in your shell instead (every peer inherits the launcher's environment)"
+            f"export {SWARM_SECRET_ENV} in your shell instead (every peer inherits the launcher's environment)"
         )
     if where == "args":
         return (
@@ -414,7 +414,7 @@ def credential_problems(config: Any, environ: Mapping[str, str] | None = None) -
     def secret(peer) -> str | None:
         value = peer.args.get("swarm_secret")
         if value is None:
-            value = peer.env.get(rules.SWARM_SECRET_ENV, environ.get(rules.SWARM_SECRET_ENV))
+            value = peer.env.get(SWARM_SECRET_ENV, environ.get(SWARM_SECRET_ENV))
         return str(value) if value else None
 
     secrets_of = {peer.id: secret(peer) for peer in peers}
@@ -424,7 +424,7 @@ def credential_problems(config: Any, environ: Mapping[str, str] | None = None) -
         found.append(
             f"a swarm secret is given to {', '.join(with_secret)} but not to {', '.join(without)}: the peers with one "
             "refuse every message of the others (unsigned) and the others cannot check theirs; give every peer the "
-            f"same secret (export {rules.SWARM_SECRET_ENV} in the shell that runs the launcher)"
+            f"same secret (export {SWARM_SECRET_ENV} in the shell that runs the launcher)"
         )
     elif len(set(value for value in secrets_of.values() if value is not None)) > 1:
         found.append(
@@ -473,7 +473,7 @@ def secret_warnings(
     if redact_url(config.exchange_url) != config.exchange_url:
         lines.append(
             f"`exchange_url` holds a password written in the config{source}; leave it out of the URL and export "
-            f"{rules.REDIS_PASSWORD_ENV} in your shell instead (the peers' Redis transport reads it)"
+            f"{REDIS_PASSWORD_ENV} in your shell instead (the peers' Redis transport reads it)"
         )
     return lines
 

@@ -16,7 +16,8 @@ each naming the peer and the key (with a did-you-mean for unknown keys), before 
 checks each `args` key against the options of the peer's script when they can be read (`preflight.script_options`)
 and that `expected_peers` names peers of the config; last, where the peers, their controls and their vLLM servers
 run (`placement.placement_problems`: GPUs shared without `gpu_share`, a server on a peer's GPUs, ...). The rules
-shared with the rest of trl-ftis (peer ids, exchange URLs, environment variable names) come from `trl_ftis.rules`.
+shared with the rest of trl-ftis come from the core (`trl_ftis.peer_ids`, `trl_ftis.shared_names`) and the transport
+registry (exchange URLs).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ from typing import Annotated, Any, ClassVar
 from pydantic import BeforeValidator, Field, ValidationError, ValidationInfo, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
-from .. import rules
 from ..exchange.transports.directory import dir_exchange_url
+from ..peer_ids import peer_id_problem
 from .backends import BackendKind, backend_kind, backend_names
 from .controls import control_peers
 from .placement import placement_problems
@@ -164,8 +165,6 @@ class PeerSpec(Spec):
     @field_validator("gpu_share")
     @classmethod
     def _share_once(cls, share: float | None, info: ValidationInfo) -> float | None:
-        if share is not None and rules.GPU_MEMORY_FRACTION_ENV in info.data.get("env", {}):
-            raise said(f"`gpu_share` and env.{rules.GPU_MEMORY_FRACTION_ENV} both set; keep `gpu_share`")
         if share is not None and GPU_MEMORY_FRACTION_ARG in info.data.get("args", {}):
             raise said(f"`gpu_share` and args.{GPU_MEMORY_FRACTION_ARG} both set; keep one")
         return share
@@ -247,7 +246,7 @@ def _expected_peer_problems(entries: list, top: TopLevel) -> list[tuple[str, str
     may join: `preflight.before_start` only warns."""
     if top.exchange_given:
         return []
-    ids = [e.get("id") for e in entries if isinstance(e, Mapping) and rules.peer_id_problem(e.get("id")) is None]
+    ids = [e.get("id") for e in entries if isinstance(e, Mapping) and peer_id_problem(e.get("id")) is None]
     ids = list(dict.fromkeys(ids))  # a duplicate is its own problem
     if not ids:
         return []
@@ -311,7 +310,7 @@ class SwarmSpec(Spec):
         seen: dict[str, int] = {}
         for index, entry in enumerate(entries):
             peer_id = entry.get("id") if isinstance(entry, Mapping) else None
-            if not isinstance(peer_id, str) or rules.peer_id_problem(peer_id) is not None:
+            if not isinstance(peer_id, str) or peer_id_problem(peer_id) is not None:
                 continue  # its own problem
             if peer_id in seen:
                 found.append(
@@ -491,7 +490,7 @@ def _resolve(spec: SwarmSpec, top: TopLevel, source: str | None, run_dir: Any, d
     controls = control_peers(peers, kinds_of)
     taken = {peer.id for peer in peers}
     for control in controls:
-        problem = rules.peer_id_problem(control.id)
+        problem = peer_id_problem(control.id)
         if problem is None and control.id in taken:
             problem = "is also the id of a peer of the config"
         if problem is not None:

@@ -14,9 +14,10 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, ValidationInfo
 
-from .. import rules
 from ..exchange.transports.registry import normalise_exchange_url, transport_kind, transport_schemes
+from ..peer_ids import peer_id_problem
 from ..redaction import redact_url
+from ..shared_names import PEER_ID_ENV
 from .backends import DEFAULT_BACKEND, backend_kind, backend_names
 from .controls import control_problem
 from .validation import bad, said
@@ -160,7 +161,7 @@ def _arg_value(value: Any) -> Any:
 def _env_name(name: Any) -> str:
     if not isinstance(name, str) or not _ENV_NAME_RE.fullmatch(name):
         raise said(f"env name {name!r} is not a valid environment variable name")
-    if name == rules.PEER_ID_ENV:
+    if name == PEER_ID_ENV:
         raise said(f"`env.{name}` is set by the launcher from the peer's `id`")
     return name
 
@@ -333,7 +334,7 @@ def peer_launcher_value(value: Any) -> str | None:
 def peer_id_value(value: Any) -> str:
     # The same rule as FTISConfig.peer_id, the wire format and the transports: a peer the launcher starts must be one
     # they accept.
-    problem = rules.peer_id_problem(value)
+    problem = peer_id_problem(value)
     if problem is not None:
         raise said(f"invalid `id`: {problem}")
     return value

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import rules
 from ..exchange.transports.directory import dir_exchange_url
+from ..exit_codes import INTERRUPTED_EXIT_CODE
 from ..worth_report import record_in_peer_outputs, run_reading
 from .commands import peer_output_dir
 from .summary import say_reading, write_summary_file
@@ -73,7 +73,7 @@ def run_seeds(config: SwarmConfig, run_one: Callable[[SwarmConfig], int], *, say
     for index, seed in enumerate(config.seeds):
         say(f"seed {seed} ({index + 1} of {len(config.seeds)}) in {config.run_dir / SEED_DIR.format(seed=seed)}")
         codes[seed] = run_one(seed_config(config, seed))
-        if codes[seed] == rules.INTERRUPTED_EXIT_CODE or (codes[seed] != 0 and config.on_failure == "stop"):
+        if codes[seed] == INTERRUPTED_EXIT_CODE or (codes[seed] != 0 and config.on_failure == "stop"):
             break
     ran = list(codes)
     summaries = read_seed_summaries(config.run_dir, ran)

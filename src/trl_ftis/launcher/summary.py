@@ -1,4 +1,4 @@
-"""The end-of-run summary every backend shares: each peer's own summary file (`trl_ftis.rules.SUMMARY_FILE`, written
+"""The end-of-run summary every backend shares: each peer's own summary file (`trl_ftis.shared_names.SUMMARY_FILE`, written
 by the trainer into its output directory), one row per peer (`summary_rows`, from each backend's `PeerState`s), the
 table the driver prints (`format_summary_table`), the peers' exchange warnings (`exchange_warnings`) and
 `summary.json` (`report_summary`).
@@ -14,9 +14,9 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from .. import rules
 from ..exchange_report import SECRET_REASONS, exchange_problem, finite_number, reason_counts, total_count
 from ..joining import arm_record
+from ..shared_names import SUMMARY_FILE
 from ..worth_report import overall_line
 from .backend import PeerState
 from .commands import keep_earlier
@@ -199,7 +199,7 @@ def summary_rows(states: list[PeerState]) -> list[dict]:
     items: dict[str, list[int]] = {}  # id -> per-problem correctness after training (`accuracy_items_after`)
     for state in states:
         wall = (state.ended - state.started) if state.ended is not None and state.started else None
-        data, note = read_peer_file(state.command.output_dir / rules.SUMMARY_FILE, state.started_at or None)
+        data, note = read_peer_file(state.command.output_dir / SUMMARY_FILE, state.started_at or None)
         fields = None if data is None else peer_fields(data)
         row = {
             "id": state.command.id,

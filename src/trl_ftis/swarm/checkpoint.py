@@ -55,7 +55,7 @@ from ..exchange.limits import Limits
 from ..json_files import plain_json, write_json_atomic
 from ..peer_rows import PeerRow
 from ..peer_value import PeerValue
-from ..rules import MAX_LOGP
+from ..sampling_bounds import MAX_LOGP
 from ..step_clock import StepClock
 from .ledger import LedgerState, PeerRowLedger
 from .round_budget import RoundBudget

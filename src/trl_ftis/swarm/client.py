@@ -38,18 +38,17 @@ from typing import TYPE_CHECKING, Any
 
 from ..exchange import ExchangeError, Limits, Message, decode_message, encode_message, is_signed
 from ..exchange.transports import Transport, open_transport
+from ..message_trust import CREDENTIAL_HINT, CREDENTIAL_REASONS
 from ..peer_rows import PeerRow
 from ..redaction import redact_url
-from ..rules import (
-    CREDENTIAL_HINT,
-    CREDENTIAL_REASONS,
+from ..round_window import (
     DEFAULT_MAX_ROUNDS_AHEAD,
     DEFAULT_MAX_STALENESS,
     DEFAULT_PEER_TIMEOUT,
     check_expected_peers,
     check_round_window,
-    check_temperature,
 )
+from ..sampling_bounds import check_temperature
 from .clocks import EPOCH_LEAD_LIMIT, epoch_lead, now_epoch, start_epoch
 from .exchange_modes.sync_window import SyncWindow
 from .message_checks import load_keys, tokenizer_problem
@@ -65,7 +64,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "DEFAULT_MAX_ROUNDS_AHEAD",  # re-exported from trl_ftis.rules, where FTISConfig takes it from too
+    "DEFAULT_MAX_ROUNDS_AHEAD",  # re-exported from trl_ftis.round_window, where FTISConfig takes it from too
     "PeerRoundStats",
     "RoundBudget",
     "RoundResult",
@@ -90,14 +89,14 @@ class Swarm:
         tokenizer_fingerprint / tokenizer_name: what this peer's tokenizer is; peers with another fingerprint
             are refused (their token ids mean other tokens here).
         vocab_limit: token ids must be below it.
-        temperature: the sampling temperature, in `[rules.MIN_TEMPERATURE, rules.MAX_TEMPERATURE]`; log-probs at
+        temperature: the sampling temperature, in `[MIN_TEMPERATURE, MAX_TEMPERATURE]`; log-probs at
             another temperature are not comparable.
         reward_names: names of this peer's reward functions (sent with per-function rewards).
         secret: the swarm secret; when set, every message is signed (HMAC) and unsigned or wrongly signed ones are
             refused. It proves membership: any member can sign as any other.
         expected_peers / num_expected_peers: whom a round waits for, up to `peer_timeout` seconds: the named peers
             (this peer's own id among them is ignored), or, alternatively, a number of other peers whatever their
-            ids; `ValueError` when both are given (`rules.check_expected_peers`).
+            ids; `ValueError` when both are given (`check_expected_peers`).
         max_staleness: messages from rounds older than `round - max_staleness` are dropped (`stale`).
         compact: send 16-bit, compressed messages.
         keep_rounds: own messages older than this many rounds are removed from the exchange.

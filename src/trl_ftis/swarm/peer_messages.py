@@ -11,7 +11,7 @@ import numpy as np
 
 from ..exchange import Limits, Message, WireCompletion, WireGroup
 from ..peer_rows import PeerRow
-from ..rules import MAX_LOGP
+from ..sampling_bounds import MAX_LOGP
 
 
 def rows_to_message(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..rules import binding_problem
+from ..message_trust import binding_problem
 from .clocks import epoch_lead
 from .round_windows import MAX_KNOWN_PEERS, MAX_SWARM_ROUND
 

@@ -14,7 +14,7 @@ import operator
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
-from ...rules import check_peer_id
+from ...peer_ids import check_peer_id
 
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 # One poll reads at most this many times `max_message_bytes` unless `max_poll_bytes` says otherwise.
@@ -54,7 +54,7 @@ class Envelope:
 
 
 def validate_sender(sender: str) -> str:
-    """Return `sender` if it is a valid peer id ([`trl_ftis.rules.check_peer_id`]), else raise ValueError.
+    """Return `sender` if it is a valid peer id ([`trl_ftis.peer_ids.check_peer_id`]), else raise ValueError.
 
     Sender names end up in file names of a directory other peers read and in Redis keys, so the rule keeps out path
     separators, "..", control characters and over-long names.

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ...redaction import REDACTED, redact_text, redact_url
-from ...rules import REDIS_PASSWORD_ENV
+from ...shared_names import REDIS_PASSWORD_ENV
 from .base import (
     DEFAULT_MAX_MESSAGE_BYTES,
     MALFORMED,

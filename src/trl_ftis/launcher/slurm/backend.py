@@ -39,7 +39,7 @@ from typing import TextIO
 
 from ...exchange.transports.registry import exchange_folder, transport_kind
 from ...redaction import redact_text
-from ...rules import REDIS_PASSWORD_ENV
+from ...shared_names import REDIS_PASSWORD_ENV
 from ..backend import Console, Outcome, PeerState, Signals, finished_outcome, short_error
 from ..commands import (
     build_commands,

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ...json_files import write_json_atomic
-from ...rules import REDIS_PASSWORD_ENV
+from ...shared_names import REDIS_PASSWORD_ENV
 from ..commands import free_port, open_private, redact_argv
 from ..processes import ProcessTracker, die_with_parent
 from ..vllm_servers import health_answers, log_tail, port_problem
