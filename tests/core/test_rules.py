@@ -1,7 +1,8 @@
 """One rule, one verdict: the same inputs through the config, the launcher, the wire format and the transports.
 
-Each rule lives in one module of its own (`trl_ftis.peer_ids`, `trl_ftis.redaction`, the transport registry, ...); every part that applies it must agree, or a peer the config accepts would be
-refused by the wire (and silently never publish), or a URL the transports open would be refused by the config.
+Each rule lives in one module of its own (`trl_ftis.peer_ids`, `trl_ftis.redaction`, the transport registry, ...);
+every part that applies it must agree, or a peer the config accepts would be refused by the wire (and silently never
+publish), or a URL the transports open would be refused by the config.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from trl_ftis.exchange import ExchangeError, Message, WireCompletion, WireGroup,
 from trl_ftis.exchange.transports import MemoryTransport, open_transport, validate_sender
 from trl_ftis.exchange.transports.redis_streams import redis_client_url
 from trl_ftis.exchange.transports.registry import exchange_scheme
-from trl_ftis.launcher import SwarmConfigError, load_swarm_config, redact_text
+from trl_ftis.launcher import SwarmConfigError, load_swarm_config
+from trl_ftis.launcher.commands import redact_argv
 from trl_ftis.peer_ids import is_peer_id, peer_id_from
 from trl_ftis.redaction import REDACTED, redact_url
 from trl_ftis.sampling_bounds import MAX_LOGP
@@ -244,7 +246,7 @@ SECRET_URLS = [
 def test_every_part_redacts_a_url_password_the_same_way(url):
     shown = {
         "redact_url": redact_url(url),
-        "launcher.redact_text": redact_text(f"exchange {url} ready"),
+        "launcher.redact_argv": " ".join(redact_argv(["--exchange_url", url])),
         "FTISConfig.to_dict": _config(exchange_url=url, report_to=[]).to_dict()["exchange_url"],
         "FTISConfig.__str__": str(_config(exchange_url=url, report_to=[])),
     }
@@ -256,7 +258,7 @@ def test_every_part_redacts_a_url_password_the_same_way(url):
 def test_a_url_without_a_password_is_shown_unchanged_everywhere():
     for url in ("dir:///tmp/swarm", "redis://localhost:6379/0"):
         assert redact_url(url) == url
-        assert redact_text(url) == url
+        assert redact_argv(["--exchange_url", url]) == ["--exchange_url", url]
         assert _config(exchange_url=url, report_to=[]).to_dict()["exchange_url"] == url
 
 

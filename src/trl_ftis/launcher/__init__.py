@@ -35,15 +35,12 @@ backend").
 The rules shared with the rest of trl-ftis come from the core's modules, each for one concern (`peer_ids`,
 `redaction`, `shared_names`, `exit_codes`, ...) and from the transport registry (`exchange.transports.registry`: the
 exchange URL schemes). Only the standard library, PyYAML, pydantic and psutil are imported here (submitit only when
-jobs are submitted), so `trl-ftis swarm --dry-run` stays fast. `__all__` is the package's API, re-exported from the
-modules (`redact_text` from `trl_ftis.redaction`); the `X as X` imports keep the constants that the package exported
-before.
+jobs are submitted), so `trl-ftis swarm --dry-run` stays fast. `__all__` is the package's API, re-exported from its
+modules; every other name is imported from the module that defines it.
 """
 
 from __future__ import annotations
 
-from ..exit_codes import INTERRUPTED_EXIT_CODE as INTERRUPTED_EXIT_CODE
-from ..redaction import redact_text
 from .backend import Backend, Outcome
 from .backends import backend_kind, backend_names, register_backend
 from .commands import (
@@ -57,8 +54,6 @@ from .commands import (
 )
 from .driver import dry_run, run_swarm
 from .restart import restart_config
-from .schema import LAUNCHERS as LAUNCHERS
-from .schema import RESERVED_ARGS as RESERVED_ARGS
 from .schema import SwarmConfigError, load_swarm_config
 from .slurm.schema import RedisJobConfig, SlurmResources
 from .summary import SUMMARY_FIELDS, format_summary_table
@@ -85,7 +80,6 @@ __all__ = [
     "load_swarm_config",
     "redact_argv",
     "redact_env",
-    "redact_text",
     "render_args",
     "restart_config",
     "run_swarm",
