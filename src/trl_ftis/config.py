@@ -80,8 +80,8 @@ class FTISConfig(SecretFields, GRPOConfig):
 
         peer_id (`str`, *optional*):
             This peer's name in the swarm: 1-64 ASCII letters, digits, `_`, `.` or `-`, starting with a letter, a
-            digit or `_` (`trl_ftis.peer_ids`). Defaults to `run_name` when it is a valid id, else `"peer"`. When set and
-            `run_name` is not, `run_name` becomes the peer id, so each peer's tracker run (wandb, trackio, ...) is
+            digit or `_` (`trl_ftis.peer_ids`). Defaults to `run_name` when it is a valid id, else `"peer"`. When set
+            and `run_name` is not, `run_name` becomes the peer id, so each peer's tracker run (wandb, trackio, ...) is
             named after it.
         exchange_url (`str`, *optional*):
             Where peers exchange completions: `dir:///shared/path` (a shared directory, no server),

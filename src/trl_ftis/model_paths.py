@@ -1,6 +1,6 @@
-"""Whether a `model` names a local folder or a Hugging Face Hub id, and what is wrong with one the peers could not load:
-the launcher checks them before start, the example scripts before loading. Standard library only (the Hub cache is
-asked through huggingface_hub when it is installed)."""
+"""Whether a `model` names a local folder or a Hugging Face Hub id, and what is wrong with one the peers could not
+load: the launcher checks them before start, the example scripts before loading. Standard library only (the Hub cache
+is asked through huggingface_hub when it is installed)."""
 
 from __future__ import annotations
 

@@ -1400,7 +1400,8 @@ def test_one_completions_text_above_its_limit_is_refused():
 @pytest.mark.parametrize("flags", [[2, 0], [3, 0], [0x80, 0], [1, 0xFE]])
 def test_unknown_text_flag_bits_are_refused(flags):
     header, body = text_frame(["abc", "d"])
-    assert [c.ends_with_eos for c in decode_message(assemble(header, patch_section(header, body, flags=[1, 0]))).completions] == [True, False]  # fmt: skip
+    flagged = decode_message(assemble(header, patch_section(header, body, flags=[1, 0])))
+    assert [c.ends_with_eos for c in flagged.completions] == [True, False]
     error = expect("text", decode_message, assemble(header, patch_section(header, body, flags=flags)))
     assert "unknown text flag bits" in str(error)
 

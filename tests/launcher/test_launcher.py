@@ -250,7 +250,8 @@ def test_python_command(tmp_path):
         "--project", "run",  # trackio groups the swarm's runs under the run directory's name
     ]  # fmt: skip
     assert big.env == {
-        "FTIS_PEER_ID": "big", "PYTHONUNBUFFERED": "1", "A": "1", "CUDA_VISIBLE_DEVICES": "7", "WANDB_RUN_GROUP": "run",
+        "FTIS_PEER_ID": "big", "PYTHONUNBUFFERED": "1", "A": "1", "CUDA_VISIBLE_DEVICES": "7",
+        "WANDB_RUN_GROUP": "run",
         "FTIS_CONSOLE": "lines",  # one short line per logged step (trl_ftis.console)
     }  # fmt: skip
     assert small.argv[1] == os.path.abspath("other.py")

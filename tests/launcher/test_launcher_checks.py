@@ -163,7 +163,8 @@ def test_a_users_own_argument_dataclass_is_read_without_running_the_script(tmp_p
         "from typing import ClassVar\n"
         "from transformers import HfArgumentParser\n\n"
         "@dataclass\nclass Base:\n    seed: int = 0\n\n"
-        "@dataclass\nclass MyArgs(Base):\n    NAME: ClassVar[str] = 'x'\n    steps: int = field(default=1, metadata={'aliases': ['--num_steps']})\n"
+        "@dataclass\nclass MyArgs(Base):\n    NAME: ClassVar[str] = 'x'\n"
+        "    steps: int = field(default=1, metadata={'aliases': ['--num_steps']})\n"
         "    verbose: bool = True\n    cache: dict = field(default_factory=dict, init=False)\n\n"
         "(args,) = HfArgumentParser((MyArgs,)).parse_args_into_dataclasses()\n"
     )

@@ -361,8 +361,8 @@ def test_the_launchers_hint_for_signature_refusals():
 
 
 def test_a_peer_without_the_secret_is_warned_about_at_the_end(tmp_path, capsys):
-    """A swarm where one peer has the secret and the others not: it refused every message (unsigned), another most of them; the launcher says so
-    per peer, with the reasons and the hint, then ends with exit code 0 as before."""
+    """A swarm where one peer has the secret and the others not: it refused every message (unsigned), another most of
+    them; the launcher says so per peer, with the reasons and the hint, then ends with exit code 0 as before."""
     lonely = _summary(peer_id="lonely", refused={"unsigned": 12, "signature": 3})
     mostly = _summary(peer_id="mostly", rows_received=10, rows_accepted=10, refused={"stale": 30})
     healthy = _summary(peer_id="healthy", rows_received=300, rows_accepted=290, refused={"stale": 2})

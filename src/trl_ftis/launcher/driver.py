@@ -8,8 +8,8 @@ it returns), the prefixed console, the loop that watches the peers (`poll`, sign
 
 * 0: every peer exited 0;
 * 1: a peer failed (or could not start, or the launcher hit an error); every other peer was stopped;
-* 130 (`trl_ftis.exit_codes.INTERRUPTED_EXIT_CODE`): SIGINT (Ctrl-C), SIGTERM or SIGHUP reached the launcher; every peer
-  was stopped. A second signal skips the rest of the grace period.
+* 130 (`trl_ftis.exit_codes.INTERRUPTED_EXIT_CODE`): SIGINT (Ctrl-C), SIGTERM or SIGHUP reached the launcher; every
+  peer was stopped. A second signal skips the rest of the grace period.
 """
 
 from __future__ import annotations

@@ -231,8 +231,8 @@ def _server_gpus(peers: Sequence[PeerConfig]) -> list[str]:
             if common:
                 found.append(
                     f"peers {peer.id!r}, {other.id!r}: their vLLM servers (`vllm_server.gpus` "
-                    f"{peer.vllm_server.gpus!r} and {other.vllm_server.gpus!r}) both use {on_gpus(common)}: each server "
-                    "needs GPUs of its own"
+                    f"{peer.vllm_server.gpus!r} and {other.vllm_server.gpus!r}) both use {on_gpus(common)}: "
+                    "each server needs GPUs of its own"
                 )
     return found
 

@@ -468,7 +468,8 @@ def secret_warnings(
     for (where, name), ids in holders.items():
         whose = _peers_text(ids, len(config.peers))
         lines.append(
-            f"`{where}.{name}` holds a secret written in the config{source}, for {whose}; {_secret_hint(name, where, passed_as)}"
+            f"`{where}.{name}` holds a secret written in the config{source}, for {whose}; "
+            f"{_secret_hint(name, where, passed_as)}"
         )
     if redact_url(config.exchange_url) != config.exchange_url:
         lines.append(

@@ -10,9 +10,9 @@ say about it:
   lives and dies with one launcher, so peers started by another could not meet the rest of the swarm there.
   They join the run the others are in (`commands.RUN_ID_FILE`), so that their messages are accepted.
 * `--resume`: each peer started gets `--resume_from_checkpoint <its newest complete checkpoint>`, found in its output
-  directory by the rule `trl_ftis.swarm.checkpoint.last_complete_checkpoint` follows (the newest `checkpoint-<step>` folder
-  holding `trainer_state.json`: a peer killed while saving leaves a newer, incomplete one); a peer without one yet
-  starts from the beginning. The path itself is passed, not `last`, so that any TRL script resumes (`Trainer.train(
+  directory by the rule `trl_ftis.swarm.checkpoint.last_complete_checkpoint` follows (the newest `checkpoint-<step>`
+  folder holding `trainer_state.json`: a peer killed while saving leaves a newer, incomplete one); a peer without one
+  yet starts from the beginning. The path itself is passed, not `last`, so that any TRL script resumes (`Trainer.train(
   resume_from_checkpoint=...)`) and the `.cmd` file says which checkpoint.
 
 Standard library only, like the rest of the launcher (the checkpoint names are checked against transformers' in the

@@ -1,7 +1,7 @@
-"""The end-of-run summary every backend shares: each peer's own summary file (`trl_ftis.shared_names.SUMMARY_FILE`, written
-by the trainer into its output directory), one row per peer (`summary_rows`, from each backend's `PeerState`s), the
-table the driver prints (`format_summary_table`), the peers' exchange warnings (`exchange_warnings`) and
-`summary.json` (`report_summary`).
+"""The end-of-run summary every backend shares: each peer's own summary file (`trl_ftis.shared_names.SUMMARY_FILE`,
+written by the trainer into its output directory), one row per peer (`summary_rows`, from each backend's
+`PeerState`s), the table the driver prints (`format_summary_table`), the peers' exchange warnings
+(`exchange_warnings`) and `summary.json` (`report_summary`).
 
 Reading a peer's file never raises: a missing, unreadable, malformed or stale file shows `-` with a note.
 """

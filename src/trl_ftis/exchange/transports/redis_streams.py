@@ -95,8 +95,9 @@ _OUTAGE_ATTEMPTS = 2  # attempts per call while the server is known to be down (
 # that id if it is at most _FUTURE_ID_MS ahead; beyond that (up to the largest possible id, with which no XADD * works
 # again), it first deletes the entries beyond the horizon, at most _REPAIR_PAGES pages of _REPAIR_PAGE a time, and
 # moves the stream's last id back (XSETID). No honest publish ever got such an id, so none of theirs is deleted.
-# Without `<ms>-*` (a user without +time, or Redis before 7.0) publishes use XADD *, which follows a far-future id; the
-# publish whose XADD * fails (the last id is the largest possible) makes the same repair, then sends (`_add_unguarded`).
+# Without `<ms>-*` (a user without +time, or Redis before 7.0) publishes use XADD *, which follows a far-future id;
+# the publish whose XADD * fails (the last id is the largest possible) makes the same repair, then sends
+# (`_add_unguarded`).
 _FUTURE_ID_MS = 86_400_000
 _REPAIR_PAGE = 16
 _REPAIR_PAGES = 16
