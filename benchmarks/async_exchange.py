@@ -67,7 +67,7 @@ def peer_messages(
 
     from trl_ftis import PeerRow
     from trl_ftis.exchange import encode_message
-    from trl_ftis.swarm.client import rows_to_message
+    from trl_ftis.swarm.peer_messages import rows_to_message
 
     rng = np.random.default_rng(seed)
     messages = {}

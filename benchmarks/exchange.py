@@ -180,7 +180,7 @@ def tiny_task_message(tokenizer, tmp: str):
     from trl_ftis import FTISConfig, FTISTrainer
     from trl_ftis.demo.tiny import build_tiny_llama
     from trl_ftis.exchange import tokenizer_fingerprint
-    from trl_ftis.swarm.client import rows_to_message
+    from trl_ftis.swarm.peer_messages import rows_to_message
     from trl_ftis.tasks.addition import addition_dataset, digit_match_reward, exact_answer_reward
 
     args = common.trainer_args(
@@ -209,7 +209,7 @@ def tiny_task_message(tokenizer, tmp: str):
 
 
 def bench_sizes(tokenizer, tmp: str) -> None:
-    from trl_ftis.swarm.client import rows_to_message
+    from trl_ftis.swarm.peer_messages import rows_to_message
 
     print(
         "\n(a) bytes on the wire (B/token = total bytes / completion tokens; fixed B/compl. = bytes that are not "

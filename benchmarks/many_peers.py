@@ -4,7 +4,7 @@ One receiver `trl_ftis.swarm.client.Swarm` faces S = 64, 128 and 256 simulated s
 temporary directory). Every round each sender publishes one realistic message: 64 rows (8 prompts x 8 completions) of
 300 tokens each, Zipf token ids and fp32 log-probs (the generators of benchmarks/exchange.py), signed with a shared
 swarm secret (HMAC over the whole message, so verification costs what it does in a swarm). The rows of every sender are
-built once (`trl_ftis.swarm.client.rows_to_message`); each round's messages are encoded
+built once (`trl_ftis.swarm.peer_messages.rows_to_message`); each round's messages are encoded
 (`trl_ftis.exchange.encode_message`) and published before the receiver's collect, outside the measured time. The
 receiver has met every sender (its `known_peers` holds them all, as after a first round that took everyone), so every
 sender is a regular with its own allowance: the case where nothing but `max_rows` can bound the work. It does not wait
@@ -93,7 +93,7 @@ def sender_rows(sender: str, seed: int):
 
 
 def build_messages(count: int):
-    from trl_ftis.swarm.client import rows_to_message
+    from trl_ftis.swarm.peer_messages import rows_to_message
 
     senders = [f"peer-{k:03d}" for k in range(count)]
     messages = {

@@ -109,9 +109,6 @@ def test_the_round_defaults_come_from_the_rules():
         ("max_rounds_ahead", DEFAULT_MAX_ROUNDS_AHEAD),
     ):
         assert getattr(config, name) == swarm[name].default == default, name
-    from trl_ftis.swarm import client
-
-    assert client.DEFAULT_MAX_ROUNDS_AHEAD is DEFAULT_MAX_ROUNDS_AHEAD
 
 
 @pytest.mark.parametrize(

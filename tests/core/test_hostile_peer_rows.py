@@ -32,8 +32,9 @@ from trl_ftis import FTISTrainer, PeerRow
 from trl_ftis.demo.tiny import build_char_tokenizer, build_tiny_llama
 from trl_ftis.peer_rows import MAX_ABS_ADVANTAGE
 from trl_ftis.sampling_bounds import MAX_LOGP
-from trl_ftis.swarm.admission import RESERVED_REWARD_COLUMNS
-from trl_ftis.swarm.client import RoundResult, message_to_rows, rows_to_message
+from trl_ftis.swarm.peer_messages import message_to_rows, rows_to_message
+from trl_ftis.swarm.round_budget import RoundResult
+from trl_ftis.swarm.scoring import RESERVED_REWARD_COLUMNS
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 F32_MAX = float(np.finfo(np.float32).max)

@@ -289,7 +289,7 @@ def test_strangers_and_garbage_are_refused_counted_and_ignored(tmp_path):
     from trl_ftis import PeerRow
     from trl_ftis.demo.tiny import build_char_tokenizer
     from trl_ftis.exchange import encode_message, tokenizer_fingerprint
-    from trl_ftis.swarm.client import rows_to_message
+    from trl_ftis.swarm.peer_messages import rows_to_message
 
     exchange = tmp_path / "exchange"
     exchange.mkdir()

@@ -11,7 +11,8 @@ from swarm_helpers import rows
 
 from trl_ftis import PeerRow
 from trl_ftis.peer_rows import AdmittedRow, ScoredRow, with_group_statistics
-from trl_ftis.swarm.admission import RESERVED_REWARD_COLUMNS, statistics_problem
+from trl_ftis.swarm.admission import statistics_problem
+from trl_ftis.swarm.scoring import RESERVED_REWARD_COLUMNS
 
 CHAT = [{"role": "user", "content": "1+2="}]
 

@@ -12,7 +12,7 @@ from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
 
 from trl_ftis.exchange import encode_message, tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
-from trl_ftis.swarm.client import rows_to_message
+from trl_ftis.swarm.peer_messages import rows_to_message
 from trl_ftis.swarm.round_budget import ROW_MISSES
 
 SECRET = "members-only"

@@ -33,8 +33,9 @@ from trl_ftis.exchange import (
 from trl_ftis.exchange import wire as wire_module
 from trl_ftis.exchange.transports import MemoryTransport
 from trl_ftis.peer_rows import select_rows
+from trl_ftis.round_window import DEFAULT_MAX_ROUNDS_AHEAD
 from trl_ftis.sampling_bounds import MAX_TEMPERATURE, MIN_TEMPERATURE
-from trl_ftis.swarm.client import DEFAULT_MAX_ROUNDS_AHEAD, RoundBudget
+from trl_ftis.swarm.round_budget import RoundBudget
 
 SECRET = "members-only"
 

@@ -9,7 +9,7 @@ from swarm_helpers import rows
 from waits import returns_within
 
 from trl_ftis.peer_rows import ScoredRow
-from trl_ftis.swarm.client import RoundResult
+from trl_ftis.swarm.round_budget import RoundResult
 from trl_ftis.swarm.rounds import RoundRunner
 
 

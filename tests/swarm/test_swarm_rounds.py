@@ -13,7 +13,7 @@ from trl_ftis import PeerRow
 from trl_ftis.demo.tiny import build_tiny_llama
 from trl_ftis.exchange.transports import open_transport
 from trl_ftis.peer_rows import assign_group_statistics, select_rows
-from trl_ftis.swarm.client import message_to_rows, rows_to_message
+from trl_ftis.swarm.peer_messages import message_to_rows, rows_to_message
 from trl_ftis.tasks.addition import addition_dataset, digit_match_reward
 
 

@@ -39,7 +39,6 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "CHAT_ROLES",
     "DROP_REASONS",
-    "RESERVED_REWARD_COLUMNS",
     "STRIP_REASONS",
     "Admission",
     "PromptRenderer",

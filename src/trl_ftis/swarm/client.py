@@ -54,7 +54,7 @@ from .exchange_modes.sync_window import SyncWindow
 from .message_checks import load_keys, tokenizer_problem
 from .peer_messages import biased_logps, fits_the_wire, message_to_rows, rows_to_message
 from .reading_order import reading_order
-from .round_budget import BUDGET_TEXT, PeerRoundStats, RoundBudget, RoundResult, RoundSpending, whole_groups
+from .round_budget import BUDGET_TEXT, RoundBudget, RoundResult, RoundSpending, whole_groups
 from .round_windows import MAX_KNOWN_PEERS
 from .swarm_state import check_swarm_state
 
@@ -63,15 +63,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "DEFAULT_MAX_ROUNDS_AHEAD",  # re-exported from trl_ftis.round_window, where FTISConfig takes it from too
-    "PeerRoundStats",
-    "RoundBudget",
-    "RoundResult",
-    "Swarm",
-    "message_to_rows",  # re-exported from trl_ftis.swarm.peer_messages
-    "rows_to_message",
-]
+__all__ = ["Swarm"]
 
 # Seconds `leave` retries its message at most (a Redis server that is down): the run is ending, and a peer that never
 # hears of it stops waiting after one peer_timeout anyway.

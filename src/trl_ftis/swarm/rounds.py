@@ -38,8 +38,9 @@ from ..peer_rows import (
     select_rows,
     with_group_statistics,
 )
-from .client import RoundBudget, RoundResult, Swarm
+from .client import Swarm
 from .exchange_modes.base import RoundAbandoned, RoundOutcome
+from .round_budget import RoundBudget, RoundResult
 
 if TYPE_CHECKING:
     from ..config import FTISConfig
