@@ -124,7 +124,7 @@ class TinyPeerArguments:
         default=False,
         metadata={
             "help": "Once the model is built, wait until every peer of --expected_peers has built its own (ready "
-            "files in this run's folder, the parent of --output_dir): a lock-step swarm's first round then does not "
+            "files in this run's folder, the parent of --output_dir): a sync-mode swarm's first round then does not "
             "count a partner's start-up (its warm-up) as this peer's training time, which a comparison of times to "
             "an accuracy against controls would otherwise charge to the swarm; gives up after 15 minutes. A peer "
             "without expected peers (a control) starts at once."

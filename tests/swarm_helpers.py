@@ -86,7 +86,7 @@ def rows(sender, count=4, group="g", prompt="12+34=", reward=1.0, round=0):
     ]
 
 
-class LockStepPartner(TrainerCallback):
+class SyncModePartner(TrainerCallback):
     """Another peer: publishes 8 rows of 3 tokens (group `g<round>`) for the trainer's round when each step begins."""
 
     def __init__(self, swarm):

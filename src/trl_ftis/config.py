@@ -341,7 +341,7 @@ class FTISConfig(SecretFields, GRPOConfig):
     max_staleness: int = field(
         default=DEFAULT_MAX_STALENESS,
         metadata={
-            "help": "Drop messages from rounds older than current_round - max_staleness (free-running: more than "
+            "help": "Drop messages from rounds older than current_round - max_staleness (the free mode: more than "
             "max_staleness of their sender's own steps older than its newest message)."
         },
     )

@@ -700,7 +700,7 @@ class FTISTrainer(GRPOTrainer):
             `bytes_sent`, `rows_retokenised` (rows of peers with another tokenizer, re-tokenised: `cross_tokenizer`),
             `reward` (the last logged), `exchange_worker_errors` (rounds an async exchange worker failed),
             `exchange_blocking_seconds` (the training loop's waits on the exchange, all steps together),
-            `exchange_admission_seconds` (free-running: admitting the rows the steps took, work that is not a wait),
+            `exchange_admission_seconds` (the free mode: admitting the rows the steps took, work that is not a wait),
             `train_seconds` (the Trainer's `train_runtime`), `peer_row_ages` (swarm rows trained on, by age in their
             sender's steps: `"0"`, `"1"`, ...), `refused`
             (counts by reason), `dropped` (received or added rows dropped, by reason: [`DROP_REASONS`]), `peers`

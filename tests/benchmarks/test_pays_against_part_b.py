@@ -1,5 +1,5 @@
 """`trl_ftis.pays` against the measured wall-time experiment (part B of `benchmarks/peer_gain.md`, committed records
-`benchmarks/results/peer_gain_wall-grid.jsonl`): two lock-step copies against A_2 (64 rows a step) and A_1 (32) on
+`benchmarks/results/peer_gain_wall-grid.jsonl`): two sync-mode copies against A_2 (64 rows a step) and A_1 (32) on
 one core each, 8 paired seeds.
 
 The hardware factors are read the way `trl-ftis pays` reads a user's runs: each run's own summary (its step clock's

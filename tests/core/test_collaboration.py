@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from swarm_helpers import LockStepPartner, make_swarm
+from swarm_helpers import SyncModePartner, make_swarm
 from tiny_trainers import exchange_trainer, tiny_trainer, without_control_tokens
 
 from trl_ftis.collaboration_report import collaboration_report, stand_in_seconds
@@ -295,7 +295,7 @@ def test_a_checkpoint_with_a_malformed_ledger_is_refused_naming_the_field(tokeni
 def test_a_swarm_peer_sees_what_its_partner_supplied_and_what_the_exchange_took(tokenizer, make_args, memory_url):
     partner = make_swarm(memory_url, "partner", tokenizer)
     trainer = exchange_trainer(
-        tokenizer, make_args, memory_url, "sync", callbacks=[LockStepPartner(partner)], expected_peers=["partner"]
+        tokenizer, make_args, memory_url, "sync", callbacks=[SyncModePartner(partner)], expected_peers=["partner"]
     )
     trainer.train()
     summary = trainer.summary()

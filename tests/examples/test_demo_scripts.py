@@ -95,7 +95,7 @@ def test_tiny_peer_runs_on_a_cpu_only_machine_without_device_flags_and_prints_st
 
 def test_tiny_peers_start_training_together_once_every_expected_peer_is_built(tmp_path, monkeypatch):
     """`tiny_peer --start_together`: a swarm peer waits for its partners' ready files in the run folder (the parent of
-    its output dir), so that a lock-step first round does not charge a partner's start-up to its training clock."""
+    its output dir), so that a sync-mode first round does not charge a partner's start-up to its training clock."""
     import importlib.util
     import sys
     import threading

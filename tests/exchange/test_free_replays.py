@@ -1,4 +1,4 @@
-"""Free-running exchange against replays of a run's own genuine messages: each sender's messages are taken only in
+"""Free-mode exchange against replays of a run's own genuine messages: each sender's messages are taken only in
 order (a newer round of its newest start, or a newer start), whatever bounded memory holds, and only such messages
 count as signs of life. The attacker needs no secret and no key: it copies bytes the exchange already held."""
 

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from trl_ftis.exchange import layout, wire
+from trl_ftis.exchange import layout
 from trl_ftis.exchange.transports import DirTransport, TransportError, open_transport
 from trl_ftis.exchange.transports import directory as directory_module
 
@@ -94,8 +94,8 @@ def spy(monkeypatch):
 
 def test_the_preamble_the_transport_reads_is_the_wire_formats():
     # The directory transport reads the preamble only as a completeness hint, from the layout (not the codec).
-    assert directory_module.MAGIC is layout.MAGIC == wire.MAGIC
-    assert directory_module.PREAMBLE is layout.PREAMBLE and layout.PREAMBLE.size == wire.PREAMBLE_SIZE == 20
+    assert directory_module.MAGIC is layout.MAGIC
+    assert directory_module.PREAMBLE is layout.PREAMBLE and layout.PREAMBLE.size == layout.PREAMBLE_SIZE == 20
     imports = [n for n in ast.walk(ast.parse(inspect.getsource(directory_module))) if isinstance(n, ast.ImportFrom)]
     assert not [n.module for n in imports if (n.module or "").endswith("wire")]
 
@@ -561,7 +561,7 @@ def test_redis_fields_other_than_data_are_charged_and_bounded(redis_server):
 
 
 def test_a_directory_wait_looks_again_quickly_then_backs_off_to_poll_interval(tmp_path, monkeypatch):
-    """Lock-step peers publish within milliseconds: the first looks come after 5, 10, 20, 40 ms, then every
+    """Sync-mode peers publish within milliseconds: the first looks come after 5, 10, 20, 40 ms, then every
     `poll_interval` (50 ms), so a long wait lists the directory no more often than a fixed 50 ms poll would."""
     t = DirTransport(f"dir://{tmp_path / 'ex'}")
     slept = []

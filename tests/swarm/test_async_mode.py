@@ -7,7 +7,7 @@ import time
 import uuid
 
 import pytest
-from swarm_helpers import LockStepPartner, make_swarm  # tests/ is on sys.path
+from swarm_helpers import SyncModePartner, make_swarm  # tests/ is on sys.path
 from tiny_trainers import exchange_trainer
 from transformers import TrainerCallback
 from waits import PROCESS_HANG_GUARD, returns_within
@@ -35,7 +35,7 @@ def url():
 def test_async_rows_join_the_next_step_and_the_worker_ends_with_train(tokenizer, make_args, url):
     partner = make_swarm(url, "partner", tokenizer)
     trainer = async_trainer(
-        tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], expected_peers=["partner"]
+        tokenizer, make_args, url, callbacks=[SyncModePartner(partner)], expected_peers=["partner"]
     )
     merged = []
     original = trainer._merge_peer_rows
@@ -54,7 +54,7 @@ def test_async_rows_join_the_next_step_and_the_worker_ends_with_train(tokenizer,
 
 def test_sync_mode_logs_the_whole_round_as_blocking(tokenizer, make_args, url):
     partner = make_swarm(url, "partner", tokenizer)
-    trainer = async_trainer(tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], exchange_mode="sync")
+    trainer = async_trainer(tokenizer, make_args, url, callbacks=[SyncModePartner(partner)], exchange_mode="sync")
     trainer.train()
     entries = step_entries(trainer)
     assert [entry["ftis/peer_rows"] for entry in entries] == [8, 8, 8]  # no lag
@@ -109,7 +109,7 @@ def test_the_worker_stops_when_train_raises_and_a_waiting_round_is_interrupted(t
 
 def test_a_failing_worker_is_reported_and_training_goes_on(tokenizer, make_args, url, monkeypatch, caplog):
     partner = make_swarm(url, "partner", tokenizer)
-    trainer = async_trainer(tokenizer, make_args, url, callbacks=[LockStepPartner(partner)], max_steps=4)
+    trainer = async_trainer(tokenizer, make_args, url, callbacks=[SyncModePartner(partner)], max_steps=4)
     finish = trainer._rounds.finish_round
 
     def fail_in_round_1(own_rows, round, result, bytes_sent):
@@ -134,7 +134,7 @@ def test_async_checkpoints_wait_for_the_round_in_flight(tokenizer, make_args, ur
         tokenizer,
         make_args,
         url,
-        callbacks=[LockStepPartner(partner)],
+        callbacks=[SyncModePartner(partner)],
         save_strategy="steps",
         save_steps=1,
         output_dir=str(tmp_path / "out"),

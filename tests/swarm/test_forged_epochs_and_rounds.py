@@ -38,7 +38,7 @@ def genuine(result, sender="victim"):
     return sorted({row.round for row in result.rows if row.sender == sender and row.prompt != "forged"})
 
 
-# -- free-running ----------------------------------------------------------------------------------------------------
+# -- the free mode ----------------------------------------------------------------------------------------------------
 def test_free_a_start_far_in_the_future_is_refused_and_recorded_nowhere(tokenizer, url):
     victim, me = make_swarm(url, "victim", tokenizer, secret=SECRET), free(url, tokenizer)
     victim.publish(rows("victim", group="g0"), 0)
@@ -145,7 +145,7 @@ def test_free_a_receiver_resumed_from_a_state_holding_a_forged_start_takes_the_p
     assert genuine(resumed.collect(1)) == [2]
 
 
-# -- lock-step -------------------------------------------------------------------------------------------------------
+# -- the sync mode ----------------------------------------------------------------------------------------------------
 def lock_step(url, tokenizer, peer_id="me", **overrides):
     return make_swarm(url, peer_id, tokenizer, secret=SECRET, peer_timeout=0.2, **overrides)
 
@@ -241,7 +241,7 @@ def test_start_epoch(saved, now, expected):
     assert clocks.start_epoch(saved, now) == expected
 
 
-# -- the free-running sender table -----------------------------------------------------------------------------------
+# -- the free-mode sender table ---------------------------------------------------------------------------------------
 @pytest.fixture
 def small_table(monkeypatch):
     """A sender table of 6 (10,000 in a real swarm), so that a flood fills it in one collect; its clock moves only

@@ -1,5 +1,5 @@
 """`exchange_mode="free"`: the training loop never waits for a peer. The arrival queue (ages in the sender's own steps,
-newest first, stale rows dropped), the free-running swarm window, and the trainer's steps, checkpoints and resume."""
+newest first, stale rows dropped), the free-mode swarm window, and the trainer's steps, checkpoints and resume."""
 
 import json
 import time
@@ -79,7 +79,7 @@ def test_a_step_shares_its_cap_fairly_between_senders():
     assert sorted({(row.sender, row.round) for row in taken.rows}) == [("fast", 12), ("slow", 2)]
 
 
-# -- the free-running swarm ------------------------------------------------------------------------------------------
+# -- the free-mode swarm ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def url():
     return f"memory://free-{uuid.uuid4().hex}"
@@ -266,7 +266,7 @@ def test_free_running_rows_go_through_the_same_admission_and_budgets(tokenizer, 
     summary = trainer.summary()
     assert summary["steps"] == 4
     assert summary["dropped"].get("bad_chat_prompt", 0) >= 8  # taken from the queue, refused by the admission
-    assert sum(summary["refused"].values()) >= 1  # the garbage files, refused by the swarm as in lock-step
+    assert sum(summary["refused"].values()) >= 1  # the garbage files, refused by the swarm as in the sync mode
     trained = [row for batch in merged for row in batch]
     assert trained and all(isinstance(row.prompt, str) for row in trained)
 

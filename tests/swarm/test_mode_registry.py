@@ -45,6 +45,24 @@ def test_the_swarm_names_each_mode_one_way():
     assert {path: names for path, names in named.items() if names} == {}
 
 
+# The second vocabulary in prose: the modes are "the sync mode", "the async mode" and "the free mode".
+OLD_WORDS = re.compile(r"\b(?:[Ll]ock[- ]step|[Ff]ree[- ]running|[Bb]ackground mode|LockStep|FreeRunning)\b")
+
+
+def test_the_package_and_the_docs_name_each_mode_one_way():
+    """No module of the package and no page of the docs (guides, results, studies) or the README calls a mode by an
+    old name (the benchmark scripts' and result files' own names, such as `free_running.py`, are not words here)."""
+    root = PACKAGE.parents[1]
+    files = [*PACKAGE.rglob("*.py"), root / "README.md", *(root / "docs").rglob("*.md")]
+    named = {str(path.relative_to(root)): OLD_WORDS.findall(path.read_text(encoding="utf-8")) for path in files}
+    assert {path: words for path, words in named.items() if words} == {}
+
+
+def test_the_old_words_are_caught():
+    text = "peers in lock-step, Free running copies, the background mode, LockStep, FreeRunning; not free_running.py"
+    assert OLD_WORDS.findall(text) == ["lock-step", "Free running", "background mode", "LockStep", "FreeRunning"]
+
+
 def test_the_registry_holds_the_three_modes_with_their_windows():
     assert [exchange_mode(name) for name in EXCHANGE_MODE_NAMES] == [SyncMode, AsyncMode, FreeMode]
     assert [EXCHANGE_MODES[name].horizontal for name in EXCHANGE_MODE_NAMES] == [True, False, False]
@@ -69,7 +87,7 @@ def test_the_config_knows_the_modes_without_importing_the_swarms_modules():
 
 
 class EverySecondStep(SyncMode):
-    """The worked example of docs/swarm.md: lock-step rounds at even steps only."""
+    """The worked example of docs/swarm.md: sync-mode rounds at even steps only."""
 
     name = "every_second_step"
 

@@ -1,4 +1,4 @@
-"""A lock-step peer that names no one to wait for says so when it starts: its rounds then take whatever has arrived
+"""A sync-mode peer that names no one to wait for says so when it starts: its rounds then take whatever has arrived
 and wait for no one, so a slower peer's rows can miss their round (two peers started from the README's recipe without
 `expected_peers` traded only part of their rows, silently)."""
 
@@ -33,7 +33,7 @@ def test_a_lock_step_mode_without_expected_peers_is_warned_about_naming_the_opti
     [
         {"expected_peers": ["a", "b"]},
         {"num_expected_peers": 1},
-        {"exchange_mode": "free"},  # free-running never waits for anyone, by design
+        {"exchange_mode": "free"},  # the free mode never waits for anyone, by design
     ],
 )
 def test_nothing_to_say_when_rounds_wait_or_waiting_is_not_the_mode(fields):

@@ -180,7 +180,7 @@ def _env_value(value: Any) -> str:
 
 def _peer_timeout(args: dict) -> dict:
     # FTISConfig takes 0 (a round that never waits), but a swarm whose rounds never wait trades almost nothing: in
-    # lock-step every peer trains before the others' rows arrive.
+    # the sync mode every peer trains before the others' rows arrive.
     value = args.get(PEER_TIMEOUT_ARG)
     if value is None:
         return args

@@ -82,7 +82,7 @@ ACCURACY_ITEMS = "accuracy_items_after"
 """A peer summary's per-problem correctness after training (0/1, the same problems for every peer, as
 `examples/tiny_peer.py` writes it): a peer and its control are compared pair by pair ([`paired_difference`])."""
 MAX_ACCURACY_ITEMS = 100_000  # read no longer list from another process's file
-WAIT_HINT_SHARE = 0.2  # a lock-step peer waiting this much of its time, ...
+WAIT_HINT_SHARE = 0.2  # a sync-mode peer waiting this much of its time, ...
 WAIT_HINT_SPEEDS = (
     1.5  # ... in a swarm whose peers' seconds a step differ this much, is told about `exchange_mode: free`
 )
@@ -311,7 +311,7 @@ def exchange_warnings(rows: list[dict]) -> list[str]:
 
 def format_summary_table(rows: list[dict]) -> str:
     """The end-of-run table: one line per peer ([`TABLE_COLUMNS`]), `-` for anything unknown; controls marked `*`;
-    then the notes, and a hint when lock-step peers of different speeds waited much ([`wait_hint`]). Rows with a
+    then the notes, and a hint when sync-mode peers of different speeds waited much ([`wait_hint`]). Rows with a
     `job_id` (the SLURM launcher's) get a `job` column."""
     jobs = any("job_id" in row for row in rows)
     header = ["peer", "status", *(["job"] if jobs else []), "exit", "wall", *(name for name, _ in TABLE_COLUMNS)]

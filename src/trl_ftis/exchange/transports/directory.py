@@ -509,7 +509,7 @@ class DirTransport(Transport):
 
     def _wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        # The first looks come quickly (a peer in lock-step publishes within milliseconds), later ones every
+        # The first looks come quickly (a peer in the sync mode publishes within milliseconds), later ones every
         # `poll_interval`: 5, 10, 20, 40 ms, then 50 ms (the default), so a long wait lists no more often than before.
         delay = min(_FIRST_POLL_DELAY, self.poll_interval)
         while True:
