@@ -27,18 +27,14 @@ from trl_ftis.exchange import (
     decode_message,
     encode_message,
     keys,
+    layout,
     peek_header,
     tokenizer_fingerprint,
     wire,
 )
-from trl_ftis.exchange.wire import (
-    COMPACT_LOGP_ABS_ERROR,
-    COMPACT_LOGP_REL_ERROR,
-    ED25519_SIGNATURE_SIZE,
-    PREAMBLE_SIZE,
-    REASONS,
-    SIGNATURE_SIZE,
-)
+from trl_ftis.exchange.errors import REASONS
+from trl_ftis.exchange.keys import ED25519_SIGNATURE_SIZE
+from trl_ftis.exchange.layout import COMPACT_LOGP_ABS_ERROR, COMPACT_LOGP_REL_ERROR, PREAMBLE_SIZE, SIGNATURE_SIZE
 
 FINGERPRINT = "ab" * 32
 VOCAB = 22  # the tiny character tokenizer's size
@@ -182,7 +178,7 @@ def test_round_trip_compact_within_documented_precision():
     message = make_message(n=16, length=64)
     data = encode_message(message, compact=True)
     flags, header, _, _ = split(data)
-    assert flags == wire.FLAG_COMPACT | wire.FLAG_COMPRESSED  # compress defaults to on in compact mode
+    assert flags == layout.FLAG_COMPACT | layout.FLAG_COMPRESSED  # compress defaults to on in compact mode
     assert header["dtypes"] == {"ids": "<u2", "logps": "<f2"}
     decoded = decode_message(data, vocab_limit=VOCAB)
     assert decoded.compact is True
@@ -219,10 +215,10 @@ def test_compact_clamps_log_probs_to_float16_range():
 
 def test_message_compact_field_selects_the_encoding():
     message = make_message(compact=True)
-    assert split(encode_message(message))[0] & wire.FLAG_COMPACT
-    assert not split(encode_message(message, compact=False))[0] & wire.FLAG_COMPACT
-    assert split(encode_message(make_message(), compact=True, compress=False))[0] == wire.FLAG_COMPACT
-    assert split(encode_message(make_message(), compress=True))[0] == wire.FLAG_COMPRESSED
+    assert split(encode_message(message))[0] & layout.FLAG_COMPACT
+    assert not split(encode_message(message, compact=False))[0] & layout.FLAG_COMPACT
+    assert split(encode_message(make_message(), compact=True, compress=False))[0] == layout.FLAG_COMPACT
+    assert split(encode_message(make_message(), compress=True))[0] == layout.FLAG_COMPRESSED
 
 
 @pytest.mark.parametrize("n,length,k", [(1, 1, 0), (24, 37, 4), (12, 600, 1), (5, 3, 4)])
@@ -268,7 +264,7 @@ def test_signed_messages():
     expect("unsigned", decode_message, unsigned, secret="swarm secret")
     # Stripping the signature and clearing the flag does not help: it is then an unsigned message.
     stripped = bytearray(signed[:-SIGNATURE_SIZE])
-    stripped[6] &= ~wire.FLAG_SIGNED
+    stripped[6] &= ~layout.FLAG_SIGNED
     expect("unsigned", decode_message, bytes(stripped), secret="swarm secret")
     with pytest.raises(ValueError):
         decode_message(signed, secret=b"")
@@ -276,7 +272,7 @@ def test_signed_messages():
 
 def test_signature_is_checked_before_the_header_is_parsed():
     # A signed message whose header is not even JSON: the wrong signature is what a receiver reports.
-    forged = assemble(None, b"", flags=wire.FLAG_SIGNED, raw_header=b"{not json") + b"\0" * SIGNATURE_SIZE
+    forged = assemble(None, b"", flags=layout.FLAG_SIGNED, raw_header=b"{not json") + b"\0" * SIGNATURE_SIZE
     expect("signature", decode_message, forged, secret="s")
     expect("header", decode_message, forged)
 
@@ -457,7 +453,7 @@ def test_declared_counts_are_checked_against_limits_and_body_before_allocation()
     try:
         expect("shape", decode_message, assemble(big, small_body()))
         # Compressed: inflating stops at the stream's real end; the output never grows toward 81 MiB.
-        expect("shape", decode_message, assemble(big, zlib.compress(small_body()), flags=wire.FLAG_COMPRESSED))
+        expect("shape", decode_message, assemble(big, zlib.compress(small_body()), flags=layout.FLAG_COMPRESSED))
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -470,7 +466,7 @@ def test_zip_bomb_is_rejected_without_inflating_it():
     bomb = b"".join(compressor.compress(chunk) for _ in range(16)) + compressor.flush()  # 16 MiB of zeros
     assert len(bomb) < 2**15
     header = small_header(dtypes={"ids": "<u2", "logps": "<f2"})
-    data = assemble(header, bomb, flags=wire.FLAG_COMPACT | wire.FLAG_COMPRESSED)
+    data = assemble(header, bomb, flags=layout.FLAG_COMPACT | layout.FLAG_COMPRESSED)
     tracemalloc.start()
     try:
         expect("too_large", decode_message, data)
@@ -487,7 +483,7 @@ def test_zip_bomb_is_rejected_without_inflating_it():
 def test_corrupt_compressed_bodies():
     header = small_header(dtypes={"ids": "<u2", "logps": "<f2"})
     body = small_body(ids_dtype="<u2", logps_dtype="<f2")
-    flags = wire.FLAG_COMPACT | wire.FLAG_COMPRESSED
+    flags = layout.FLAG_COMPACT | layout.FLAG_COMPRESSED
     assert decode_message(assemble(header, zlib.compress(body), flags=flags)).num_tokens() == 2
     expect("body", decode_message, assemble(header, b"\x00" * 20, flags=flags))
     expect("body", decode_message, assemble(header, zlib.compress(body) + b"junk", flags=flags))
@@ -737,8 +733,9 @@ PUBLIC_KEYS = {"peer-a": KEY_A.public_key(), "peer-b": KEY_B.public_key(), "mall
 def sign_frame(core: bytes, *, secret=None, private_key=None, signer: str | None = None) -> bytes:
     """Signs preamble + header + body as a sender holding `secret` / `private_key` would, naming `signer` in the
     Ed25519 block; sets the flags. Lets a test play a swarm member crafting any bytes it likes."""
-    flags = struct.unpack_from("<H", core, 6)[0] & ~(wire.FLAG_SIGNED | wire.FLAG_ED25519)
-    flags |= (wire.FLAG_SIGNED if secret is not None else 0) | (wire.FLAG_ED25519 if private_key is not None else 0)
+    flags = struct.unpack_from("<H", core, 6)[0] & ~(layout.FLAG_SIGNED | layout.FLAG_ED25519)
+    flags |= layout.FLAG_SIGNED if secret is not None else 0
+    flags |= layout.FLAG_ED25519 if private_key is not None else 0
     data = core[:6] + struct.pack("<H", flags) + core[8:]
     if private_key is not None:
         name = signer.encode() if isinstance(signer, str) else signer
@@ -891,7 +888,7 @@ def test_tampering_with_any_byte_of_an_ed25519_signed_message_is_detected():
             assert info.value.reason in REASONS
     # Stripping the block and clearing the flag makes it unsigned.
     stripped = bytearray(data[: -(1 + 6 + ED25519_SIGNATURE_SIZE)])
-    stripped[6] &= ~wire.FLAG_ED25519
+    stripped[6] &= ~layout.FLAG_ED25519
     expect("unsigned", decode_message, bytes(stripped), public_keys=PUBLIC_KEYS)
     assert decode_message(bytes(stripped)).sender == "peer-a"
 
@@ -1166,7 +1163,7 @@ def test_a_tiny_message_declaring_many_rows_is_refused_from_its_header(monkeypat
         dtypes={"ids": "<u2", "logps": "<f2"},
     )
     body = columns_body([0] * n, [1] * n, [0.0] * n, np.zeros((n, 0)), [0] * n, [0.0] * n, "<u2", "<f2")
-    data = assemble(header, zlib.compress(body, 9), flags=wire.FLAG_COMPACT | wire.FLAG_COMPRESSED)
+    data = assemble(header, zlib.compress(body, 9), flags=layout.FLAG_COMPACT | layout.FLAG_COMPRESSED)
     assert len(data) < 1600
     assert len(decode_message(data).completions) == n  # the default limits take it: 65 536 row objects
     limits = Limits.for_receiver(max_completion_length=512, max_rows=512)
@@ -1191,7 +1188,7 @@ def test_a_zip_bomb_costs_at_most_the_derived_body_size():
     declared = 512 * 12 + 512 * 512 * 4  # what the counts imply: about 1 MiB
     compressor = zlib.compressobj(9)
     bomb = b"".join(compressor.compress(bytes(2**20)) for _ in range(64)) + compressor.flush()  # 64 MiB of zeros
-    data = assemble(header, bomb, flags=wire.FLAG_COMPACT | wire.FLAG_COMPRESSED)
+    data = assemble(header, bomb, flags=layout.FLAG_COMPACT | layout.FLAG_COMPRESSED)
     assert len(data) < 128 * 2**10
     tracemalloc.start()
     try:
@@ -1261,7 +1258,7 @@ def test_texts_round_trip(options):
     assert peek_header(data, **signatures)["text_bytes"] == text_bytes
     flags, header, body, _ = split(data)
     assert header["text_bytes"] == text_bytes
-    if not flags & wire.FLAG_COMPRESSED:  # the section follows the log-probs: 5 bytes per completion + the texts
+    if not flags & layout.FLAG_COMPRESSED:  # the section follows the log-probs: 5 bytes per completion + the texts
         assert len(body) == len(split(encode_message(make_message(n=6, length=5), **options))[2]) + 5 * 6 + text_bytes
         section = body[len(body) - text_bytes - 5 * 6 :]
         assert np.frombuffer(section[:24], "<u4").tolist() == [
@@ -1346,7 +1343,7 @@ def test_a_member_cannot_smuggle_invalid_text_past_a_signed_receiver():
     expect("text", decode_message, sign_frame(core, secret="s", private_key=KEY_A, signer="peer-a"),
            secret="s", public_keys=PUBLIC_KEYS)  # fmt: skip
     compressed_body = zlib.compress(patch_section(header, body, text=b"\xed\xa0\x80"))
-    expect("text", decode_message, assemble(header, compressed_body, flags=wire.FLAG_COMPRESSED))
+    expect("text", decode_message, assemble(header, compressed_body, flags=layout.FLAG_COMPRESSED))
 
 
 def test_text_lengths_must_add_up_to_text_bytes():
@@ -1361,7 +1358,7 @@ def test_text_lengths_must_add_up_to_text_bytes():
     # A header whose text_bytes disagrees with the body it came with: the body size no longer matches.
     header["text_bytes"] = 6
     expect("shape", decode_message, assemble(header, body))
-    expect("shape", decode_message, assemble(header, zlib.compress(body), flags=wire.FLAG_COMPRESSED))
+    expect("shape", decode_message, assemble(header, zlib.compress(body), flags=layout.FLAG_COMPRESSED))
 
 
 def test_text_bytes_above_the_limit_are_refused_from_the_header(monkeypatch):
@@ -1373,7 +1370,7 @@ def test_text_bytes_above_the_limit_are_refused_from_the_header(monkeypatch):
     huge = dict(header, text_bytes=10**12)
     monkeypatch.setattr(wire.zlib, "decompressobj", lambda: pytest.fail("inflated a body the header refuses"))
     monkeypatch.setattr(wire, "check_text_columns", lambda *args: pytest.fail("read the text section"))
-    for flags in (0, wire.FLAG_COMPRESSED):
+    for flags in (0, layout.FLAG_COMPRESSED):
         error = expect("limits", decode_message, assemble(huge, b"", flags=flags))
         assert "1000000000000 bytes of text" in str(error)
         expect("limits", peek_header, assemble(huge, b"", flags=flags))

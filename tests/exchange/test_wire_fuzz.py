@@ -34,9 +34,9 @@ from trl_ftis.exchange import (
     encode_message,
     layout,
     peek_header,
-    wire,
 )
-from trl_ftis.exchange.wire import PREAMBLE_SIZE, REASONS
+from trl_ftis.exchange.errors import REASONS
+from trl_ftis.exchange.layout import PREAMBLE_SIZE
 from trl_ftis.peer_ids import peer_id_problem
 from trl_ftis.sampling_bounds import MAX_LOGP
 
@@ -199,9 +199,8 @@ def split(data: bytes) -> tuple[int, dict, bytes]:
 
 
 def frame(flags: int, header_bytes: bytes, body: bytes) -> bytes:
-    return (
-        struct.pack("<4sHHIQ", b"FTIS", wire.SCHEMA_VERSION, flags, len(header_bytes), len(body)) + header_bytes + body
-    )
+    preamble = struct.pack("<4sHHIQ", b"FTIS", layout.SCHEMA_VERSION, flags, len(header_bytes), len(body))
+    return preamble + header_bytes + body
 
 
 def resign(core: bytes, signing: str, signer: str) -> bytes:
@@ -317,7 +316,7 @@ def header_edits(draw):
 def body_edits(draw):
     data, sender = BASES[draw(st.integers(0, len(BASES) - 2))]  # the empty message has no body to edit
     flags, header, body = split(data)
-    if flags & wire.FLAG_COMPRESSED:
+    if flags & layout.FLAG_COMPRESSED:
         body = zlib.decompress(body)
     body = bytearray(body)
     for _ in range(draw(st.integers(1, 4))):
@@ -332,10 +331,10 @@ def body_edits(draw):
             position -= position % len(packed)
         body[position : position + len(packed)] = packed
     body = bytes(body)
-    if flags & wire.FLAG_COMPRESSED and draw(st.booleans()):
+    if flags & layout.FLAG_COMPRESSED and draw(st.booleans()):
         body = zlib.compress(body, draw(st.integers(0, 9)))
     elif draw(st.integers(0, 9)) == 0:  # compressed but not flagged, or flagged but not compressed
-        flags ^= wire.FLAG_COMPRESSED
+        flags ^= layout.FLAG_COMPRESSED
     header_bytes = json.dumps(header, separators=(",", ":")).encode()
     return resign(frame(flags, header_bytes, body), draw(member_signing), sender)
 
@@ -364,7 +363,7 @@ text_bytes_strategy = st.lists(text_pieces, max_size=8).map(b"".join) | st.binar
 def text_edits(draw):
     data, sender = BASES[draw(st.sampled_from(TEXT_BASES))]
     flags, header, body = split(data)
-    if flags & wire.FLAG_COMPRESSED:
+    if flags & layout.FLAG_COMPRESSED:
         body = zlib.decompress(body)
     n = header["counts"]["completions"]
     start = len(body) - header["text_bytes"] - 5 * n
@@ -388,7 +387,7 @@ def text_edits(draw):
     if draw(st.integers(0, 3)):  # mostly keep the header consistent with what the section now holds
         header["text_bytes"] = len(text)
     body = body[:start] + struct.pack(f"<{n}I", *lengths) + bytes(text_flags) + text
-    if flags & wire.FLAG_COMPRESSED:
+    if flags & layout.FLAG_COMPRESSED:
         body = zlib.compress(body, 1)
     header_bytes = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
     return resign(frame(flags, header_bytes, body), draw(member_signing), sender)
@@ -396,7 +395,7 @@ def text_edits(draw):
 
 plausible_preamble = st.builds(
     lambda flags, header_length, body_length: struct.pack(
-        "<4sHHIQ", b"FTIS", wire.SCHEMA_VERSION, flags, header_length, body_length
+        "<4sHHIQ", b"FTIS", layout.SCHEMA_VERSION, flags, header_length, body_length
     ),
     st.integers(0, 31),
     st.integers(0, 600) | st.sampled_from(INTERESTING_INTS[:12]),

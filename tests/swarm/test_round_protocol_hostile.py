@@ -24,6 +24,7 @@ from trl_ftis.exchange import (
     decode_message,
     encode_message,
     generate_keypair,
+    layout,
     load_private_key,
     load_public_keys,
     public_key_text,
@@ -398,7 +399,7 @@ def keyring(tmp_path):
 def forged_identity(tokenizer, signer_key, signer: str, sender: str) -> bytes:
     """Signed with `signer`'s own key, but naming `sender` in the header (the wire refuses it: `identity`)."""
     data = bytearray(encode_message(message(tokenizer, sender)))
-    flags = int.from_bytes(data[6:8], "little") | wire_module.FLAG_ED25519 | wire_module.FLAG_SIGNED
+    flags = int.from_bytes(data[6:8], "little") | layout.FLAG_ED25519 | layout.FLAG_SIGNED
     data[6:8] = flags.to_bytes(2, "little")
     data = bytes(data) + bytes([len(signer)]) + signer.encode()
     data += signer_key.sign(data)

@@ -12,7 +12,7 @@ this list and only their public names:
 * [`.text`]: the optional text section (completion texts for peers with other tokenizers);
 * [`.frame`]: the preamble and the signature trailers, sealed and verified before anything is parsed;
 * [`.fingerprint`]: [`tokenizer_fingerprint`];
-* [`.wire`]: the codec, [`encode_message`], [`decode_message`], [`peek_header`] (and the public names above).
+* [`.wire`]: the codec, [`encode_message`], [`decode_message`], [`peek_header`].
 
 The transports ([`.transports`]: `Transport`, `Envelope`, `open_transport`) are imported on first use, so the wire
 format works on its own and importing this package stays cheap.
@@ -21,6 +21,8 @@ format works on its own and importing this package stays cheap.
 from typing import TYPE_CHECKING
 
 from .._lazy import lazy_exports
+from .errors import ExchangeError
+from .fingerprint import tokenizer_fingerprint
 from .keys import (
     KeyFileError,
     generate_keypair,
@@ -30,19 +32,10 @@ from .keys import (
     save_private_key,
     save_public_keys,
 )
+from .layout import SCHEMA_VERSION
 from .limits import Limits
-from .wire import (
-    SCHEMA_VERSION,
-    ExchangeError,
-    Message,
-    WireCompletion,
-    WireGroup,
-    decode_message,
-    encode_message,
-    is_signed,
-    peek_header,
-    tokenizer_fingerprint,
-)
+from .message import Message, WireCompletion, WireGroup
+from .wire import decode_message, encode_message, is_signed, peek_header
 
 if TYPE_CHECKING:  # editors and type checkers see the lazily exported names
     from .transports import Envelope, Transport, open_transport

@@ -19,7 +19,6 @@ from ..peer_ids import PEER_ID_MAX_CHARS, peer_id_problem
 from . import keys
 from .errors import ExchangeError
 from .layout import (
-    ED25519_SIGNATURE_SIZE,
     FLAG_COMPACT,
     FLAG_COMPRESSED,
     FLAG_ED25519,
@@ -138,7 +137,7 @@ def read_frame(data: Any, limits: Limits, *, need_body: bool, required_flags: in
         )
     frame = Frame(view, version, flags, header_length, body_length, 0)
     total = frame.body_end + (SIGNATURE_SIZE if frame.signed else 0)  # Python ints: a 2**64 claim cannot wrap
-    total += 1 + ED25519_SIGNATURE_SIZE if flags & FLAG_ED25519 else 0  # + the signer id, read below
+    total += 1 + keys.ED25519_SIGNATURE_SIZE if flags & FLAG_ED25519 else 0  # + the signer id, read below
     if total > limits.max_message_bytes:
         raise ExchangeError("too_large", f"message: declares {total} bytes, more than {limits.max_message_bytes}")
     needed = total if need_body else PREAMBLE_SIZE + header_length
@@ -178,6 +177,6 @@ def verify(frame: Frame, key: bytes | None, public_keys: Mapping[str, Ed25519Pub
         if public_key is None:
             raise ExchangeError("unknown_peer", f"message: signed as peer {signer!r}, who has no registered key")
         start = frame.body_end + 1 + len(signer)  # the signature covers everything before it
-        if not keys.verify(public_key, view[start : start + ED25519_SIGNATURE_SIZE], view[:start]):
+        if not keys.verify(public_key, view[start : start + keys.ED25519_SIGNATURE_SIZE], view[:start]):
             problem = f"the Ed25519 signature does not match peer {signer!r}'s key (forged or tampered)"
             raise ExchangeError("signature", f"message: {problem}")

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PUBLIC_KEY_SIZE",
-    "SIGNATURE_SIZE",
+    "ED25519_SIGNATURE_SIZE",
     "KeyFileError",
     "check_key_pair",
     "check_private_key",
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 
 PUBLIC_KEY_SIZE = 32
 """Bytes of a raw Ed25519 public key."""
-SIGNATURE_SIZE = 64
+ED25519_SIGNATURE_SIZE = 64
 """Bytes of an Ed25519 signature."""
 _MAX_KEY_FILE_BYTES = 16 * 2**20  # a public-key file of 100 000 peers is about 6 MiB
 

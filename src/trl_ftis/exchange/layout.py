@@ -16,12 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..peer_ids import PEER_ID_MAX_CHARS
-from .keys import SIGNATURE_SIZE as ED25519_SIGNATURE_SIZE
+from .keys import ED25519_SIGNATURE_SIZE
 
 __all__ = [
     "COMPACT_LOGP_ABS_ERROR",
     "COMPACT_LOGP_REL_ERROR",
-    "ED25519_SIGNATURE_SIZE",
     "FIXED_PER_COMPLETION",
     "FLAG_COMPACT",
     "FLAG_COMPRESSED",

@@ -26,7 +26,7 @@ format below it, one concern each, none importing another's private names (and n
 * [`trl_ftis.exchange.frame`]: the preamble and the signature trailers, sealed and verified;
 * [`trl_ftis.exchange.fingerprint`]: [`tokenizer_fingerprint`].
 
-Its public names (the constants of `__all__` included) are re-exported here, where the documentation names them. It
+Each name is imported from the module that defines it (or from `trl_ftis.exchange`, the package's front door). It
 depends on the standard library and numpy only (no torch, no transformers); Ed25519 keys need the `cryptography`
 package, imported on first use ([`trl_ftis.exchange.keys`]).
 """
@@ -43,13 +43,9 @@ import numpy as np
 
 from . import keys
 from .checks import Columns, Header, check_columns, check_header, check_sender, has_lone_surrogate, header_body_size
-from .errors import REASONS, ExchangeError, refusal
-from .fingerprint import tokenizer_fingerprint
+from .errors import ExchangeError, refusal
 from .frame import Frame, read_frame, seal, secret_key, verify
 from .layout import (
-    COMPACT_LOGP_ABS_ERROR,
-    COMPACT_LOGP_REL_ERROR,
-    ED25519_SIGNATURE_SIZE,
     FLAG_COMPACT,
     FLAG_COMPRESSED,
     FLAG_ED25519,
@@ -57,12 +53,9 @@ from .layout import (
     FLOAT16_MIN,
     ID_DTYPES,
     LOGP_DTYPES,
-    MAGIC,
     MAX_JSON_DEPTH,
     PREAMBLE,
     PREAMBLE_SIZE,
-    SCHEMA_VERSION,
-    SIGNATURE_SIZE,
     TEXT_FLAG_EOS,
     ZLIB_LEVEL,
     is_int,
@@ -74,26 +67,7 @@ from .text import check_text_columns, decode_texts, encode_texts
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-__all__ = [
-    "COMPACT_LOGP_ABS_ERROR",
-    "COMPACT_LOGP_REL_ERROR",
-    "ED25519_SIGNATURE_SIZE",
-    "MAGIC",
-    "PREAMBLE_SIZE",
-    "REASONS",
-    "SCHEMA_VERSION",
-    "SIGNATURE_SIZE",
-    "ExchangeError",
-    "Limits",
-    "Message",
-    "WireCompletion",
-    "WireGroup",
-    "decode_message",
-    "encode_message",
-    "is_signed",
-    "peek_header",
-    "tokenizer_fingerprint",
-]
+__all__ = ["decode_message", "encode_message", "is_signed", "peek_header"]
 
 # --------------------------------------------------------------------------------------------------------------
 # Encode
