@@ -50,11 +50,12 @@ from .commands import (
     describe_commands,
     redact_argv,
     redact_env,
-    render_args,
 )
 from .driver import dry_run, run_swarm
+from .preflight import render_args
 from .restart import restart_config
-from .schema import SwarmConfigError, load_swarm_config
+from .schema import load_swarm_config
+from .schema_values import SwarmConfigError
 from .slurm.schema import RedisJobConfig, SlurmResources
 from .summary import SUMMARY_FIELDS, format_summary_table
 from .swarm_config import PeerConfig, SwarmConfig

@@ -35,7 +35,7 @@ from ..redaction import REDACTED, redact_text
 from ..shared_names import CONSOLE_ENV, CONSOLE_LINES, PEER_ID_ENV, SWARM_NAME_ENV, SWARM_RUN_ENV, SWARM_SECRET_ENV
 from .backends import backend_kind
 from .preflight import render_args, render_value
-from .schema import SwarmConfigError
+from .schema_values import SwarmConfigError
 from .swarm_config import SwarmConfig
 from .vllm_schema import peer_vllm_args
 from .vllm_servers import ServerCommand, server_command
@@ -59,7 +59,6 @@ __all__ = [
     "redact_argv",
     "redact_env",
     "redact_shell_line",
-    "render_args",
     "shell_line",
     "shell_quote",
     "write_cmd_file",

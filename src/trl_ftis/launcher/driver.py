@@ -28,7 +28,7 @@ from .backends import backend_kind
 from .commands import SECRET_ARGS, is_secret_name, new_run_id, peer_output_dir, record_run_id
 from .preflight import before_start, secret_warnings
 from .restarts_merge import merge_restarts
-from .schema import SwarmConfigError
+from .schema_values import SwarmConfigError
 from .seeds import run_seeds, seed_config
 from .summary import earlier_rows, report_summary, summary_rows
 from .swarm_config import SwarmConfig

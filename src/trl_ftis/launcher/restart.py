@@ -30,7 +30,7 @@ from pathlib import Path
 
 from .backends import backend_kind
 from .commands import peer_output_dir, recorded_run_id
-from .schema import SwarmConfigError
+from .schema_values import SwarmConfigError
 from .swarm_config import SwarmConfig
 
 __all__ = [

@@ -40,7 +40,6 @@ from .preflight import ScriptOptions, expected_peer_problems, script_options
 from .schema_values import (
     EXPECTED_PEERS_ARG,
     GPU_MEMORY_FRACTION_ARG,
-    LAUNCHERS,
     RESERVED_ARGS,
     SUGAR_ARGS,
     Args,
@@ -73,10 +72,7 @@ from .validation import Spec, bad, format_problems, problems, said, with_problem
 from .vllm_schema import VllmServerSpec, server_arg_conflicts
 
 __all__ = [
-    "LAUNCHERS",
-    "RESERVED_ARGS",
     "PeerSpec",
-    "SwarmConfigError",
     "SwarmSpec",
     "load_swarm_config",
     "spec_models",
