@@ -145,6 +145,29 @@ def private_uses(path: Path) -> list[str]:
     return found
 
 
+def all_names(path: Path) -> set[str]:
+    """The names `path` lists in its `__all__` literal (none without one)."""
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            try:
+                return set(ast.literal_eval(node.value))
+            except ValueError:
+                return set()
+    return set()
+
+
+def reexports(path: Path) -> list[str]:
+    """Each name `path` lists in `__all__` but imports from another trl_ftis module, as `target.name`: a second
+    import path for a name defined elsewhere. A submodule imported by name is not one (it is the module itself)."""
+    exported = all_names(path)
+    return sorted(
+        f"{target}.{name}"
+        for target, names in from_imports(path)
+        for name, alias in names
+        if (alias or name) in exported and f"{target}.{name}" not in MODULES
+    )
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}

@@ -11,6 +11,9 @@ Rooms, bottom to top:
 * then the launcher (`launcher/`), the tasks (`tasks/`) and the demo (`demo/`). The core, the exchange and the swarm
   never import the launcher, the tasks or the demo; the tasks never import the launcher or the demo.
 
+Each name has one import path: only a package's `__init__.py` (its front door) may list in `__all__` a name defined
+in another module; any other module exports only what it defines.
+
 Inside and across rooms: no module imports another module's private (underscore) names, and no two modules import
 each other, directly or through others (function-level imports count: a cycle hidden inside a function is still one;
 so do imports under `if TYPE_CHECKING:`: a cycle only a type checker follows still ties the modules together).
@@ -33,6 +36,7 @@ from import_graph import (
     lazy_exports,
     module_name,
     private_uses,
+    reexports,
 )
 
 UPPER_ROOMS = ("trl_ftis.launcher", "trl_ftis.tasks", "trl_ftis.demo")
@@ -156,3 +160,27 @@ def test_the_cycle_check_counts_imports_under_type_checking(monkeypatch):
     monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: sources.get(self, ""))
     assert ["trl_ftis.config", "trl_ftis.swarm.admission"] in cycles(import_graph())
     assert ["trl_ftis.config", "trl_ftis.swarm.admission"] not in cycles(import_graph(runtime=True))
+
+
+NOT_FRONT_DOORS = [path for path in MODULES if path.name != "__init__.py"]
+
+
+@pytest.mark.parametrize("path", NOT_FRONT_DOORS, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_but_a_front_door_re_exports_a_name(path):
+    bad = reexports(path)
+    assert not bad, f"{path.relative_to(PACKAGE)} lists in __all__ names defined elsewhere {bad}: import from there"
+
+
+def test_the_re_export_check_catches_what_it_looks_for(monkeypatch):
+    # The check itself: a name imported from a sibling (under an alias too) and listed in `__all__` is caught; one
+    # only used, a submodule listed by name, and the module's own definitions are not.
+    layout = PACKAGE / "exchange" / "layout.py"
+    source = (
+        "from . import keys\n"
+        "from .errors import REASONS, ExchangeError\n"
+        "from .keys import ED25519_SIGNATURE_SIZE as SIZE\n"
+        "MAGIC = b'FTIS'\n"
+        "__all__ = ['MAGIC', 'REASONS', 'SIZE', 'keys']\n"
+    )
+    monkeypatch.setattr(Path, "read_text", lambda self, encoding=None: source if self == layout else "")
+    assert reexports(layout) == ["trl_ftis.exchange.errors.REASONS", "trl_ftis.exchange.keys.ED25519_SIGNATURE_SIZE"]
