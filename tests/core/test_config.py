@@ -1,6 +1,7 @@
 """`FTISConfig`'s own decisions: each field has one meaning, defaults and checks are written once
-(`trl_ftis.round_window`, `trl_ftis.sampling_bounds`, ...) and shared with `Swarm`, a field with no effect in the chosen mode is refused or warned about, a `GRPOConfig` is
-converted by explicit copying, and building a config reads neither the environment nor a file.
+(`trl_ftis.round_window`, `trl_ftis.sampling_bounds`, ...) and shared with `Swarm`, a field with no effect in the
+chosen mode is refused or warned about, a `GRPOConfig` is converted by explicit copying, and building a config reads
+neither the environment nor a file.
 """
 
 from __future__ import annotations

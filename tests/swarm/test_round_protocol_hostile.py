@@ -1,4 +1,5 @@
-"""The round protocol of `trl_ftis.swarm.client.Swarm` against hostile writers (issue 10): each attack first, then the fix.
+"""The round protocol of `trl_ftis.swarm.client.Swarm` against hostile writers (issue 10): each attack first, then the
+fix.
 
 Decode once and verify first; the round window (`stale`, `ahead`) instead of wall clocks; duplicates that cannot
 silence a peer; budgets that invented sender ids cannot break; per-peer keys (`trl-ftis keygen`); the temperature
