@@ -1,6 +1,9 @@
 """docs/api.md's generated blocks are what docs/generate_api_reference.py makes of the code today."""
 
+import difflib
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,13 +22,21 @@ def generator():
 
 
 def test_the_api_reference_is_generated_from_the_code(generator):
-    text = generator.API_MD.read_text(encoding="utf-8")
-    regenerated, changed = generator.regenerate(text)
-    assert changed == [], (
-        f"docs/api.md's generated block(s) {changed} differ from the code. Regenerate them with: "
-        f"{generator.REGENERATE}"
+    # In a fresh interpreter, as a reader's import sees the code: what earlier tests did in this process (modes or
+    # backends registered for a while) must not decide the verdict.
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "docs" / "generate_api_reference.py"), "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
-    assert regenerated == text
+    if check.returncode != 0:
+        text = generator.API_MD.read_text(encoding="utf-8")
+        regenerated, _ = generator.regenerate(text)
+        diff = "\n".join(difflib.unified_diff(text.splitlines(), regenerated.splitlines(), lineterm="", n=0))
+        pytest.fail(f"{check.stdout}{check.stderr}\nIn this process the difference reads:\n{diff[:4000]}")
 
 
 def test_a_drifted_block_is_named_and_only_generated_blocks_are_rewritten(generator):
