@@ -84,6 +84,8 @@ def test_three_heterogeneous_peers_over_redis(tmp_path, redis_url):
     check_three_peers(tmp_path / "run", result.stdout[-3000:])
 
 
+# Slow: the default suite trains the async mode in one process (tests/swarm/test_async_mode.py).
+@pytest.mark.slow
 def test_async_peers_train_on_each_others_rows_one_round_late(tmp_path):
     """Two processes with exchange_mode="async": each trains on the other's rows from the second step on."""
     config = three_peer_config(f"dir://{tmp_path / 'exchange'}")
@@ -102,6 +104,8 @@ def test_async_peers_train_on_each_others_rows_one_round_late(tmp_path):
         assert "nothing new from" not in log
 
 
+# Slow: the default suite trains the free mode beside a silent peer in one process (tests/swarm/test_free_mode.py).
+@pytest.mark.slow
 def test_free_running_peers_never_make_a_fast_peer_wait_for_a_slow_one(tmp_path):
     """exchange_mode="free": a small peer (hidden 32) and a slow one (hidden 384, and a 1 s sleep after each step),
     both expected. The fast one runs its 150 steps at its own pace (in lock-step it would wait for the slow one every
@@ -241,6 +245,8 @@ def test_a_killed_peer_costs_a_timeout_not_the_run(tmp_path):
         assert "'ftis/exchange/peers_missing': '1'" in log
 
 
+# Slow: the default suite checks that a peer that left is not waited for (tests/swarm/test_leaving_messages.py).
+@pytest.mark.slow
 def test_peers_that_end_on_different_rounds_are_not_waited_for(tmp_path):
     """Three peers that all expect each other, with a long peer_timeout, run 2, 4 and 6 steps: each one that ends
     announces it, and the others go on at once, never waiting out the timeout for a peer that has finished. They
