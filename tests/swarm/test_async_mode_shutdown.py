@@ -113,6 +113,17 @@ class EndOfLastStep(TrainerCallback):
         self.at = time.monotonic()
 
 
+def train_to_the_end(trainer, end_of_last_step: EndOfLastStep) -> None:
+    """Train; each step after the first trained on the partner's 8 rows, and train() ended without waiting for the
+    round in flight. A hang guard, not a speed verdict: a round left waiting would run into peer_timeout (an hour)."""
+    trainer.train()
+    ended = time.monotonic()
+    assert [entry["ftis/peer_rows"] for entry in trainer.state.log_history if "loss" in entry] == [0, 8, 8]
+    assert ended - end_of_last_step.at < PROCESS_HANG_GUARD, (
+        f"train() ended {ended - end_of_last_step.at:.0f} s after its last step"
+    )
+
+
 def test_a_heavy_last_round_still_collecting_at_the_end_is_not_admitted(tokenizer, make_args, url):
     """The last step's round is never trained on. Here the expected peer's last message never comes, so the worker
     still waits when training ends, while another sender's 128 rows are there that would cost ~4 s to admit: the
@@ -131,13 +142,7 @@ def test_a_heavy_last_round_still_collecting_at_the_end_is_not_admitted(tokenize
     )
     admission = trainer._rounds.admission
     admission.admit = admit = Slow(admission.admit, last, seconds_per_row=0.03)
-    trainer.train()
-    ended = time.monotonic()
-    assert [entry["ftis/peer_rows"] for entry in trainer.state.log_history if "loss" in entry] == [0, 8, 8]
-    # A hang guard, not a speed verdict: a round left waiting would run into peer_timeout (an hour).
-    assert ended - callbacks[1].at < PROCESS_HANG_GUARD, (
-        f"train() ended {ended - callbacks[1].at:.0f} s after its last step"
-    )
+    train_to_the_end(trainer, callbacks[1])
     assert admit.heavy_rows == 0  # never tokenised
     assert trainer.summary()["rows_received"] == 8 + 8 + 128  # still counted as received
     assert not worker_threads()
@@ -163,13 +168,7 @@ def test_a_last_round_admitting_at_the_end_is_not_rescored(tokenizer, make_args,
     admission = trainer._rounds.admission
     admission.admit = admit = Slow(admission.admit, last, seconds_per_row=0.004)
     admission.rescore = rescore = Slow(admission.rescore, last, seconds_per_row=0.1)
-    trainer.train()
-    ended = time.monotonic()
-    assert [entry["ftis/peer_rows"] for entry in trainer.state.log_history if "loss" in entry] == [0, 8, 8]
-    # A hang guard, not a speed verdict: a round left waiting would run into peer_timeout (an hour).
-    assert ended - callbacks[1].at < PROCESS_HANG_GUARD, (
-        f"train() ended {ended - callbacks[1].at:.0f} s after its last step"
-    )
+    train_to_the_end(trainer, callbacks[1])
     assert admit.heavy_rows == 128 and rescore.heavy_rows == 0
     assert not worker_threads()
     assert trainer.swarm.closed
