@@ -2,12 +2,15 @@
 partner that publishes as a trainer steps."""
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from transformers import TrainerCallback
 
 from trl_ftis import PeerRow
 from trl_ftis.exchange import tokenizer_fingerprint
 from trl_ftis.exchange.transports import open_transport
+from trl_ftis.exchange_mode_registry import EXCHANGE_MODE_NAMES, EXCHANGE_MODES, register_exchange_mode
 from trl_ftis.swarm.client import Swarm
 
 
@@ -95,3 +98,14 @@ class SyncModePartner(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         round = state.global_step
         self.swarm.publish(rows("partner", count=8, group=f"g{round}", round=round), round)
+
+
+@contextmanager
+def registered_mode(mode: type) -> Iterator[type]:
+    """`mode` selectable as `exchange_mode=mode.name` inside the block, and not after it."""
+    register_exchange_mode(mode)
+    try:
+        yield mode
+    finally:
+        del EXCHANGE_MODES[mode.name]
+        EXCHANGE_MODE_NAMES.remove(mode.name)

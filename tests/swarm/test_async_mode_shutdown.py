@@ -113,6 +113,22 @@ class EndOfLastStep(TrainerCallback):
         self.at = time.monotonic()
 
 
+def last_round_trainer(tokenizer, make_args, url, publisher: Publisher, last: int):
+    """An async trainer of `last + 1` steps waiting for `partner` (peer_timeout an hour: a round left waiting would
+    outlast any hang guard), and the callback that notes when its last step ended."""
+    end = EndOfLastStep()
+    trainer = async_trainer(
+        tokenizer,
+        make_args,
+        url,
+        callbacks=[publisher, end],
+        expected_peers=["partner"],
+        peer_timeout=3600,
+        max_steps=last + 1,
+    )
+    return trainer, end
+
+
 def train_to_the_end(trainer, end_of_last_step: EndOfLastStep) -> None:
     """Train; each step after the first trained on the partner's 8 rows, and train() ended without waiting for the
     round in flight. A hang guard, not a speed verdict: a round left waiting would run into peer_timeout (an hour)."""
@@ -130,19 +146,10 @@ def test_a_heavy_last_round_still_collecting_at_the_end_is_not_admitted(tokenize
     interrupted round must skip its admission, and train() end without waiting for the missing message."""
     last = 2
     partner, flood = make_swarm(url, "partner", tokenizer), make_swarm(url, "flood", tokenizer)
-    callbacks = [Publisher(partner, last, flood), EndOfLastStep()]
-    trainer = async_trainer(
-        tokenizer,
-        make_args,
-        url,
-        callbacks=callbacks,
-        expected_peers=["partner"],
-        peer_timeout=3600,
-        max_steps=last + 1,
-    )
+    trainer, end = last_round_trainer(tokenizer, make_args, url, Publisher(partner, last, flood), last)
     admission = trainer._rounds.admission
     admission.admit = admit = Slow(admission.admit, last, seconds_per_row=0.03)
-    train_to_the_end(trainer, callbacks[1])
+    train_to_the_end(trainer, end)
     assert admit.heavy_rows == 0  # never tokenised
     assert trainer.summary()["rows_received"] == 8 + 8 + 128  # still counted as received
     assert not worker_threads()
@@ -155,20 +162,12 @@ def test_a_last_round_admitting_at_the_end_is_not_rescored(tokenizer, make_args,
     would then be rescored by slow reward functions (~6 s): that is skipped, and train() ends within a couple of
     seconds of the last step (a hang guard here; the skipped rescoring is counted)."""
     last = 2
-    callbacks = [Publisher(make_swarm(url, "partner", tokenizer), last), EndOfLastStep()]
-    trainer = async_trainer(
-        tokenizer,
-        make_args,
-        url,
-        callbacks=callbacks,
-        expected_peers=["partner"],
-        peer_timeout=3600,
-        max_steps=last + 1,
-    )
+    publisher = Publisher(make_swarm(url, "partner", tokenizer), last)
+    trainer, end = last_round_trainer(tokenizer, make_args, url, publisher, last)
     admission = trainer._rounds.admission
     admission.admit = admit = Slow(admission.admit, last, seconds_per_row=0.004)
     admission.rescore = rescore = Slow(admission.rescore, last, seconds_per_row=0.1)
-    train_to_the_end(trainer, callbacks[1])
+    train_to_the_end(trainer, end)
     assert admit.heavy_rows == 128 and rescore.heavy_rows == 0
     assert not worker_threads()
     assert trainer.swarm.closed

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 from fixtures.tally_mode import TallyMode, TallyWindow  # tests/ is on sys.path
-from swarm_helpers import make_swarm, rows
+from swarm_helpers import make_swarm, registered_mode, rows
 from tiny_trainers import tiny_trainer
 from transformers import TrainerCallback
 
 import trl_ftis
-from trl_ftis.exchange_mode_registry import EXCHANGE_MODE_NAMES, EXCHANGE_MODES, register_exchange_mode
 from trl_ftis.swarm.checkpoint import state_path
 
 PARTNER_ROWS = 8
@@ -33,10 +32,8 @@ class Partner(TrainerCallback):
 
 @pytest.fixture
 def tally():
-    register_exchange_mode(TallyMode)
-    yield TallyMode
-    del EXCHANGE_MODES[TallyMode.name]
-    EXCHANGE_MODE_NAMES.remove(TallyMode.name)
+    with registered_mode(TallyMode) as mode:
+        yield mode
 
 
 def tally_trainer(tokenizer, make_args, url, out, max_steps):

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from swarm_helpers import make_swarm, rows  # tests/ is on sys.path
+from swarm_helpers import make_swarm, registered_mode, rows  # tests/ is on sys.path
 from tiny_trainers import exchange_trainer
 
 import trl_ftis
@@ -99,10 +99,8 @@ class EverySecondStep(SyncMode):
 
 @pytest.fixture
 def every_second_step():
-    register_exchange_mode(EverySecondStep)
-    yield EverySecondStep
-    del EXCHANGE_MODES[EverySecondStep.name]
-    EXCHANGE_MODE_NAMES.remove(EverySecondStep.name)
+    with registered_mode(EverySecondStep) as mode:
+        yield mode
 
 
 def test_a_fourth_mode_is_one_class_and_one_registration(tokenizer, make_args, every_second_step):
